@@ -1,0 +1,212 @@
+// Package engine is idemd's state machine: the records, their transitions, the errors
+// callers branch on, and the Store interface that every storage backend implements.
+//
+// A record moves through these states:
+//
+//	(absent) --claim--> pending --complete--> completed
+//	                    pending --release(fail)--> failed
+//	                    pending --release(retry)--> released --claim--> pending (attempt+1)
+//	                    pending (lease expired) --claim--> pending (attempt+1, recovered)
+//
+// Only the holder of the current lease token may complete, release or extend; a token
+// stays valid after its lease runs out until another claim takes the key over, so
+// fencing is by token, not by wall clock.
+package engine
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// State is where a record stands in its life cycle.
+type State string
+
+// The record states.
+const (
+	StatePending   State = "pending"
+	StateReleased  State = "released"
+	StateCompleted State = "completed"
+	StateFailed    State = "failed"
+)
+
+// Outcome is what a claim produced.
+type Outcome string
+
+// The claim outcomes. A claim that finds a live lease held by someone else returns an
+// *InProgressError instead of an outcome.
+const (
+	OutcomeAcquired  Outcome = "acquired"
+	OutcomeCompleted Outcome = "completed"
+	OutcomeFailed    Outcome = "failed"
+)
+
+// ReleaseMode says what a release does with the key.
+type ReleaseMode string
+
+// The release modes.
+const (
+	ReleaseRetry ReleaseMode = "retry"
+	ReleaseFail  ReleaseMode = "fail"
+)
+
+// Limits of the contract. The HTTP layer validates against them before anything reaches
+// a store, and the stores rely on that.
+const (
+	MaxKeyBytes         = 255
+	MaxFingerprintBytes = 256
+	MaxOwnerBytes       = 256
+	MinLease            = 100 * time.Millisecond
+	MaxLease            = time.Hour
+	DefaultLease        = 30 * time.Second
+	MaxWait             = 30 * time.Second
+	MinRetention        = time.Millisecond
+	MaxRetention        = 30 * 24 * time.Hour
+	DefaultRetention    = 24 * time.Hour
+	DefaultTenant       = "default"
+)
+
+// ID names a record: a key within a tenant's key space.
+type ID struct {
+	Tenant string
+	Key    string
+}
+
+// Response is the stored result of an operation, replayed byte for byte.
+type Response struct {
+	Status  int
+	Headers map[string][]string
+	Body    []byte
+}
+
+// Size is what the response counts against the stored-response limit.
+func (r *Response) Size() int {
+	if r == nil {
+		return 0
+	}
+	n := len(r.Body)
+	for k, vs := range r.Headers {
+		n += len(k)
+		for _, v := range vs {
+			n += len(v)
+		}
+	}
+	return n
+}
+
+// Record is everything a store knows about a key.
+type Record struct {
+	ID             ID
+	State          State
+	Fingerprint    string
+	Owner          string
+	Attempt        int64
+	LeaseToken     string
+	LeaseExpiresAt time.Time
+	// Recovered is true when the current lease was taken over from a holder whose lease
+	// had expired.
+	Recovered bool
+	CreatedAt time.Time
+	UpdatedAt time.Time
+	// ExpiresAt is when the store forgets the record.
+	ExpiresAt time.Time
+	// Response is set on completed and failed records when the operation asked for it.
+	Response *Response
+}
+
+// ClaimRequest asks for the lease on a key.
+type ClaimRequest struct {
+	ID          ID
+	Fingerprint string
+	Owner       string
+	Lease       time.Duration
+	// Wait is how long to wait for a live holder to finish before reporting in progress.
+	Wait time.Duration
+}
+
+// Claim is a ClaimRequest as a store sees it: with the token the new lease will carry
+// and the retention of a pending record. The token is chosen before the store runs, so
+// that a store operation repeated after a lost reply acquires with the same token
+// instead of locking its own caller out.
+type Claim struct {
+	ID          ID
+	Fingerprint string
+	Owner       string
+	Lease       time.Duration
+	Retention   time.Duration
+	Token       string
+}
+
+// ClaimResult is a claim's outcome and the record as the claim left it.
+type ClaimResult struct {
+	Outcome Outcome
+	Record  Record
+}
+
+// Completion stores the result of a held key.
+type Completion struct {
+	ID         ID
+	LeaseToken string
+	Response   Response
+	Retention  time.Duration
+}
+
+// Release gives a held key back.
+type Release struct {
+	ID         ID
+	LeaseToken string
+	Mode       ReleaseMode
+	// Response is the failure to replay when Mode is ReleaseFail; it may be nil.
+	Response  *Response
+	Retention time.Duration
+}
+
+// Extension renews a held lease.
+type Extension struct {
+	ID         ID
+	LeaseToken string
+	Lease      time.Duration
+}
+
+// Errors that callers branch on with errors.Is.
+var (
+	ErrNotFound            = errors.New("no record for this key")
+	ErrLeaseLost           = errors.New("the lease token is not the key's current lease")
+	ErrFingerprintMismatch = errors.New("the key was used with a different fingerprint")
+	ErrInProgress          = errors.New("another caller holds a live lease on the key")
+	ErrUnavailable         = errors.New("the store is unavailable")
+	ErrNotReplicated       = errors.New("the write was not confirmed by enough replicas in time")
+)
+
+// InProgressError reports a live lease held by someone else, and when it runs out.
+type InProgressError struct {
+	RetryAfter time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("%s (lease runs out in %s)", ErrInProgress, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrInProgress) true.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// Unavailable wraps a store failure so that errors.Is(err, ErrUnavailable) holds while
+// the cause stays visible in logs.
+func Unavailable(cause error) error {
+	return &unavailableError{cause: cause}
+}
+
+type unavailableError struct{ cause error }
+
+func (e *unavailableError) Error() string        { return "store unavailable: " + e.cause.Error() }
+func (e *unavailableError) Unwrap() []error      { return []error{ErrUnavailable, e.cause} }
+func (e *unavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// NewLeaseToken returns 128 random bits, hex-encoded.
+func NewLeaseToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never returns an error.
+	return hex.EncodeToString(b[:])
+}

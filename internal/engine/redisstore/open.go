@@ -1,0 +1,89 @@
+package redisstore
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Open connects to the Redis deployment a URL names:
+//
+//	redis://[user:password@]host:port[/db]          standalone
+//	rediss://...                                    standalone over TLS
+//	redis+sentinel://[user:password@]host:port,host:port/master-name[?db=N]
+//	redis+cluster://[user:password@]host:port,host:port[?tls=true]
+//
+// Connections are pooled by go-redis; nothing is dialled until the first command.
+func Open(rawURL string) (*Store, error) {
+	client, err := NewClient(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	return New(client), nil
+}
+
+// NewClient returns the go-redis client for a store URL.
+func NewClient(rawURL string) (redis.UniversalClient, error) {
+	scheme, rest, ok := strings.Cut(rawURL, "://")
+	if !ok {
+		return nil, fmt.Errorf("store URL %q has no scheme", rawURL)
+	}
+	switch scheme {
+	case "redis", "rediss":
+		opts, err := redis.ParseURL(rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("store URL: %w", err)
+		}
+		return redis.NewClient(opts), nil
+	case "redis+sentinel", "rediss+sentinel":
+		u, err := url.Parse("redis://" + rest)
+		if err != nil {
+			return nil, fmt.Errorf("store URL: %w", err)
+		}
+		master := strings.Trim(u.Path, "/")
+		if master == "" {
+			return nil, fmt.Errorf("store URL %q names no Sentinel master (…/master-name)", rawURL)
+		}
+		opts := &redis.FailoverOptions{
+			MasterName:    master,
+			SentinelAddrs: strings.Split(u.Host, ","),
+		}
+		if u.User != nil {
+			opts.Username = u.User.Username()
+			opts.Password, _ = u.User.Password()
+			opts.SentinelUsername = opts.Username
+			opts.SentinelPassword = opts.Password
+		}
+		if db := u.Query().Get("db"); db != "" {
+			if opts.DB, err = strconv.Atoi(db); err != nil {
+				return nil, fmt.Errorf("store URL: db %q is not a number", db)
+			}
+		}
+		if scheme == "rediss+sentinel" {
+			opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		return redis.NewFailoverClient(opts), nil
+	case "redis+cluster", "rediss+cluster":
+		u, err := url.Parse("redis://" + rest)
+		if err != nil {
+			return nil, fmt.Errorf("store URL: %w", err)
+		}
+		if u.Host == "" {
+			return nil, fmt.Errorf("store URL %q names no cluster nodes", rawURL)
+		}
+		opts := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ",")}
+		if u.User != nil {
+			opts.Username = u.User.Username()
+			opts.Password, _ = u.User.Password()
+		}
+		if scheme == "rediss+cluster" || u.Query().Get("tls") == "true" {
+			opts.TLSConfig = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		return redis.NewClusterClient(opts), nil
+	}
+	return nil, fmt.Errorf("store URL scheme %q is not one of redis, rediss, redis+sentinel, redis+cluster", scheme)
+}

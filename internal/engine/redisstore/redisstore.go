@@ -1,0 +1,331 @@
+// Package redisstore keeps idemd's records in Redis: standalone, Sentinel or Cluster.
+//
+// Each record is one hash under its own key, and each transition is one Lua script that
+// touches only that key, so every script runs unchanged on Redis Cluster and costs one
+// round trip.
+package redisstore
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/lua"
+)
+
+// Client is what the store needs of a go-redis client; *redis.Client,
+// *redis.ClusterClient and the Sentinel failover client all have it.
+type Client interface {
+	redis.Scripter
+	Ping(ctx context.Context) *redis.StatusCmd
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	Close() error
+}
+
+// scripts are loaded once; redis.Script runs EVALSHA and falls back to EVAL when the
+// server does not know the script yet.
+var (
+	claimScript    = load("claim.lua")
+	completeScript = load("complete.lua")
+	releaseScript  = load("release.lua")
+	extendScript   = load("extend.lua")
+	lookupScript   = load("lookup.lua")
+	purgeScript    = load("purge.lua")
+)
+
+func load(name string) *redis.Script {
+	prelude, err := fs.ReadFile(lua.Scripts, "prelude.lua")
+	if err != nil {
+		panic(err)
+	}
+	body, err := fs.ReadFile(lua.Scripts, name)
+	if err != nil {
+		panic(err)
+	}
+	src := string(body)
+	// A "#!lua flags=..." line must stay the first line of the script.
+	shebang := ""
+	if strings.HasPrefix(src, "#!") {
+		nl := strings.IndexByte(src, '\n')
+		shebang, src = src[:nl+1], src[nl+1:]
+	}
+	return redis.NewScript(shebang + string(prelude) + "\n" + src)
+}
+
+// Store is the Redis-backed engine.Store.
+type Store struct {
+	client   Client
+	notifier *notifier
+}
+
+// New returns a Store over client. The store owns the client and closes it.
+func New(client Client) *Store {
+	return &Store{client: client, notifier: newNotifier(client)}
+}
+
+// RecordKey is the Redis key of a record: the tenant, then the SHA-256 of the client's
+// key, so that any key fits in a Redis key and keys spread over all Cluster slots.
+func RecordKey(id engine.ID) string {
+	sum := sha256.Sum256([]byte(id.Key))
+	return "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
+}
+
+func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
+
+// Claim implements engine.Store.
+func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
+	rep, err := s.run(ctx, claimScript, c.ID,
+		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant)
+	if err != nil {
+		return engine.ClaimResult{}, err
+	}
+	switch rep.status {
+	case "acquired":
+		return engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: rep.record}, nil
+	case "completed":
+		return engine.ClaimResult{Outcome: engine.OutcomeCompleted, Record: rep.record}, nil
+	case "failed":
+		return engine.ClaimResult{Outcome: engine.OutcomeFailed, Record: rep.record}, nil
+	case "in_progress":
+		return engine.ClaimResult{Record: rep.record},
+			&engine.InProgressError{RetryAfter: rep.record.LeaseExpiresAt.Sub(rep.now)}
+	case "mismatch":
+		return engine.ClaimResult{}, engine.ErrFingerprintMismatch
+	}
+	return engine.ClaimResult{}, rep.unexpected()
+}
+
+// Complete implements engine.Store.
+func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Record, error) {
+	headers, err := encodeHeaders(c.Response.Headers)
+	if err != nil {
+		return engine.Record{}, err
+	}
+	rep, err := s.run(ctx, completeScript, c.ID,
+		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention))
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return rep.record, rep.transitionErr()
+}
+
+// Release implements engine.Store.
+func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, error) {
+	status, headers, body := "", "", []byte(nil)
+	if r.Response != nil {
+		var err error
+		if headers, err = encodeHeaders(r.Response.Headers); err != nil {
+			return engine.Record{}, err
+		}
+		status, body = strconv.Itoa(r.Response.Status), r.Response.Body
+	}
+	rep, err := s.run(ctx, releaseScript, r.ID,
+		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention))
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return rep.record, rep.transitionErr()
+}
+
+// Extend implements engine.Store.
+func (s *Store) Extend(ctx context.Context, e engine.Extension) (time.Time, error) {
+	rep, err := s.run(ctx, extendScript, e.ID, e.LeaseToken, ms(e.Lease))
+	if err != nil {
+		return time.Time{}, err
+	}
+	return rep.record.LeaseExpiresAt, rep.transitionErr()
+}
+
+// Lookup implements engine.Store.
+func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
+	rep, err := s.run(ctx, lookupScript, id)
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return rep.record, rep.transitionErr()
+}
+
+// Purge implements engine.Store.
+func (s *Store) Purge(ctx context.Context, id engine.ID) error {
+	rep, err := s.run(ctx, purgeScript, id)
+	if err != nil {
+		return err
+	}
+	return rep.transitionErr()
+}
+
+// Watch implements engine.Store through Redis pub/sub: the scripts publish on the
+// record's key as channel name whenever a pending record changes.
+func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
+	return s.notifier.watch(ctx, RecordKey(id))
+}
+
+// Ping implements engine.Store.
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.client.Ping(ctx).Err(); err != nil {
+		return engine.Unavailable(err)
+	}
+	return nil
+}
+
+// Close stops notifications and closes the client.
+func (s *Store) Close() error {
+	s.notifier.close()
+	return s.client.Close()
+}
+
+func (s *Store) run(ctx context.Context, script *redis.Script, id engine.ID, args ...any) (reply, error) {
+	v, err := script.Run(ctx, s.client, []string{RecordKey(id)}, args...).Result()
+	if err != nil {
+		return reply{}, engine.Unavailable(err)
+	}
+	rep, err := parseReply(v, id)
+	if err != nil {
+		return reply{}, engine.Unavailable(err)
+	}
+	return rep, nil
+}
+
+type reply struct {
+	status string
+	now    time.Time
+	record engine.Record
+}
+
+// transitionErr maps the statuses every transition script can answer.
+func (r reply) transitionErr() error {
+	switch r.status {
+	case "ok":
+		return nil
+	case "not_found":
+		return engine.ErrNotFound
+	case "lease_lost":
+		return engine.ErrLeaseLost
+	}
+	return r.unexpected()
+}
+
+func (r reply) unexpected() error {
+	return engine.Unavailable(fmt.Errorf("unexpected script status %q", r.status))
+}
+
+// The positions of the fields in a script's answer, after status and time; they follow
+// META in lua/prelude.lua.
+const (
+	fKey = iota
+	fTenant
+	fState
+	fFingerprint
+	fOwner
+	fAttempt
+	fToken
+	fLeaseExpiry
+	fRecovered
+	fCreated
+	fUpdated
+	fExpires
+	metaFields
+)
+
+func parseReply(v any, id engine.ID) (reply, error) {
+	vals, ok := v.([]any)
+	if !ok || len(vals) < 2+metaFields {
+		return reply{}, fmt.Errorf("malformed script answer %T", v)
+	}
+	strs := make([]string, len(vals))
+	for i, x := range vals {
+		switch x := x.(type) {
+		case string:
+			strs[i] = x
+		case nil:
+		default:
+			return reply{}, fmt.Errorf("malformed script answer field %d: %T", i, x)
+		}
+	}
+	rep := reply{status: strs[0], now: msTime(strs[1])}
+	f := strs[2:]
+	if f[fState] == "" {
+		rep.record = engine.Record{ID: id}
+		return rep, nil
+	}
+	attempt, _ := strconv.ParseInt(f[fAttempt], 10, 64)
+	rec := engine.Record{
+		ID:          engine.ID{Tenant: f[fTenant], Key: f[fKey]},
+		State:       decodeState(f[fState]),
+		Fingerprint: f[fFingerprint],
+		Owner:       f[fOwner],
+		Attempt:     attempt,
+		LeaseToken:  f[fToken],
+		Recovered:   f[fRecovered] == "1",
+		CreatedAt:   msTime(f[fCreated]),
+		UpdatedAt:   msTime(f[fUpdated]),
+		ExpiresAt:   msTime(f[fExpires]),
+	}
+	if rec.State == engine.StatePending {
+		rec.LeaseExpiresAt = msTime(f[fLeaseExpiry])
+	}
+	if resp := f[metaFields:]; len(resp) == 3 && resp[0] != "" {
+		status, _ := strconv.Atoi(resp[0])
+		headers, err := decodeHeaders(resp[1])
+		if err != nil {
+			return reply{}, err
+		}
+		rec.Response = &engine.Response{Status: status, Headers: headers, Body: []byte(resp[2])}
+	}
+	rep.record = rec
+	return rep, nil
+}
+
+func decodeState(s string) engine.State {
+	switch s {
+	case "p":
+		return engine.StatePending
+	case "r":
+		return engine.StateReleased
+	case "c":
+		return engine.StateCompleted
+	case "f":
+		return engine.StateFailed
+	}
+	return engine.State(s)
+}
+
+func msTime(s string) time.Time {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(n).UTC()
+}
+
+func encodeHeaders(h map[string][]string) (string, error) {
+	if len(h) == 0 {
+		return "", nil
+	}
+	b, err := json.Marshal(h)
+	if err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+func decodeHeaders(s string) (map[string][]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var h map[string][]string
+	if err := json.Unmarshal([]byte(s), &h); err != nil {
+		return nil, errors.New("stored headers are not valid JSON")
+	}
+	return h, nil
+}
