@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/server"
+)
+
+// Main is the daemon: its configuration and what Run started. Tests build one, call
+// ParseFlags and Run with --listen 127.0.0.1:0, and read Addr.
+type Main struct {
+	Listen           string
+	Store            string
+	MaxResponseBytes int
+	Retention        time.Duration
+	ShutdownTimeout  time.Duration
+	LogLevel         string
+
+	Logger *slog.Logger
+	// ready is closed once the listener is bound; addr is its address.
+	ready chan struct{}
+	addr  string
+}
+
+// NewMain returns a Main with the defaults.
+func NewMain() *Main {
+	return &Main{ready: make(chan struct{}), Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
+}
+
+// ParseFlags reads the command line.
+func (m *Main) ParseFlags(args []string) error {
+	fs := flag.NewFlagSet("idemd", flag.ContinueOnError)
+	fs.StringVar(&m.Listen, "listen", ":8080", "address to serve HTTP on")
+	fs.StringVar(&m.Store, "store", "", "store URL: redis://, rediss://, redis+sentinel://, redis+cluster://")
+	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
+	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
+	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
+	fs.StringVar(&m.LogLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(m.LogLevel)); err != nil {
+		return fmt.Errorf("--log-level: %w", err)
+	}
+	m.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	if m.MaxResponseBytes <= 0 {
+		return errors.New("--max-response-bytes must be positive")
+	}
+	if m.Retention < engine.MinRetention || m.Retention > engine.MaxRetention {
+		return fmt.Errorf("--retention must be between %s and %s", engine.MinRetention, engine.MaxRetention)
+	}
+	return nil
+}
+
+// Addr is the address the daemon listens on, once Run has bound it.
+func (m *Main) Addr() string {
+	<-m.ready
+	return m.addr
+}
+
+// openStore picks the store a URL names.
+func (m *Main) openStore() (engine.Store, error) {
+	switch {
+	case m.Store == "":
+		return nil, errors.New("--store is required, e.g. --store redis://127.0.0.1:6379/0")
+	case strings.HasPrefix(m.Store, "redis"):
+		return redisstore.Open(m.Store)
+	}
+	return nil, fmt.Errorf("--store %q: unknown scheme", m.Store)
+}
+
+// Run serves until ctx ends, then drains in-flight requests and closes the store.
+func (m *Main) Run(ctx context.Context) error {
+	store, err := m.openStore()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := store.Close(); err != nil {
+			m.Logger.Warn("closing the store", "err", err)
+		}
+	}()
+
+	registry := prometheus.NewRegistry()
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if c, ok := store.(prometheus.Collector); ok {
+		registry.MustRegister(c)
+	}
+	srv := server.New(engine.NewService(store, m.Retention), server.Config{
+		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes},
+		Logger:   m.Logger,
+		Registry: registry,
+	})
+
+	ln, err := net.Listen("tcp", m.Listen)
+	if err != nil {
+		return err
+	}
+	m.addr = ln.Addr().String()
+	close(m.ready)
+	httpServer := &http.Server{
+		Handler:           srv,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
+	}
+	m.Logger.Info("idemd listening", "addr", m.addr, "store", redactURL(m.Store))
+
+	served := make(chan error, 1)
+	go func() { served <- httpServer.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	m.Logger.Info("shutting down", "timeout", m.ShutdownTimeout)
+	drain, cancel := context.WithTimeout(context.Background(), m.ShutdownTimeout)
+	defer cancel()
+	if err := httpServer.Shutdown(drain); err != nil {
+		m.Logger.Warn("in-flight requests did not finish in time", "err", err)
+		_ = httpServer.Close()
+	}
+	return nil
+}
+
+// redactURL hides a password in a store URL before it is logged.
+func redactURL(u string) string {
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok {
+		return u
+	}
+	if at := strings.LastIndex(rest, "@"); at >= 0 {
+		return scheme + "://***@" + rest[at+1:]
+	}
+	return u
+}

@@ -1,0 +1,264 @@
+package server
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemd/idemd/internal/api"
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// Limits is what the HTTP layer enforces before a request reaches the engine.
+type Limits struct {
+	// MaxResponseBytes bounds a stored response: its body plus its header names and
+	// values.
+	MaxResponseBytes int
+}
+
+// decodeJSON reads a JSON request body into v strictly: the media type must be JSON, the
+// body valid UTF-8, one JSON value with no unknown fields and nothing after it.
+func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) error {
+	ct := r.Header.Get("Content-Type")
+	media, _, err := mime.ParseMediaType(ct)
+	if err != nil || (media != "application/json" && !strings.HasSuffix(media, "+json")) {
+		return &problem{status: http.StatusUnsupportedMediaType, code: api.ProblemCodeUnsupportedMediaType,
+			detail: fmt.Sprintf("Content-Type %q: send application/json", ct)}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return &problem{status: http.StatusRequestEntityTooLarge, code: api.ProblemCodePayloadTooLarge,
+				detail: fmt.Sprintf("request body is over %d bytes", limit)}
+		}
+		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "reading the request body: " + err.Error()}
+	}
+	return decodeBody(body, v)
+}
+
+// decodeBody is decodeJSON without the HTTP; it is what the fuzz tests drive.
+func decodeBody(body []byte, v any) error {
+	// encoding/json would quietly turn invalid UTF-8 into U+FFFD, changing a key.
+	if !utf8.Valid(body) {
+		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "request body is not valid UTF-8"}
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonProblem(err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "request body has data after the JSON object"}
+	}
+	return nil
+}
+
+func jsonProblem(err error) *problem {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var b64 base64.CorruptInputError
+	switch {
+	case errors.Is(err, io.EOF):
+		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "request body is empty; send a JSON object"}
+	case errors.As(err, &syntax):
+		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err)}
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "malformed JSON: the body ends too early"}
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return invalid("request body must be a JSON object, not %s", typ.Value)
+		}
+		return invalid("%s: expected %s, got %s", typ.Field, jsonType(typ.Type.Kind().String()), typ.Value)
+	case errors.As(err, &b64):
+		// response.body is the only base64 field of the API.
+		return invalid("response.body: not valid base64 (standard alphabet, padded): %v", err)
+	}
+	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return invalid("unknown field %s", field)
+	}
+	return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: err.Error()}
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "int", "int64", "int32", "uint", "uint64":
+		return "an integer"
+	case "string":
+		return "a string"
+	case "bool":
+		return "a boolean"
+	case "map", "struct":
+		return "an object"
+	case "slice":
+		return "an array"
+	}
+	return kind
+}
+
+func validKey(field, key string) error {
+	switch {
+	case key == "":
+		return invalid("%s is required: 1 to %d bytes of UTF-8", field, engine.MaxKeyBytes)
+	case len(key) > engine.MaxKeyBytes:
+		return invalid("%s is %d bytes, over the limit of %d", field, len(key), engine.MaxKeyBytes)
+	case !utf8.ValidString(key):
+		return invalid("%s is not valid UTF-8", field)
+	}
+	return nil
+}
+
+func validToken(token string) error {
+	if token == "" {
+		return invalid("lease_token is required")
+	}
+	if len(token) > 256 {
+		return invalid("lease_token is %d bytes; lease tokens are short", len(token))
+	}
+	return nil
+}
+
+func optional(field string, s *string, maxBytes int) (string, error) {
+	if s == nil {
+		return "", nil
+	}
+	if len(*s) > maxBytes {
+		return "", invalid("%s is %d bytes, over the limit of %d", field, len(*s), maxBytes)
+	}
+	return *s, nil
+}
+
+func millis(field string, v *int64, lo, hi, def time.Duration) (time.Duration, error) {
+	if v == nil {
+		return def, nil
+	}
+	d := time.Duration(*v) * time.Millisecond
+	if *v < lo.Milliseconds() || *v > hi.Milliseconds() {
+		return 0, invalid("%s is %d; it must be between %d and %d", field, *v, lo.Milliseconds(), hi.Milliseconds())
+	}
+	return d, nil
+}
+
+func (s *Server) claimRequest(tenant string, r api.ClaimRequest) (engine.ClaimRequest, error) {
+	var req engine.ClaimRequest
+	var err error
+	if err = validKey("key", r.Key); err != nil {
+		return req, err
+	}
+	req.ID = engine.ID{Tenant: tenant, Key: r.Key}
+	if req.Fingerprint, err = optional("fingerprint", r.Fingerprint, engine.MaxFingerprintBytes); err != nil {
+		return req, err
+	}
+	if req.Owner, err = optional("owner", r.Owner, engine.MaxOwnerBytes); err != nil {
+		return req, err
+	}
+	if req.Lease, err = millis("lease_ms", r.LeaseMs, engine.MinLease, engine.MaxLease, engine.DefaultLease); err != nil {
+		return req, err
+	}
+	if req.Wait, err = millis("wait_ms", r.WaitMs, 0, engine.MaxWait, 0); err != nil {
+		return req, err
+	}
+	return req, nil
+}
+
+func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Response, error) {
+	if r.Status < 100 || r.Status > 599 {
+		return engine.Response{}, invalid("%s.status is %d; it must be an HTTP status between 100 and 599", field, r.Status)
+	}
+	resp := engine.Response{Status: r.Status}
+	if r.Headers != nil {
+		for name := range *r.Headers {
+			if name == "" {
+				return engine.Response{}, invalid("%s.headers has an empty header name", field)
+			}
+		}
+		resp.Headers = *r.Headers
+	}
+	if r.Body != nil {
+		resp.Body = *r.Body
+	}
+	if n := resp.Size(); n > s.limits.MaxResponseBytes {
+		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: api.ProblemCodePayloadTooLarge,
+			detail: fmt.Sprintf("%s is %d bytes (body and headers), over the limit of %d", field, n, s.limits.MaxResponseBytes)}
+	}
+	return resp, nil
+}
+
+func (s *Server) completion(tenant string, r api.CompleteRequest) (engine.Completion, error) {
+	var c engine.Completion
+	var err error
+	if err = validKey("key", r.Key); err != nil {
+		return c, err
+	}
+	if err = validToken(r.LeaseToken); err != nil {
+		return c, err
+	}
+	if c.Response, err = s.storedResponse("response", r.Response); err != nil {
+		return c, err
+	}
+	if c.Retention, err = millis("retention_ms", r.RetentionMs, engine.MinRetention, engine.MaxRetention, 0); err != nil {
+		return c, err
+	}
+	c.ID, c.LeaseToken = engine.ID{Tenant: tenant, Key: r.Key}, r.LeaseToken
+	return c, nil
+}
+
+func (s *Server) release(tenant string, r api.ReleaseRequest) (engine.Release, error) {
+	var rel engine.Release
+	var err error
+	if err = validKey("key", r.Key); err != nil {
+		return rel, err
+	}
+	if err = validToken(r.LeaseToken); err != nil {
+		return rel, err
+	}
+	switch r.Mode {
+	case api.Retry, api.Fail:
+	case "":
+		return rel, invalid("mode is required: retry or fail")
+	default:
+		return rel, invalid("mode is %q; it must be retry or fail", r.Mode)
+	}
+	if r.Response != nil {
+		if r.Mode == api.Retry {
+			return rel, invalid("response: only a release with mode fail stores a response")
+		}
+		resp, err := s.storedResponse("response", *r.Response)
+		if err != nil {
+			return rel, err
+		}
+		rel.Response = &resp
+	}
+	if rel.Retention, err = millis("retention_ms", r.RetentionMs, engine.MinRetention, engine.MaxRetention, 0); err != nil {
+		return rel, err
+	}
+	rel.ID, rel.LeaseToken, rel.Mode = engine.ID{Tenant: tenant, Key: r.Key}, r.LeaseToken, engine.ReleaseMode(r.Mode)
+	return rel, nil
+}
+
+func (s *Server) extension(tenant string, r api.ExtendRequest) (engine.Extension, error) {
+	var e engine.Extension
+	var err error
+	if err = validKey("key", r.Key); err != nil {
+		return e, err
+	}
+	if err = validToken(r.LeaseToken); err != nil {
+		return e, err
+	}
+	if r.LeaseMs == 0 {
+		return e, invalid("lease_ms is required: between %d and %d", engine.MinLease.Milliseconds(), engine.MaxLease.Milliseconds())
+	}
+	if e.Lease, err = millis("lease_ms", &r.LeaseMs, engine.MinLease, engine.MaxLease, 0); err != nil {
+		return e, err
+	}
+	e.ID, e.LeaseToken = engine.ID{Tenant: tenant, Key: r.Key}, r.LeaseToken
+	return e, nil
+}

@@ -1,0 +1,70 @@
+package server
+
+import (
+	"time"
+
+	"github.com/labstack/echo/v4"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// outcomeKey is the echo context key under which a handler or the error handler leaves
+// the request's outcome for the metrics.
+const outcomeKey = "idemd.outcome"
+
+type metrics struct {
+	requests    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	storeErrors *prometheus.CounterVec
+	waiters     prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_requests_total",
+			Help: "HTTP requests by endpoint and outcome (acquired, completed, failed, ok, or a problem code).",
+		}, []string{"endpoint", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemd_request_duration_seconds",
+			Help:    "HTTP request latency by endpoint, waiting included.",
+			Buckets: []float64{.0005, .001, .002, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"endpoint"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_store_errors_total",
+			Help: "Requests answered 503 because the store was unavailable or did not replicate.",
+		}, []string{"endpoint"}),
+		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemd_claim_waiters",
+			Help: "Claims currently waiting (wait_ms) for a holder to finish.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters)
+	return m
+}
+
+// endpointOf names the route, bounded by the routes that exist.
+func endpointOf(c echo.Context) string {
+	if p := c.Path(); p != "" && p != "/*" {
+		return c.Request().Method + " " + p
+	}
+	return "other"
+}
+
+// instrument counts and times every request. It renders errors itself so that the
+// status and outcome are known when it records them.
+func (s *Server) instrument(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		start := time.Now()
+		if err := next(c); err != nil {
+			c.Error(err)
+		}
+		endpoint := endpointOf(c)
+		outcome, _ := c.Get(outcomeKey).(string)
+		if outcome == "" {
+			outcome = "ok"
+		}
+		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
+		s.metrics.duration.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+		return nil
+	}
+}

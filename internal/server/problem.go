@@ -1,0 +1,110 @@
+package server
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/labstack/echo/v4"
+
+	"github.com/idemd/idemd/internal/api"
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// problem is an RFC 9457 problem detail on its way to the client. Handlers return it
+// (or a domain error) and the error handler renders it; handlers never write errors
+// themselves.
+type problem struct {
+	status     int
+	code       api.ProblemCode
+	detail     string
+	retryAfter time.Duration
+	cause      error
+}
+
+func (p *problem) Error() string { return string(p.code) + ": " + p.detail }
+func (p *problem) Unwrap() error { return p.cause }
+
+func invalid(format string, args ...any) *problem {
+	return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidRequest, detail: fmt.Sprintf(format, args...)}
+}
+
+
+// unavailableRetry is what a client is told to wait when the store is down.
+const unavailableRetry = time.Second
+
+// toProblem is the one place where errors become HTTP statuses and problem codes.
+func toProblem(err error) *problem {
+	var p *problem
+	if errors.As(err, &p) {
+		return p
+	}
+	var busy *engine.InProgressError
+	var he *echo.HTTPError
+	switch {
+	case errors.As(err, &busy):
+		return &problem{status: http.StatusConflict, code: api.ProblemCodeInProgress, retryAfter: max(busy.RetryAfter, 0),
+			detail: "another caller holds a live lease on this key; retry after it runs out, or claim with wait_ms"}
+	case errors.Is(err, engine.ErrFingerprintMismatch):
+		return &problem{status: http.StatusUnprocessableEntity, code: api.ProblemCodeFingerprintMismatch,
+			detail: "fingerprint: this key was first used with a different fingerprint (payload)"}
+	case errors.Is(err, engine.ErrLeaseLost):
+		return &problem{status: http.StatusConflict, code: api.ProblemCodeLeaseLost,
+			detail: "lease_token: not the key's current lease (released, finished, or taken over after expiry)"}
+	case errors.Is(err, engine.ErrNotFound):
+		return &problem{status: http.StatusNotFound, code: api.ProblemCodeNotFound, detail: "key: no record for this key"}
+	case errors.Is(err, engine.ErrNotReplicated):
+		return &problem{status: http.StatusServiceUnavailable, code: api.ProblemCodeNotReplicated, retryAfter: unavailableRetry, cause: err,
+			detail: "the write was not confirmed by enough replicas in time; it may or may not have taken effect"}
+	case errors.Is(err, engine.ErrUnavailable):
+		return &problem{status: http.StatusServiceUnavailable, code: api.ProblemCodeStoreUnavailable, retryAfter: unavailableRetry, cause: err,
+			detail: "the store is unavailable; nothing was acquired"}
+	case errors.As(err, &he):
+		switch he.Code {
+		case http.StatusNotFound:
+			return &problem{status: he.Code, code: api.ProblemCodeNotFound, detail: "no such endpoint"}
+		case http.StatusMethodNotAllowed:
+			return &problem{status: he.Code, code: api.ProblemCodeMethodNotAllowed, detail: "method not allowed on this endpoint"}
+		case http.StatusRequestEntityTooLarge:
+			return &problem{status: he.Code, code: api.ProblemCodePayloadTooLarge, detail: "request body too large"}
+		}
+		if he.Code >= 400 && he.Code < 500 {
+			return &problem{status: he.Code, code: api.ProblemCodeInvalidRequest, detail: fmt.Sprint(he.Message)}
+		}
+	}
+	return &problem{status: http.StatusInternalServerError, code: api.ProblemCodeInternal, detail: "internal error", cause: err}
+}
+
+func (s *Server) handleError(err error, c echo.Context) {
+	p := toProblem(err)
+	c.Set(outcomeKey, string(p.code))
+	if p.code == api.ProblemCodeStoreUnavailable || p.code == api.ProblemCodeNotReplicated {
+		s.metrics.storeErrors.WithLabelValues(endpointOf(c)).Inc()
+	}
+	if p.status >= 500 {
+		s.log.Warn("request failed", "endpoint", endpointOf(c), "code", p.code, "err", err)
+	}
+	if c.Response().Committed {
+		return
+	}
+	body := api.Problem{
+		Type:   "urn:idemd:problem:" + string(p.code),
+		Title:  http.StatusText(p.status),
+		Status: p.status,
+		Code:   p.code,
+	}
+	if p.detail != "" {
+		body.Detail = &p.detail
+	}
+	if p.retryAfter > 0 {
+		ms := p.retryAfter.Milliseconds()
+		body.RetryAfterMs = &ms
+		// Retry-After counts whole seconds; round up so a client never comes back early.
+		c.Response().Header().Set("Retry-After", strconv.FormatInt(int64((p.retryAfter+time.Second-1)/time.Second), 10))
+	}
+	c.Response().Header().Set(echo.HeaderContentType, "application/problem+json")
+	c.Response().WriteHeader(p.status)
+	_ = s.encode(c, body)
+}
