@@ -31,7 +31,6 @@ func invalid(format string, args ...any) *problem {
 	return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidRequest, detail: fmt.Sprintf(format, args...)}
 }
 
-
 // unavailableRetry is what a client is told to wait when the store is down.
 const unavailableRetry = time.Second
 
