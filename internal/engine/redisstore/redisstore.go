@@ -12,9 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io/fs"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -35,31 +33,20 @@ type Client interface {
 // scripts are loaded once; redis.Script runs EVALSHA and falls back to EVAL when the
 // server does not know the script yet.
 var (
-	claimScript    = load("claim.lua")
-	completeScript = load("complete.lua")
-	releaseScript  = load("release.lua")
-	extendScript   = load("extend.lua")
-	lookupScript   = load("lookup.lua")
-	purgeScript    = load("purge.lua")
+	claimScript    = load("claim")
+	completeScript = load("complete")
+	releaseScript  = load("release")
+	extendScript   = load("extend")
+	lookupScript   = load("lookup")
+	purgeScript    = load("purge")
 )
 
-func load(name string) *redis.Script {
-	prelude, err := fs.ReadFile(lua.Scripts, "prelude.lua")
+func load(transition string) *redis.Script {
+	src, err := lua.Source(transition)
 	if err != nil {
 		panic(err)
 	}
-	body, err := fs.ReadFile(lua.Scripts, name)
-	if err != nil {
-		panic(err)
-	}
-	src := string(body)
-	// A "#!lua flags=..." line must stay the first line of the script.
-	shebang := ""
-	if strings.HasPrefix(src, "#!") {
-		nl := strings.IndexByte(src, '\n')
-		shebang, src = src[:nl+1], src[nl+1:]
-	}
-	return redis.NewScript(shebang + string(prelude) + "\n" + src)
+	return redis.NewScript(src)
 }
 
 // Store is the Redis-backed engine.Store.

@@ -1,7 +1,11 @@
 package redisstore_test
 
 import (
+	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/enginetest"
@@ -18,4 +22,35 @@ func TestConformance(t *testing.T) {
 		}
 		return s
 	})
+}
+
+// BenchmarkClaimComplete runs claim+complete cycles on fresh keys through the store,
+// in parallel: go test -run XXX -bench ClaimComplete -cpu 32 ./internal/engine/redisstore/
+func BenchmarkClaimComplete(b *testing.B) {
+	srv := testredis.Start(b)
+	s, err := redisstore.Open(srv.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var seq atomic.Int64
+	prefix := fmt.Sprintf("bench-%d", time.Now().UnixNano())
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := context.Background()
+		for pb.Next() {
+			id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("%s-%d", prefix, seq.Add(1))}
+			c := engine.Claim{ID: id, Lease: 30 * time.Second, Retention: time.Hour, Token: engine.NewLeaseToken()}
+			if _, err := s.Claim(ctx, c); err != nil {
+				b.Error(err)
+				return
+			}
+			if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: c.Token, Retention: time.Hour,
+				Response: engine.Response{Status: 200, Body: []byte(`{"order":42}`)}}); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
 }

@@ -1,0 +1,97 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"testing"
+
+	"github.com/idemd/idemd/internal/api"
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// FuzzDecodeClaim drives the strict decoder and the claim validation with arbitrary
+// bodies: they must never panic, must answer every refusal as a 4xx problem with a
+// detail, and must only accept requests inside the contract's limits.
+func FuzzDecodeClaim(f *testing.F) {
+	for _, seed := range []string{
+		`{"key":"a"}`,
+		`{"key":"a/b?c#d","fingerprint":"f","owner":"o","lease_ms":100,"wait_ms":30000}`,
+		`{"key":""}`, `{"key":5}`, `{"key":"a","extra":1}`, `{"key":"a"} {}`, `[]`, `null`, ``,
+		"{\"key\":\"\xff\"}", `{"key":"\ud800"}`, `{"key":"a","lease_ms":1e3}`, `{"key":"a","lease_ms":-1}`,
+		`{"key":"a","wait_ms":9223372036854775807}`, `{"key":"a","lease_ms":99999999999999999999}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	s := &Server{limits: Limits{MaxResponseBytes: 1024}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r api.ClaimRequest
+		err := decodeBody(body, &r)
+		var req engine.ClaimRequest
+		if err == nil {
+			req, err = s.claimRequest(engine.DefaultTenant, r)
+		}
+		if err != nil {
+			checkRefusal(t, err)
+			return
+		}
+		if len(req.ID.Key) == 0 || len(req.ID.Key) > engine.MaxKeyBytes {
+			t.Fatalf("accepted key of %d bytes", len(req.ID.Key))
+		}
+		if req.Lease < engine.MinLease || req.Lease > engine.MaxLease || req.Wait < 0 || req.Wait > engine.MaxWait {
+			t.Fatalf("accepted lease %s wait %s", req.Lease, req.Wait)
+		}
+	})
+}
+
+// FuzzDecodeComplete does the same for completions, whose body carries base64 and a
+// header map.
+func FuzzDecodeComplete(f *testing.F) {
+	for _, seed := range []string{
+		`{"key":"a","lease_token":"t","response":{"status":200}}`,
+		`{"key":"a","lease_token":"t","response":{"status":201,"headers":{"A":["1","2"]},"body":"AAEC"},"retention_ms":1}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"body":"%%"}}`,
+		`{"key":"a","lease_token":"t","response":{"status":99}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"":["x"]}}}`,
+		`{"key":"a","lease_token":"t","response":null}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"body":"QUFB"},"retention_ms":2592000001}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	s := &Server{limits: Limits{MaxResponseBytes: 64}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r api.CompleteRequest
+		err := decodeBody(body, &r)
+		var c engine.Completion
+		if err == nil {
+			c, err = s.completion(engine.DefaultTenant, r)
+		}
+		if err != nil {
+			checkRefusal(t, err)
+			return
+		}
+		if c.Response.Status < 100 || c.Response.Status > 599 || c.Response.Size() > 64 || c.LeaseToken == "" {
+			t.Fatalf("accepted %+v", c)
+		}
+		if c.Retention < 0 || c.Retention > engine.MaxRetention {
+			t.Fatalf("accepted retention %s", c.Retention)
+		}
+	})
+}
+
+func checkRefusal(t *testing.T, err error) {
+	t.Helper()
+	var p *problem
+	if !errors.As(err, &p) {
+		t.Fatalf("refusal %v is not a problem", err)
+	}
+	if p.status < 400 || p.status >= 500 || p.detail == "" || p.code == "" {
+		t.Fatalf("refusal %+v is not a 4xx problem with a code and detail", p)
+	}
+	if p.status != http.StatusRequestEntityTooLarge && p.status != http.StatusBadRequest {
+		t.Fatalf("refusal status %d", p.status)
+	}
+	if _, err := json.Marshal(p.detail); err != nil {
+		t.Fatalf("detail cannot be rendered: %v", err)
+	}
+}
