@@ -291,3 +291,23 @@ func TestKeyringReloadUnderLoad(t *testing.T) {
 		t.Fatalf("authentication failed during reloads: %v", err)
 	}
 }
+
+// TestDocumentedExample parses the example auth file of docs/auth.md.
+func TestDocumentedExample(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/auth.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "```yaml\n")
+	example, _, closed := strings.Cut(rest, "```")
+	if !ok || !closed {
+		t.Fatal("docs/auth.md has no yaml example")
+	}
+	cfg, err := Parse([]byte(example))
+	if err != nil {
+		t.Fatalf("the documented example does not parse: %v", err)
+	}
+	if cfg.Tokens() != 3 || len(cfg.Tenants()) != 2 {
+		t.Fatalf("the documented example has %d tokens and %d tenants", cfg.Tokens(), len(cfg.Tenants()))
+	}
+}
