@@ -46,6 +46,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"reason"}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.authFailures)
+	// The reasons are known in advance; exporting them at zero lets an alert on their
+	// rate see the first failure.
+	for _, reason := range []string{"missing", "malformed", "unknown", "forbidden"} {
+		m.authFailures.WithLabelValues(reason)
+	}
 	return m
 }
 
