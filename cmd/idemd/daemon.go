@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -9,12 +10,16 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/signal"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
@@ -29,11 +34,18 @@ type Main struct {
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
 	LogLevel         string
+	AuthFile         string
+	TLSCert          string
+	TLSKey           string
 
 	Logger *slog.Logger
 	// ready is closed once the listener is bound; addr is its address.
 	ready chan struct{}
 	addr  string
+	// keyring is the auth file in force, nil when the daemon runs open; cert is the TLS
+	// certificate in force. Reload replaces both.
+	keyring *auth.Keyring
+	cert    atomic.Pointer[tls.Certificate]
 }
 
 // NewMain returns a Main with the defaults.
@@ -50,6 +62,9 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.StringVar(&m.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
+	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
+	fs.StringVar(&m.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -66,6 +81,9 @@ func (m *Main) ParseFlags(args []string) error {
 	}
 	if m.Retention < engine.MinRetention || m.Retention > engine.MaxRetention {
 		return fmt.Errorf("--retention must be between %s and %s", engine.MinRetention, engine.MaxRetention)
+	}
+	if (m.TLSCert == "") != (m.TLSKey == "") {
+		return errors.New("--tls-cert and --tls-key go together")
 	}
 	return nil
 }
@@ -99,16 +117,29 @@ func (m *Main) Run(ctx context.Context) error {
 		}
 	}()
 
+	if err := m.loadAccess(); err != nil {
+		return err
+	}
+	// SIGHUP is caught from here on, so that it reloads instead of ending the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if c, ok := store.(prometheus.Collector); ok {
 		registry.MustRegister(c)
 	}
-	srv := server.New(engine.NewService(store, m.Retention), server.Config{
-		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes},
-		Logger:   m.Logger,
-		Registry: registry,
-	})
+	cfg := server.Config{
+		Limits:    server.Limits{MaxResponseBytes: m.MaxResponseBytes},
+		Logger:    m.Logger,
+		Registry:  registry,
+		Retention: m.Retention,
+	}
+	if m.keyring != nil {
+		cfg.Auth = m.keyring
+	}
+	srv := server.New(engine.NewService(store, m.Retention), cfg)
 
 	ln, err := net.Listen("tcp", m.Listen)
 	if err != nil {
@@ -122,14 +153,35 @@ func (m *Main) Run(ctx context.Context) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 	}
-	m.Logger.Info("idemd listening", "addr", m.addr, "store", redactURL(m.Store))
+	if m.TLSCert != "" {
+		httpServer.TLSConfig = &tls.Config{
+			MinVersion: tls.VersionTLS12,
+			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+				return m.cert.Load(), nil
+			},
+		}
+	}
+	m.Logger.Info("idemd listening", "addr", m.addr, "tls", m.TLSCert != "", "store", redactURL(m.Store))
 
 	served := make(chan error, 1)
-	go func() { served <- httpServer.Serve(ln) }()
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
+	go func() {
+		if m.TLSCert != "" {
+			// The certificate comes from TLSConfig.GetCertificate.
+			served <- httpServer.ServeTLS(ln, "", "")
+			return
+		}
+		served <- httpServer.Serve(ln)
+	}()
+wait:
+	for {
+		select {
+		case err := <-served:
+			return err
+		case <-hup:
+			m.Reload()
+		case <-ctx.Done():
+			break wait
+		}
 	}
 	m.Logger.Info("shutting down", "timeout", m.ShutdownTimeout)
 	drain, cancel := context.WithTimeout(context.Background(), m.ShutdownTimeout)
@@ -139,6 +191,54 @@ func (m *Main) Run(ctx context.Context) error {
 		_ = httpServer.Close()
 	}
 	return nil
+}
+
+// loadAccess reads the auth file and the TLS key pair at start-up, where a bad file is
+// fatal.
+func (m *Main) loadAccess() error {
+	if m.AuthFile == "" {
+		m.Logger.Warn("no --auth-file: idemd is open, every request works in the default tenant; use --auth-file for tokens and tenants")
+	} else {
+		k, err := auth.Load(m.AuthFile)
+		if err != nil {
+			return fmt.Errorf("--auth-file: %w", err)
+		}
+		m.keyring = k
+		m.Logger.Info("auth file loaded", "path", m.AuthFile, "tenants", len(k.Config().Tenants()), "tokens", k.Config().Tokens())
+	}
+	if m.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(m.TLSCert, m.TLSKey)
+		if err != nil {
+			return fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		}
+		m.cert.Store(&cert)
+	}
+	return nil
+}
+
+// Reload reads the auth file and the TLS key pair again, as SIGHUP asks. Whatever
+// fails to load is logged and the version in force stays; requests in flight are not
+// disturbed either way.
+func (m *Main) Reload() {
+	if m.keyring != nil {
+		if err := m.keyring.Reload(); err != nil {
+			m.Logger.Error("auth file not reloaded; the previous one stays in force", "err", err)
+		} else {
+			m.Logger.Info("auth file reloaded", "path", m.AuthFile, "tenants", len(m.keyring.Config().Tenants()), "tokens", m.keyring.Config().Tokens())
+		}
+	}
+	if m.TLSCert != "" {
+		cert, err := tls.LoadX509KeyPair(m.TLSCert, m.TLSKey)
+		if err != nil {
+			m.Logger.Error("TLS key pair not reloaded; the previous one stays in force", "err", err)
+		} else {
+			m.cert.Store(&cert)
+			m.Logger.Info("TLS key pair reloaded", "cert", m.TLSCert)
+		}
+	}
+	if m.keyring == nil && m.TLSCert == "" {
+		m.Logger.Info("SIGHUP: nothing to reload (no --auth-file, no --tls-cert)")
+	}
 }
 
 // redactURL hides a password in a store URL before it is logged.

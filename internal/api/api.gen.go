@@ -43,6 +43,7 @@ func (e ClaimResponseOutcome) Valid() bool {
 // Defines values for ProblemCode.
 const (
 	ProblemCodeFingerprintMismatch  ProblemCode = "fingerprint_mismatch"
+	ProblemCodeForbidden            ProblemCode = "forbidden"
 	ProblemCodeInProgress           ProblemCode = "in_progress"
 	ProblemCodeInternal             ProblemCode = "internal"
 	ProblemCodeInvalidJson          ProblemCode = "invalid_json"
@@ -52,7 +53,9 @@ const (
 	ProblemCodeNotFound             ProblemCode = "not_found"
 	ProblemCodeNotReplicated        ProblemCode = "not_replicated"
 	ProblemCodePayloadTooLarge      ProblemCode = "payload_too_large"
+	ProblemCodeRateLimited          ProblemCode = "rate_limited"
 	ProblemCodeStoreUnavailable     ProblemCode = "store_unavailable"
+	ProblemCodeUnauthenticated      ProblemCode = "unauthenticated"
 	ProblemCodeUnsupportedMediaType ProblemCode = "unsupported_media_type"
 )
 
@@ -60,6 +63,8 @@ const (
 func (e ProblemCode) Valid() bool {
 	switch e {
 	case ProblemCodeFingerprintMismatch:
+		return true
+	case ProblemCodeForbidden:
 		return true
 	case ProblemCodeInProgress:
 		return true
@@ -79,7 +84,11 @@ func (e ProblemCode) Valid() bool {
 		return true
 	case ProblemCodePayloadTooLarge:
 		return true
+	case ProblemCodeRateLimited:
+		return true
 	case ProblemCodeStoreUnavailable:
+		return true
+	case ProblemCodeUnauthenticated:
 		return true
 	case ProblemCodeUnsupportedMediaType:
 		return true
@@ -248,8 +257,17 @@ type StoredResponse struct {
 	Status  int                  `json:"status"`
 }
 
+// Forbidden defines model for Forbidden.
+type Forbidden = Problem
+
 // InProgress defines model for InProgress.
 type InProgress = Problem
+
+// RateLimited defines model for RateLimited.
+type RateLimited = Problem
+
+// Unauthenticated defines model for Unauthenticated.
+type Unauthenticated = Problem
 
 // Unavailable defines model for Unavailable.
 type Unavailable = Problem
@@ -448,44 +466,52 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7Frbjts4Ev0VgrPAJFi17b5l0+6HRXYuOwHmIehMkId04C5LZYvTUlFDUna8gf99UaQkS7bct3T3zAL7",
-	"Elg3snjq1GHxdL7KWOeFJiRn5firNGgLTRb9xVt6Z/TcoPVXsSaH5PgnFEWmYnBK07Awepph/vffrSZ+",
-	"ZuMUc+BffzM4k2P53XAzxTA8tcN34Su5Xq8jmaCNjSp4ODmWb0i7FI2IIcvQiFRniRUgMrVAkSFYFJqE",
-	"S1Fc42ogI5kiJGh8iBfozOrgzcyh4cvuuO8x1pRYUZJTmR+Ah0bzva2GNSVZoUvHg25W4VYFyrFU5HCO",
-	"hgNeR7IO/1lhERc//yDOTk7/IarBB3IdyQ8EC1AZTDN8znB+S1FYpw2KGIi0E1MUBiFOMRHaiEQlgu/G",
-	"mmbK5B7upVEOz/l2qmgulmAFxH+UymDykDw6LZageOIZh+HMikeFOSi6NYPr+rmf7ocMVH6Bf5RoA3BJ",
-	"ongyyN4ZXaBxiuthBpnFSBatW1/lTNEcTWFUgHwrZSJRc7RO6JkHwIQpRAGrTENyzqwGx1TnAMRSuVSA",
-	"SNRshgbJCU0olBUGZ6UNGOXw5VekuUvl+Oj0VVQvzTqjaM5suMbVbhycK5VgXmiHFK+4cCJxyAAenZ6K",
-	"6cqh5RA//PbzweudWU4jmSuqrw975vTVM8ltmHgGZebk+Hg0Go0iOdMmBxfQf3USxlZ5mcvx8atReCVX",
-	"FO4c8tV2siKpl9RHg4+pDrjZgXhTITgzOlDNi0VT3n4EYdCVhqx/biGvxOROqDLPthc42q6Ij0zGsmBY",
-	"XaqsyDTNxUwbAVUk/GSmSNlUKLIOIWHUgewSeSJxMjrjaG6AbAuwHrjWkWSWcU3J8SdPh8/NW3r6O8aO",
-	"F1QxPmg9L6vLanAO86KH0b/opciBVsKpHG2twiIFK6aI1KnnnXXspjYwB78UyqCdgJ+w+SwBhwc8j9zL",
-	"OaevkXajfGfQcv0s01ZI56yaiyroIPhOCxa9DB1GwmC4CZQI/OKQ/CJ2Jtali3XuMUPiJHyS9QwykvVw",
-	"/HsGKsOkBf9mEIOxXqDP0U6tmhJD4J5EgddO62vBXwSGN4RaptrWi0mB4y5q9Ks5p1pnCBQm3aT7JtF/",
-	"z6qeNOTYplQNQNSwpJdgFRAPU9VKxW7Leg+uD1sif8m7ptLUlPk27X05BxW3ZeZYmK+xcJGIdUkOk5Aa",
-	"0suB+DFohN+ijk5Eqktjb67so9Ozo9GOHt6pvLuotDDoS8tPnthPkZQA2yPI/c05vgMATTw3AbBP+R6q",
-	"SFtx7QzTF8svCBnvOdsxWAeutLcvvnqvb+hWf9odO9ZJR7sULSBTyaRqTWTU3PGdYiRLsmVRaOMwmeSY",
-	"KJj4ySJZNTETp/UkAzPne6TdZKZLSvw4k6I+PUTtPmmSK5uDi9MmV5n2M/t2clK2+tkwosHQx3pVzdGl",
-	"OpnwfcgyvcQwl0NDkPWKbYIOVNZLXd6GgWLcIybOrCbATeg+du+ydyd3rWdOuax/qnDjtnxXwIdhmqmi",
-	"kNM+FlxgrE1y4/Z+hyXFBhn7e23P3QLabtyQKiHl8FhIZ9rMtXNIHZW8cYatxntfI7xHrR7ScjR96CNu",
-	"O5xD3IWo6kUSkSPQps3iE9NcLZDEFOLrqrf0NPVdCwNpMLQ13DYwmHWdF0gJRxs1Y9+9WymL5J4E6FXp",
-	"sNZN29BhVmeWDn/6ie3X8LzNRV5J53aqGH7GfZMnTgz/JvziQirOBeMbDsxWgHBockWQ+dulwXaq/IhV",
-	"RvZ0j4/V5TxLQ5Lvk6et+O6XxalO9px0+UkkpmDx1ckBEqtj9zzCB96+Am8ZEP2BfJXKYW5vkHAJxsCq",
-	"db1Z7WZnaEA+PTu7rR+665a/9rvZTO9C8rZ18AfmnkWzUDH6U3Ow2MIxWgBtuwS1t2JKIm+u0CUxHN5T",
-	"Ohf4BWKXrbxP0XHrNkcscMx2lWNUWx3+PSvm6MJJ3JPgkqqumvd6WGESeUUDH4TBkrVwxx6pOpC2RXJJ",
-	"l/TTAs1KoDHa8CNo+WZX+yyxK5HouMz9oTFMk0OcKsIDg5BwL3JJV8ykK5FjPkUzuKRmKx5Lho1FdIHG",
-	"BtQPB6PByO8aBRIUSo7l8WA0OPaNk0s9D4apbwD/w7/n6GWsAfdtwseO6nnUtWWPRqMbnL77OXxVD9pj",
-	"8H0oBp5+tsxzMKuquAqjY7SWgS2rF4YM0Wr/Ki7C4z9lEX5ub5Oejo73DdPENWx7qbtrD3anZxvEKb/k",
-	"Sbo0yvFFhcbicOjrybdd2vbZgsEv8Kb2lp8tXhyNDl9GVRnYVoXUx049E1C5SJjUn4xeRpekDX+mDZ87",
-	"U667Ph9dOfHiZHQmWt35y4H4yJy/qlyuKz8rf3VJfMs2+9mdbSwue00xhirp0sFbTzLIGlr3r0rHH4UI",
-	"HSN33RVPZ0pcPyEJu5baHsec88VtWpW/c8HwbhLsvw0MCzLoqXs0OnzeKPdo+QvCZeT7TcUC7eAaybtS",
-	"kfDcO0ByBsi99FGfBGxvLrjmDwz8/tnt77f+IsWfHB7fb4rD0/u9f3R0r/e/UWN8bnp24ZawVA17W1u2",
-	"qqt+44kKbMvWe+Yaqw60e2i7MeaqinoBmdUtM9X3K7XlqzRVleYPIQ8l7cnjk7zD2Kdl+Dcy1nfwbVPU",
-	"705++wub04a6wVLfT9xgzD0Rbbu25zOTdsty3EPeILGekITLSvn/enR8VnpdMBStDUjTPnYFK8kOv17j",
-	"ah06rlonuzR7VwancivbJ/1HyY1DNdeEz5KSb4TsR7/utr3mS9L3iUAigKHN91Y4rbMger1d+69aX5eF",
-	"/BPFnJ/+L0D+PtXLPsB97AUYyNF5W+HTnf4uz8fDA7QxFLyDXePKihxWgiEHReJqeBWJq3/yP99dRcIW",
-	"EKN9OfAmuBz7w6WMJEHO59Jgx3Slrud/RjS23eemnHzB7VfryoB7Irnesvf+Uk1G1cE3Dm1/j1H/Mfn/",
-	"Dca31da/1QK7mu+t76jjffPPflM1/EcfNIu6/kqTybFMnSvGw2GmY8hSbd349ej1SK4/r/8bAAD//w==",
+	"7Fprb+O20v4rhPoCTfAqsXPb0zgfDtLb6QLFwSLbYj9sFjYtjS020lAlKXvdhf/7wQwpWbLlXPbspoue",
+	"fglkieQMZ5658GE+RIkuSo2AzkajD5EBW2q0wD9+1Gaq0hSQfiQaHaCjR1mWuUqkUxoHpdHTHIr//81q",
+	"HmaTDApJT/9nYBaNoq8GGwkD/9UOXvlZ0Xq9jqMUbGJUSctFo+iXDITTd4Ail8mdFS4DYRNdAj/pEgwL",
+	"FgiQWnGQ6BTErFb08Dhax9FLfGX03IC1z6n4NWqXgRGJzHMwItN5aoUUuVqAyEFaEBp5D3ewOo7iKAOZ",
+	"gmEVb8CZ1dH1zIGhn911X0OiMbWiQqdyXoCWBvO1DcuaCq3QlaNFN7twqxKiUaTQwRwMKbyOo1r9ZzWL",
+	"uPnxO3F5fvEPERZnJ91IBz+rQjlInx1egBKdUFboBRihnBUGfq/AOmGkgwAqehznXsPDj3eYbNZe6ipP",
+	"xRSEzHO9hPQR/voVZeUyQEf2eF5D/VuLKUgDxkdjLLQRGn0UphIKjSLVYAVqJ+5QL4PVqq7G24Z78+bN",
+	"0XVrwK71yEHfesFJRqGEc+i1lHVG4XxjqIVUuZzm8Nxosk4bEIlEssQUhAGZZJCSvVKVsn0SjTNlCrbd",
+	"0igHV/Q6UzgXS2mFTH6vlPGAeCrInBZLqUjwjNRwZkWryrlU+CC+1vV3FvddLlVx47HKhktTRcJk/spQ",
+	"2nWKqsJM5hbiqGy9+hDNFM7BlEZ5k28lAJGqOeFfz9gAdTiUcpVrmV5RjpSO3E0KiKVymZAiVbMZGEDH",
+	"oFMUobPKehsV8v3PgHOXRaPTixfxNiDi6A5W/cBSKRSldoDJitJwLE7IgKcXF2K6cmBJxV9/+fHomx0p",
+	"F3FUKKx/n/TI5Fw8LqwXPJNV7qLR2XA4HMbRTJtCOm/9F+d+bVVURTQ6ezH0QwqF/s0J/dp2VhzpJfbB",
+	"4E2mvd3ssbgOFpwZ7aHGpacpFryCMOAqg6GsyiKUpkdZlXC2vcHhdkS8ITBWJZnVZcqKXOOc6rOQQRP6",
+	"MlOobCYUWgcyJatLtEsgQeJ8eEna3GOyLYP1mGsdR4Qyiqlo9Jbh8K4Zpae/QeJoQwHxvuOhbXVRLZ2D",
+	"ouxB9E96KQqJK+FUAbau6SKTVkwBsBPPO/vYda1HDrwvlQE7liywmZZKB0ckJ9qLOc7Pu1q+MmApfpZZ",
+	"S6UrqsGLoLRvH5wWlPRycBALA/6lxFTAewfIm9gRrCuX6IJtBkhOeBvVEqI4qpej55lUOaQt828WMZBQ",
+	"/fVlbStWTQVecQaRx7XT+s5XbEZ4A6hlpm29mUyS3mVt/SBzqnUOEr3QjbvvS/qvKaunDTi2IVUbIG5Q",
+	"0guwYIiPy6ohiz3k9R67ftwWaSZVTaWxCfNt2HM4+yxuq5x7qDsoXSwSXaGD1LsG9fJYfO9zBJeo03OR",
+	"6crY+yP79OLydLiTDx8V3l2rtGzQ55YfGNifwynebJ8g3d/v40cYoNHnPgPsy3wfm5G29NpZpk+Xn0Dm",
+	"VHO2dbBOuso+vPkwrm/p1mmnuzZ1qu3cpXAhc5WOQ2sSxc0b7hTjqEJblaU2DtJxAamSYxYWR6GJGTut",
+	"x7k0c3qH2o1nusKU1xmX9Vk0bvdJ40LZQroka3yVa5bM7eS4avWzfkUDvo/lrFqAy3Q6pvfhMMGyHBiU",
+	"OevbPTdw1IWzfBy1Tza9mTkFJ1Xei3Oq2RIT2JN5nFmNJXWs+0JhF+o7jm59c8rl/aL8i4fAEbzkl2lE",
+	"xR4AfZC5gUSb9N5e4BFbSgyQ2Z9Uy7vRtt3lAYasS+pR1p1pM9fOAXZS6r0Strr0fV3zntT2Mf1J07R+",
+	"whpFPuw5NobGJRUFSNz0ZHS8mqsFoJjK5C40ogxTbnHIkAZ8D0Q9BhmzTgolYEraxs3aj29tqjJ9IgB6",
+	"U7rf66bH6CCrI6WDn35g8x6etxMpQp7ddhWZn+y+8RM5hp4R3jvviitB9vWnayukcGAKhTLn15WBtqt4",
+	"xeCRPa3mp2qJnqV7Kfalpy39nubFqU73HIvpSyym0sKL8yNAyo7dwwudjvsCvMVW9CvyIVIOCntPCo+k",
+	"MXLV+r3Z7aYyNEa+uLx8qHl6bH9AAiCpjHKr1+T+YCSmnnpYDBTXr14GZro5YXsi7GsrqNyKmcpBHCwz",
+	"lWQ1bjXmKyYYX/90fXR68eKwIWX4XOKFNaplzpWeZlI407tKvGzRF5KCwoJZqAT47O9pZ08GCInbXEfN",
+	"EJkKkSkivMWGTb8S8F4mLl8x29JhsDcHRekoDFUBcU3Y8Dgr5uA8n8DovMVwNqCORa4gjTnVSlbCQEVJ",
+	"eofkCX1Um+i5xVv8YQFmJcAYbeiTbHHJk33E3kSkOqkKPvp6MYVMMoVwZECm1FHd4oQgPhEFFFMwLKkp",
+	"sYHbZFLdz8eNd2MBrNFksDiZNExWIo1RYG9xcl25TBv1B2s1qnnM22o4PEsYOvwIkysW5cGUQqLSkAoD",
+	"M31Qp0VbyoQpVzJqzSKbOysUHrJVm9sROxKTysKEMymDIN491sfhTE9TbzHX+q4qYzGRaaHQzywrM4dj",
+	"MRlk3Jb/MYnFZEB2W/0xYYGTQQHOqMROhDR8H4PH4o1yma4cY2oTCS1rKssjPa3AFtzeDo+eBF5pEgxx",
+	"fItN9zaKCNBUdxdgrI+Hk+Ph8ZAbjRJQlioaRWfHw+MzbsxdxgFd74Se58CVr4H9y5SOteF73L38Oh0O",
+	"72GSn8YghzNOD4H8a3ncyUTR6O27OLJVUUizCtm5NDoBa8mIVRgeXLJ3Tzf+85+yJZbNVzwXw7N9yzR6",
+	"DdrM/UOW8FQ75wiZZDSFEbU0ytGPYJvFyYADgLt4bfsoac9V8fXc1s2cODgdnhzGIXnZVl6rKQ89EzIw",
+	"mJDWU4aH8S1qQ9O0cTSNsmXfjaBy4uB8eClaJ8NDH0FiEhjWCUulWbdIr2zTHj2aQqVkrTEBH0FdcDDt",
+	"GfkqCdZ9G9qCTwKLziXCuluLnalg/Rkh2aVz99zWkL+o6w/+u+LivHEwz/UI88WLgXw6PHleLfdU4AOE",
+	"ZczHF0Vl1UmqH3oBhm/nDBwBOiPR+Wvwc2/b+8Ovudyi8SePCtcOs8DzHhHmm/8l4BmXD89o3eLTlJOz",
+	"p23m5OJp409Pnzj+EVto33F/dD5sMiAjp6eza6W9UPDbmW8r9usRnyn8twjvZ84Agb3ZE1QbyjrE+4HM",
+	"rW5dM3APXHdNyrctBkoIF9lfeEidP1GzyyfG0+eOv2ePJz5Mty8zuLJz6+AL+yawfNu8P6w8of6Zgqp7",
+	"XfHMIbV1VbAntHx54nBBWIaq+b8cLF88+G/IUa3WQuM+7HvO2Q4+3MFq7XvpusZ0g+BV5e8/trB43s85",
+	"bajsuUb4qwHm+R36PXulfUvA6YzPJxLDP05q87UVTuvcl7Pes+PPTAtEf2KZpq9/A+K/Lm+ZXvbBgS1b",
+	"SiMLcMzdvn3Uf0qV0mVHYBNZUud0BysrCrkSBAipUEwGk1hM/kl/vprEnriyzHYqWpJmR3GEknlPz3l3",
+	"i9h9/+H3rklFnKz21+Fwy/GZCvHWHcoX1dyGc21zDdbf29b/3vN3Y/tXbmz/pRbQreZ8+xl3rj/psf9e",
+	"bb1Fw20uRd6+W7+jT2ZRJ47K5OHeYjQY5DqReaatG30z/GYYrd+t/xMAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

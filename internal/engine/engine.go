@@ -124,6 +124,9 @@ type ClaimRequest struct {
 	Lease       time.Duration
 	// Wait is how long to wait for a live holder to finish before reporting in progress.
 	Wait time.Duration
+	// Retention is how long a pending record is kept when its holder never comes back;
+	// zero means the service's default.
+	Retention time.Duration
 }
 
 // Claim is a ClaimRequest as a store sees it: with the token the new lease will carry

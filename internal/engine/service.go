@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"time"
@@ -69,7 +70,7 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		Fingerprint: r.Fingerprint,
 		Owner:       r.Owner,
 		Lease:       r.Lease,
-		Retention:   s.retention,
+		Retention:   cmp.Or(r.Retention, s.retention),
 		Token:       NewLeaseToken(),
 	}
 	if r.Wait <= 0 {

@@ -16,14 +16,17 @@ type metrics struct {
 	duration    *prometheus.HistogramVec
 	storeErrors *prometheus.CounterVec
 	waiters     prometheus.Gauge
+	// authFailures counts refused credentials by reason: missing, malformed, unknown,
+	// forbidden.
+	authFailures *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemd_requests_total",
-			Help: "HTTP requests by endpoint and outcome (acquired, completed, failed, ok, or a problem code).",
-		}, []string{"endpoint", "outcome"}),
+			Help: "HTTP requests by endpoint, outcome (acquired, completed, failed, ok, or a problem code) and tenant (- when unauthenticated).",
+		}, []string{"endpoint", "outcome", "tenant"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemd_request_duration_seconds",
 			Help:    "HTTP request latency by endpoint, waiting included.",
@@ -37,8 +40,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "idemd_claim_waiters",
 			Help: "Claims currently waiting (wait_ms) for a holder to finish.",
 		}),
+		authFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_auth_failures_total",
+			Help: "Requests refused for their credentials, by reason: missing, malformed, unknown (token) or forbidden (scope).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters)
+	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.authFailures)
+	// The reasons are known in advance; exporting them at zero lets an alert on their
+	// rate see the first failure.
+	for _, reason := range []string{"missing", "malformed", "unknown", "forbidden"} {
+		m.authFailures.WithLabelValues(reason)
+	}
 	return m
 }
 
@@ -63,7 +75,7 @@ func (s *Server) instrument(next echo.HandlerFunc) echo.HandlerFunc {
 		if outcome == "" {
 			outcome = "ok"
 		}
-		s.metrics.requests.WithLabelValues(endpoint, outcome).Inc()
+		s.metrics.requests.WithLabelValues(endpoint, outcome, tenantLabel(c)).Inc()
 		s.metrics.duration.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemd/idemd/internal/api"
+	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
 )
 
@@ -22,6 +23,8 @@ type problem struct {
 	detail     string
 	retryAfter time.Duration
 	cause      error
+	// challenge is the WWW-Authenticate header of a 401.
+	challenge string
 }
 
 func (p *problem) Error() string { return string(p.code) + ": " + p.detail }
@@ -42,7 +45,21 @@ func toProblem(err error) *problem {
 	}
 	var busy *engine.InProgressError
 	var he *echo.HTTPError
+	var limited *auth.RateLimitedError
+	var forbidden *auth.ForbiddenError
 	switch {
+	case errors.Is(err, auth.ErrMissingToken):
+		return &problem{status: http.StatusUnauthorized, code: api.ProblemCodeUnauthenticated, challenge: `Bearer realm="idemd"`,
+			detail: "send Authorization: Bearer <token>"}
+	case errors.Is(err, auth.ErrUnknownToken):
+		return &problem{status: http.StatusUnauthorized, code: api.ProblemCodeUnauthenticated, challenge: `Bearer realm="idemd", error="invalid_token"`,
+			detail: "the bearer token is not known"}
+	case errors.As(err, &forbidden):
+		return &problem{status: http.StatusForbidden, code: api.ProblemCodeForbidden,
+			detail: fmt.Sprintf("this token does not have the %s scope, which this operation needs", forbidden.Need)}
+	case errors.As(err, &limited):
+		return &problem{status: http.StatusTooManyRequests, code: api.ProblemCodeRateLimited, retryAfter: limited.RetryAfter,
+			detail: "the tenant is over its request rate"}
 	case errors.As(err, &busy):
 		return &problem{status: http.StatusConflict, code: api.ProblemCodeInProgress, retryAfter: max(busy.RetryAfter, 0),
 			detail: "another caller holds a live lease on this key; retry after it runs out, or claim with wait_ms"}
@@ -102,6 +119,9 @@ func (s *Server) handleError(err error, c echo.Context) {
 		body.RetryAfterMs = &ms
 		// Retry-After counts whole seconds; round up so a client never comes back early.
 		c.Response().Header().Set("Retry-After", strconv.FormatInt(int64((p.retryAfter+time.Second-1)/time.Second), 10))
+	}
+	if p.challenge != "" {
+		c.Response().Header().Set(echo.HeaderWWWAuthenticate, p.challenge)
 	}
 	c.Response().Header().Set(echo.HeaderContentType, "application/problem+json")
 	c.Response().WriteHeader(p.status)

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/idemd/idemd/internal/api"
+	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
 )
 
@@ -36,6 +37,12 @@ type Config struct {
 	// Registry receives idemd's metrics and is served on /metrics. When nil the server
 	// makes its own.
 	Registry *prometheus.Registry
+	// Auth authenticates requests. When nil the server is open: every request works in
+	// the default tenant with every scope.
+	Auth Authenticator
+	// Retention is the engine's default retention, which a tenant's retention cap clamps;
+	// zero means engine.DefaultRetention.
+	Retention time.Duration
 }
 
 // Server serves the idemd API.
@@ -46,6 +53,10 @@ type Server struct {
 	metrics  *metrics
 	registry *prometheus.Registry
 	echo     *echo.Echo
+	auth     Authenticator
+	// open is the principal of every request when auth is nil.
+	open      *auth.Principal
+	retention time.Duration
 	// bodyLimit bounds request bodies: a base64 response of the largest allowed size
 	// and room for the rest of the JSON.
 	bodyLimit int64
@@ -62,6 +73,9 @@ func New(eng Engine, cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
+	if cfg.Retention <= 0 {
+		cfg.Retention = engine.DefaultRetention
+	}
 	s := &Server{
 		engine:    eng,
 		limits:    cfg.Limits,
@@ -69,11 +83,14 @@ func New(eng Engine, cfg Config) *Server {
 		metrics:   newMetrics(cfg.Registry),
 		registry:  cfg.Registry,
 		bodyLimit: int64(cfg.Limits.MaxResponseBytes)*4/3 + 64<<10,
+		auth:      cfg.Auth,
+		open:      auth.Open(engine.DefaultTenant),
+		retention: cfg.Retention,
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.instrument)
+	e.Use(s.instrument, s.authenticate)
 	api.RegisterHandlers(e, s)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
@@ -82,10 +99,6 @@ func New(eng Engine, cfg Config) *Server {
 
 // ServeHTTP makes the Server an http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.echo.ServeHTTP(w, r) }
-
-// tenant is the key space a request works in. Every request uses the default tenant
-// until authentication assigns tenants.
-func tenant(echo.Context) string { return engine.DefaultTenant }
 
 var _ api.ServerInterface = (*Server)(nil)
 
@@ -108,6 +121,9 @@ func (s *Server) Claim(c echo.Context) error {
 	}
 	req, err := s.claimRequest(tenant(c), body)
 	if err != nil {
+		return err
+	}
+	if req.Retention, err = s.tenantRetention(c, 0); err != nil {
 		return err
 	}
 	if req.Wait > 0 {
@@ -141,6 +157,12 @@ func (s *Server) Complete(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := checkTenantResponse(c, "response", &req.Response); err != nil {
+		return err
+	}
+	if req.Retention, err = s.tenantRetention(c, req.Retention); err != nil {
+		return err
+	}
 	rec, err := s.engine.Complete(c.Request().Context(), req)
 	if err != nil {
 		return err
@@ -158,6 +180,12 @@ func (s *Server) Release(c echo.Context) error {
 	}
 	req, err := s.release(tenant(c), body)
 	if err != nil {
+		return err
+	}
+	if err := checkTenantResponse(c, "response", req.Response); err != nil {
+		return err
+	}
+	if req.Retention, err = s.tenantRetention(c, req.Retention); err != nil {
 		return err
 	}
 	rec, err := s.engine.Release(c.Request().Context(), req)

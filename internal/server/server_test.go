@@ -543,8 +543,8 @@ func TestMetrics(t *testing.T) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	for _, want := range []string{
-		`idemd_requests_total{endpoint="POST /v1/claim",outcome="acquired"} 1`,
-		`idemd_requests_total{endpoint="POST /v1/claim",outcome="in_progress"} 1`,
+		`idemd_requests_total{endpoint="POST /v1/claim",outcome="acquired",tenant="default"} 1`,
+		`idemd_requests_total{endpoint="POST /v1/claim",outcome="in_progress",tenant="default"} 1`,
 		`idemd_request_duration_seconds_count{endpoint="POST /v1/claim"} 2`,
 	} {
 		if !strings.Contains(string(b), want) {
