@@ -25,11 +25,11 @@ import (
 
 // daemon is a real HTTP server over a real store.
 type daemon struct {
-	t   *testing.T
+	t   testing.TB
 	url string
 }
 
-func newDaemon(t *testing.T, store engine.Store) *daemon {
+func newDaemon(t testing.TB, store engine.Store) *daemon {
 	t.Helper()
 	srv := server.New(engine.NewService(store, time.Hour), server.Config{
 		Limits: server.Limits{MaxResponseBytes: 1024},
@@ -427,7 +427,7 @@ func TestWaitAcquiresAfterRelease(t *testing.T) {
 	}
 }
 
-func waitForMetric(t *testing.T, d *daemon, line string) {
+func waitForMetric(t testing.TB, d *daemon, line string) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
