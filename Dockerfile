@@ -4,12 +4,17 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/idemd ./cmd/idemd
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/idemd ./cmd/idemd && mkdir /out/data
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/idemd /idemd
+# The embedded store's directory, writable by the non-root user; mount a volume here.
+COPY --from=build --chown=nonroot:nonroot /out/data /data
+VOLUME /data
 USER nonroot:nonroot
 EXPOSE 8080
 # distroless has no shell or curl: the binary checks its own /healthz.
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["/idemd", "healthcheck", "--url", "http://127.0.0.1:8080/healthz"]
 ENTRYPOINT ["/idemd"]
+# With --store redis://... the data directory is unused.
+CMD ["--data-dir", "/data"]

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 )
@@ -30,6 +32,7 @@ import (
 type Main struct {
 	Listen           string
 	Store            string
+	DataDir          string
 	MaxResponseBytes int
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
@@ -57,7 +60,8 @@ func NewMain() *Main {
 func (m *Main) ParseFlags(args []string) error {
 	fs := flag.NewFlagSet("idemd", flag.ContinueOnError)
 	fs.StringVar(&m.Listen, "listen", ":8080", "address to serve HTTP on")
-	fs.StringVar(&m.Store, "store", "", "store URL: redis://, rediss://, redis+sentinel://, redis+cluster://")
+	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
+	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
@@ -94,15 +98,35 @@ func (m *Main) Addr() string {
 	return m.addr
 }
 
-// openStore picks the store a URL names.
+// openStore picks the store a URL names; without one, the embedded store in DataDir.
 func (m *Main) openStore() (engine.Store, error) {
 	switch {
 	case m.Store == "":
-		return nil, errors.New("--store is required, e.g. --store redis://127.0.0.1:6379/0")
+		path, err := filepath.Abs(filepath.Join(m.DataDir, "idemd.db"))
+		if err != nil {
+			return nil, err
+		}
+		m.Store = "bolt://" + path
+		return m.openBolt(path)
+	case strings.HasPrefix(m.Store, "bolt://"):
+		path := strings.TrimPrefix(m.Store, "bolt://")
+		if !filepath.IsAbs(path) {
+			return nil, fmt.Errorf("--store %q: a bolt URL takes an absolute path, bolt:///var/lib/idemd/idemd.db", m.Store)
+		}
+		return m.openBolt(path)
 	case strings.HasPrefix(m.Store, "redis"):
 		return redisstore.Open(m.Store)
 	}
 	return nil, fmt.Errorf("--store %q: unknown scheme", m.Store)
+}
+
+func (m *Main) openBolt(path string) (engine.Store, error) {
+	s, err := boltstore.Open(path, boltstore.Options{})
+	if err != nil {
+		return nil, err
+	}
+	m.Logger.Info("embedded store opened", "path", path)
+	return s, nil
 }
 
 // Run serves until ctx ends, then drains in-flight requests and closes the store.

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 	"github.com/idemd/idemd/internal/testredis"
@@ -48,6 +50,23 @@ func redisDaemon(t *testing.T) (*daemon, *testredis.Server) {
 	}
 	t.Cleanup(func() { _ = store.Close() })
 	return newDaemon(t, store), r
+}
+
+// forEachStore runs a test against a daemon over each store: the contract is the
+// same whatever keeps the records.
+func forEachStore(t *testing.T, test func(t *testing.T, d *daemon)) {
+	t.Run("redis", func(t *testing.T) {
+		d, _ := redisDaemon(t)
+		test(t, d)
+	})
+	t.Run("bolt", func(t *testing.T) {
+		store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		test(t, newDaemon(t, store))
+	})
 }
 
 type answer struct {
@@ -151,8 +170,9 @@ func wantProblem(t *testing.T, a answer, status int, code string) {
 	}
 }
 
-func TestContract(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestContract(t *testing.T) { forEachStore(t, testContract) }
+
+func testContract(t *testing.T, d *daemon) {
 	tests := []struct {
 		name string
 		run  func(t *testing.T, key string)
@@ -289,8 +309,9 @@ func TestContract(t *testing.T) {
 	}
 }
 
-func TestBadInputChangesNothing(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestBadInputChangesNothing(t *testing.T) { forEachStore(t, testBadInputChangesNothing) }
+
+func testBadInputChangesNothing(t *testing.T, d *daemon) {
 	key := freshKey("bad")
 	tok := d.acquire(key, "fingerprint", "orig", "lease_ms", 60000)
 	before := d.lookup(key).raw
@@ -358,8 +379,9 @@ func TestBadInputChangesNothing(t *testing.T) {
 	})
 }
 
-func TestTakeoverAfterExpiry(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestTakeoverAfterExpiry(t *testing.T) { forEachStore(t, testTakeoverAfterExpiry) }
+
+func testTakeoverAfterExpiry(t *testing.T, d *daemon) {
 	key := freshKey("takeover")
 	old := d.acquire(key, "lease_ms", 100)
 	var a answer
@@ -380,8 +402,9 @@ func TestTakeoverAfterExpiry(t *testing.T) {
 	}
 }
 
-func TestWaitForCompletion(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestWaitForCompletion(t *testing.T) { forEachStore(t, testWaitForCompletion) }
+
+func testWaitForCompletion(t *testing.T, d *daemon) {
 	key := freshKey("wait")
 	tok := d.acquire(key, "lease_ms", 20000)
 
@@ -402,8 +425,9 @@ func TestWaitForCompletion(t *testing.T) {
 	}
 }
 
-func TestWaitTimesOutInProgress(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestWaitTimesOutInProgress(t *testing.T) { forEachStore(t, testWaitTimesOutInProgress) }
+
+func testWaitTimesOutInProgress(t *testing.T, d *daemon) {
 	key := freshKey("wait-timeout")
 	d.acquire(key, "lease_ms", 20000)
 	start := time.Now()
@@ -414,8 +438,9 @@ func TestWaitTimesOutInProgress(t *testing.T) {
 	}
 }
 
-func TestWaitAcquiresAfterRelease(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestWaitAcquiresAfterRelease(t *testing.T) { forEachStore(t, testWaitAcquiresAfterRelease) }
+
+func testWaitAcquiresAfterRelease(t *testing.T, d *daemon) {
 	key := freshKey("wait-release")
 	tok := d.acquire(key, "lease_ms", 20000)
 	waited := make(chan answer, 1)
@@ -449,8 +474,9 @@ func waitForMetric(t testing.TB, d *daemon, line string) {
 
 // TestStorm has 200 keys claimed by 50 simultaneous claimers each over HTTP: every key
 // must be acquired exactly once.
-func TestStorm(t *testing.T) {
-	d, _ := redisDaemon(t)
+func TestStorm(t *testing.T) { forEachStore(t, testStorm) }
+
+func testStorm(t *testing.T, d *daemon) {
 	const keys, claimers = 200, 50
 	prefix := freshKey("storm")
 	var acquired [keys]atomic.Int32
