@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/loadgen"
 	"github.com/idemd/idemd/internal/server"
@@ -28,6 +30,7 @@ import (
 // clients, in one run and with one load generator, against:
 //
 //   - idemd: the real server over the Redis store;
+//   - idemd-bolt: the real server over the embedded store, every transition synced;
 //   - minimal: the least a server of this design can do, an echo handler that decodes
 //     the JSON body and runs exactly one EVALSHA of the same script per request;
 //   - redis-benchmark: the claim and complete scripts run by redis-benchmark itself with
@@ -38,6 +41,15 @@ func BenchmarkHTTPCycles(b *testing.B) {
 	r := testredis.Start(b)
 	b.Run("idemd", func(b *testing.B) {
 		store, err := redisstore.Open(r.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer store.Close()
+		srv := server.New(engine.NewService(store, time.Hour), server.Config{})
+		runLoad(b, srv)
+	})
+	b.Run("idemd-bolt", func(b *testing.B) {
+		store, err := boltstore.Open(filepath.Join(b.TempDir(), "idemd.db"), boltstore.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
