@@ -1,0 +1,470 @@
+// Package idem is the Go client of idemd, the idempotency service: typed calls for
+// claim, complete, release, extend, lookup and purge; Do, which runs a function at most
+// once per key; Once, for queue consumers; and Middleware, which makes an HTTP handler
+// idempotent by its Idempotency-Key header.
+//
+// The package depends on the standard library and the generated idemapi client only.
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemd/idemd/clients/go/idemapi"
+)
+
+// Client talks to one idemd. It is safe for concurrent use.
+type Client struct {
+	api       *idemapi.Client
+	owner     string
+	token     string
+	timeout   time.Duration
+	retention time.Duration
+}
+
+type settings struct {
+	http      *http.Client
+	owner     string
+	token     string
+	timeout   time.Duration
+	retries   int
+	backoff   time.Duration
+	retention time.Duration
+}
+
+// Option configures a Client.
+type Option func(*settings)
+
+// WithHTTPClient sends requests through c instead of a default client.
+func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.http = c } }
+
+// WithTimeout bounds each call, retries included. A claim that waits (Wait) gets its
+// wait on top. The default is 10 s.
+func WithTimeout(d time.Duration) Option { return func(s *settings) { s.timeout = d } }
+
+// WithOwner names this client's process in the owner of its claims (for example a
+// host name and PID). Each claim still gets an owner of its own, so two calls of one
+// client never share a lease; the default is random.
+func WithOwner(owner string) Option { return func(s *settings) { s.owner = owner } }
+
+// WithToken sends an API token as Authorization: Bearer, for a daemon that runs with
+// an auth file.
+func WithToken(token string) Option { return func(s *settings) { s.token = token } }
+
+// WithRetries sets how many times a call is resent after a transport failure (a
+// connection refused or reset, a timeout before any answer); the default is 3. Every
+// call is safe to resend: a resent claim carries the same owner and gets the same
+// lease, a resent complete or release is answered like the first.
+func WithRetries(n int) Option { return func(s *settings) { s.retries = n } }
+
+// WithRetention sets how long completed and failed results are kept; zero leaves it
+// to the daemon (24 hours unless configured otherwise).
+func WithRetention(d time.Duration) Option { return func(s *settings) { s.retention = d } }
+
+// New returns a client of the idemd at baseURL, e.g. http://idemd.internal:8080.
+func New(baseURL string, opts ...Option) (*Client, error) {
+	s := settings{http: &http.Client{}, timeout: 10 * time.Second, retries: 3, backoff: 50 * time.Millisecond}
+	for _, o := range opts {
+		o(&s)
+	}
+	if s.owner == "" {
+		s.owner = "go-" + randomHex(8)
+	}
+	doer := &retryDoer{client: s.http, retries: s.retries, backoff: s.backoff}
+	api, err := idemapi.NewClient(baseURL, idemapi.WithHTTPClient(doer))
+	if err != nil {
+		return nil, err
+	}
+	return &Client{api: api, owner: s.owner, token: s.token, timeout: s.timeout, retention: s.retention}, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never returns an error.
+	return hex.EncodeToString(b)
+}
+
+// Response is an operation's result as idemd stores and replays it.
+type Response struct {
+	Status int
+	Header http.Header
+	Body   []byte
+}
+
+// Outcome is what a claim produced.
+type Outcome string
+
+// The claim outcomes. A key held by someone else is an error, ErrInProgress.
+const (
+	Acquired  Outcome = "acquired"
+	Completed Outcome = "completed"
+	Failed    Outcome = "failed"
+)
+
+// ClaimOptions tune a claim; the zero value claims with the daemon's default lease and
+// answers at once when the key is held.
+type ClaimOptions struct {
+	// Fingerprint is a digest of the payload; a key reused with another one is refused
+	// with ErrFingerprintMismatch.
+	Fingerprint string
+	// Lease is how long the lease lasts before another caller may take the key over.
+	Lease time.Duration
+	// Wait is how long to wait for a holder to finish instead of failing with
+	// ErrInProgress (at most 30 s).
+	Wait time.Duration
+	// Owner replaces the claim's own owner. A claim from the live holder's owner gets
+	// the same lease back: set it to a stable name (a job ID) to pick up a lease after
+	// losing track of it.
+	Owner string
+}
+
+// Claim is a claim's answer.
+type Claim struct {
+	Outcome Outcome
+	// Token proves the lease; it is set when Outcome is Acquired.
+	Token     string
+	Attempt   int64
+	ExpiresAt time.Time
+	// Recovered is true when the lease was taken over from a holder whose lease ran out.
+	Recovered bool
+	// Response is the stored result when Outcome is Completed or Failed.
+	Response *Response
+}
+
+// Record is what idemd keeps for a key.
+type Record struct {
+	Key            string
+	State          string
+	Attempt        int64
+	Fingerprint    string
+	Owner          string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+	LeaseExpiresAt time.Time
+	ExpiresAt      time.Time
+	Response       *Response
+}
+
+// ReleaseMode says what a release does with the key.
+type ReleaseMode string
+
+// The release modes.
+const (
+	// Retry frees the key: the next claim acquires it with the next attempt.
+	Retry ReleaseMode = "retry"
+	// Fail stores a terminal failure that later claims replay.
+	Fail ReleaseMode = "fail"
+)
+
+func (c *Client) callContext(ctx context.Context, extra time.Duration) (context.Context, context.CancelFunc) {
+	if c.timeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, c.timeout+extra)
+}
+
+func (c *Client) authorize(_ context.Context, req *http.Request) error {
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	return nil
+}
+
+func ptr[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// Claim asks for the lease on key. It returns ErrInProgress (a *Problem with the
+// RetryAfter) when another caller holds a live lease, and ErrFingerprintMismatch when
+// the key was used with another fingerprint.
+func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Claim, error) {
+	ctx, cancel := c.callContext(ctx, opts.Wait)
+	defer cancel()
+	owner := opts.Owner
+	if owner == "" {
+		owner = c.owner + "/" + randomHex(8)
+	}
+	body := idemapi.ClaimRequest{Key: key, Fingerprint: ptr(opts.Fingerprint), Owner: &owner,
+		LeaseMs: ptr(opts.Lease.Milliseconds()), WaitMs: ptr(opts.Wait.Milliseconds())}
+	resp, err := c.api.Claim(ctx, body, c.authorize)
+	if err != nil {
+		return nil, transportError(err)
+	}
+	var out idemapi.ClaimResponse
+	if err := decode(resp, &out, http.StatusOK, http.StatusCreated); err != nil {
+		return nil, err
+	}
+	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, Response: fromStored(out.Response)}
+	if out.LeaseToken != nil {
+		cl.Token = *out.LeaseToken
+	}
+	if out.LeaseExpiresAt != nil {
+		cl.ExpiresAt = *out.LeaseExpiresAt
+	}
+	if out.Recovered != nil {
+		cl.Recovered = *out.Recovered
+	}
+	return cl, nil
+}
+
+// Complete stores the result of the operation the lease was for. Repeating it is safe.
+// It returns ErrLeaseLost when the lease was taken over.
+func (c *Client) Complete(ctx context.Context, key, token string, r Response) error {
+	ctx, cancel := c.callContext(ctx, 0)
+	defer cancel()
+	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: toStored(r),
+		RetentionMs: ptr(c.retention.Milliseconds())}
+	resp, err := c.api.Complete(ctx, body, c.authorize)
+	if err != nil {
+		return transportError(err)
+	}
+	return decode(resp, nil, http.StatusOK)
+}
+
+// Release gives the lease back: Retry frees the key, Fail stores r (which may be nil)
+// as a terminal failure.
+func (c *Client) Release(ctx context.Context, key, token string, mode ReleaseMode, r *Response) error {
+	ctx, cancel := c.callContext(ctx, 0)
+	defer cancel()
+	body := idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: idemapi.ReleaseRequestMode(mode),
+		RetentionMs: ptr(c.retention.Milliseconds())}
+	if r != nil {
+		stored := toStored(*r)
+		body.Response = &stored
+	}
+	resp, err := c.api.Release(ctx, body, c.authorize)
+	if err != nil {
+		return transportError(err)
+	}
+	return decode(resp, nil, http.StatusOK)
+}
+
+// Extend renews the lease for another lease and returns when it now runs out.
+func (c *Client) Extend(ctx context.Context, key, token string, lease time.Duration) (time.Time, error) {
+	ctx, cancel := c.callContext(ctx, 0)
+	defer cancel()
+	resp, err := c.api.Extend(ctx, idemapi.ExtendRequest{Key: key, LeaseToken: token, LeaseMs: lease.Milliseconds()}, c.authorize)
+	if err != nil {
+		return time.Time{}, transportError(err)
+	}
+	var out idemapi.ExtendResponse
+	if err := decode(resp, &out, http.StatusOK); err != nil {
+		return time.Time{}, err
+	}
+	return out.LeaseExpiresAt, nil
+}
+
+// Lookup returns the record of key, or ErrNotFound.
+func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
+	ctx, cancel := c.callContext(ctx, 0)
+	defer cancel()
+	resp, err := c.api.Lookup(ctx, key, c.authorize)
+	if err != nil {
+		return nil, transportError(err)
+	}
+	var out idemapi.Record
+	if err := decode(resp, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	rec := &Record{Key: out.Key, State: string(out.State), Attempt: out.Attempt, CreatedAt: out.CreatedAt,
+		UpdatedAt: out.UpdatedAt, ExpiresAt: out.ExpiresAt, Response: fromStored(out.Response)}
+	if out.Fingerprint != nil {
+		rec.Fingerprint = *out.Fingerprint
+	}
+	if out.Owner != nil {
+		rec.Owner = *out.Owner
+	}
+	if out.LeaseExpiresAt != nil {
+		rec.LeaseExpiresAt = *out.LeaseExpiresAt
+	}
+	return rec, nil
+}
+
+// Purge deletes the record of key (it needs the admin scope), or returns ErrNotFound.
+func (c *Client) Purge(ctx context.Context, key string) error {
+	ctx, cancel := c.callContext(ctx, 0)
+	defer cancel()
+	resp, err := c.api.Purge(ctx, key, c.authorize)
+	if err != nil {
+		return transportError(err)
+	}
+	return decode(resp, nil, http.StatusNoContent, http.StatusOK)
+}
+
+func toStored(r Response) idemapi.StoredResponse {
+	s := idemapi.StoredResponse{Status: r.Status}
+	if len(r.Header) > 0 {
+		h := map[string][]string(r.Header)
+		s.Headers = &h
+	}
+	if len(r.Body) > 0 {
+		s.Body = &r.Body
+	}
+	return s
+}
+
+func fromStored(s *idemapi.StoredResponse) *Response {
+	if s == nil {
+		return nil
+	}
+	r := &Response{Status: s.Status, Header: http.Header{}}
+	if s.Headers != nil {
+		r.Header = http.Header(*s.Headers)
+	}
+	if s.Body != nil {
+		r.Body = *s.Body
+	}
+	return r
+}
+
+// decode reads an answer: a JSON body into out when the status is one of want, a
+// *Problem otherwise.
+func decode(resp *http.Response, out any, want ...int) error {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return transportError(err)
+	}
+	for _, w := range want {
+		if resp.StatusCode != w {
+			continue
+		}
+		if out == nil || len(body) == 0 {
+			return nil
+		}
+		if err := json.Unmarshal(body, out); err != nil {
+			return fmt.Errorf("idem: answer %d is not the expected JSON: %w", resp.StatusCode, err)
+		}
+		return nil
+	}
+	return problemFrom(resp, body)
+}
+
+func problemFrom(resp *http.Response, body []byte) *Problem {
+	p := &Problem{Status: resp.StatusCode}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	var wire idemapi.Problem
+	if (mt == "application/problem+json" || mt == "application/json") && json.Unmarshal(body, &wire) == nil {
+		p.Type, p.Title, p.Code = wire.Type, wire.Title, string(wire.Code)
+		if wire.Detail != nil {
+			p.Detail = *wire.Detail
+		}
+		if wire.RetryAfterMs != nil {
+			p.RetryAfter = time.Duration(*wire.RetryAfterMs) * time.Millisecond
+		}
+	} else {
+		// Not idemd's answer: a proxy or load balancer in between.
+		p.Title = http.StatusText(resp.StatusCode)
+		p.Detail = string(bytes.TrimSpace(body[:min(len(body), 200)]))
+	}
+	if p.RetryAfter == 0 {
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+			p.RetryAfter = time.Duration(s) * time.Second
+		}
+	}
+	return p
+}
+
+// Errors to branch on with errors.Is. A *Problem matches the one its code names.
+var (
+	ErrInProgress          = errors.New("idem: another caller holds the key")
+	ErrFingerprintMismatch = errors.New("idem: the key was used with a different payload")
+	ErrLeaseLost           = errors.New("idem: the lease is no longer held")
+	ErrNotFound            = errors.New("idem: no record for the key")
+	// ErrUnavailable is a failure of idemd, its store, or the network to it. The call
+	// may or may not have taken effect; resending it is safe.
+	ErrUnavailable = errors.New("idem: idemd is unavailable")
+)
+
+// Problem is an RFC 9457 problem answered by idemd (or, with no Code, an error page
+// from something in front of it).
+type Problem struct {
+	Type   string
+	Title  string
+	Status int
+	Detail string
+	// Code is idemd's machine-readable code, e.g. in_progress or lease_lost.
+	Code string
+	// RetryAfter is when trying again makes sense, for in_progress and unavailable.
+	RetryAfter time.Duration
+}
+
+func (p *Problem) Error() string {
+	msg := fmt.Sprintf("idemd: %d %s", p.Status, p.Title)
+	if p.Code != "" {
+		msg += " (" + p.Code + ")"
+	}
+	if p.Detail != "" {
+		msg += ": " + p.Detail
+	}
+	return msg
+}
+
+// Is maps the problem's code to the package's errors.
+func (p *Problem) Is(target error) bool {
+	switch target {
+	case ErrInProgress:
+		return p.Code == "in_progress"
+	case ErrFingerprintMismatch:
+		return p.Code == "fingerprint_mismatch"
+	case ErrLeaseLost:
+		return p.Code == "lease_lost"
+	case ErrNotFound:
+		return p.Code == "not_found"
+	case ErrUnavailable:
+		return p.Code == "store_unavailable" || p.Code == "not_replicated" ||
+			(p.Code == "" && (p.Status == http.StatusBadGateway || p.Status == http.StatusServiceUnavailable || p.Status == http.StatusGatewayTimeout))
+	}
+	return false
+}
+
+// transportError marks a failure to get any answer as ErrUnavailable.
+func transportError(err error) error {
+	return fmt.Errorf("%w: %w", ErrUnavailable, err)
+}
+
+// retryDoer resends a request whose answer never came. Every idemd call is safe to
+// resend (see WithRetries).
+type retryDoer struct {
+	client  *http.Client
+	retries int
+	backoff time.Duration
+}
+
+func (d *retryDoer) Do(req *http.Request) (*http.Response, error) {
+	for attempt := 0; ; attempt++ {
+		resp, err := d.client.Do(req)
+		if err == nil || attempt >= d.retries || req.Context().Err() != nil {
+			return resp, err
+		}
+		if req.Body != nil {
+			if req.GetBody == nil {
+				return nil, err
+			}
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			req.Body = body
+		}
+		select {
+		case <-time.After(d.backoff << attempt):
+		case <-req.Context().Done():
+			return nil, err
+		}
+	}
+}

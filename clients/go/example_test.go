@@ -1,0 +1,124 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	idem "github.com/idemd/idemd/clients/go"
+)
+
+// The examples run against a real idemd at daemonURL (see TestMain); in a service it
+// is the address of your idemd, e.g. http://idemd.internal:8080.
+
+func ExampleClient_Claim() {
+	ctx := context.Background()
+	client, err := idem.New(daemonURL, idem.WithOwner("billing-worker-1"))
+	if err != nil {
+		panic(err)
+	}
+	key := freshKey("charge")
+
+	claim, err := client.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "sha256-of-the-payload", Lease: 30 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("first claim:", claim.Outcome, "attempt", claim.Attempt)
+
+	// Run the operation, then store its result under the lease.
+	err = client.Complete(ctx, key, claim.Token, idem.Response{Status: 201, Body: []byte(`{"charge":"ch_1"}`)})
+	if err != nil {
+		panic(err)
+	}
+
+	again, err := client.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "sha256-of-the-payload"})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("second claim:", again.Outcome, again.Response.Status, string(again.Response.Body))
+
+	_, err = client.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "another-payload"})
+	fmt.Println("another payload refused:", errors.Is(err, idem.ErrFingerprintMismatch))
+	// Output:
+	// first claim: acquired attempt 1
+	// second claim: completed 201 {"charge":"ch_1"}
+	// another payload refused: true
+}
+
+func ExampleClient_Do() {
+	ctx := context.Background()
+	client, _ := idem.New(daemonURL)
+	key := freshKey("send-welcome-email")
+
+	send := func(ctx context.Context) (idem.Response, error) {
+		// Send the email here; return what to replay to later callers.
+		return idem.Response{Status: 202, Body: []byte("queued")}, nil
+	}
+	for range 3 {
+		res, err := client.Do(ctx, key, "", send)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(res.Status, string(res.Body), "replayed:", res.Replayed)
+	}
+	// Output:
+	// 202 queued replayed: false
+	// 202 queued replayed: true
+	// 202 queued replayed: true
+}
+
+func ExampleClient_Once() {
+	ctx := context.Background()
+	client, _ := idem.New(daemonURL)
+	// A broker redelivers the same message: derive the key from its stable fields.
+	key := idem.MessageKey("orders", "partition-0", freshKey("offset"))
+
+	handled := 0
+	for range 2 {
+		err := client.Once(ctx, key, func(ctx context.Context) error {
+			handled++
+			return nil
+		})
+		if err != nil {
+			panic(err) // leave the message for redelivery
+		}
+	}
+	fmt.Println("handled", handled, "time(s)")
+	// Output:
+	// handled 1 time(s)
+}
+
+func ExampleMiddleware() {
+	client, _ := idem.New(daemonURL)
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/orders/42")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, `{"id":42}`)
+	})
+	// net/http: wrap the handler. Echo: e.Use(echo.WrapMiddleware(idem.Middleware(client))).
+	srv := httptest.NewServer(idem.Middleware(client)(createOrder))
+	defer srv.Close()
+
+	key := freshKey("order")
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"book"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+	}
+	// Output:
+	// 201 {"id":42} replayed: false
+	// 201 {"id":42} replayed: true
+}
