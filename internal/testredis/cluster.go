@@ -1,0 +1,159 @@
+package testredis
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Cluster is a Redis Cluster of real redis-server processes on loopback: three
+// masters, each with one replica.
+type Cluster struct {
+	t     testing.TB
+	Nodes []*Server
+}
+
+// StartCluster starts six nodes, joins them with redis-cli --cluster create (three
+// masters, one replica each), waits until every node sees all slots served and every
+// replica in sync, and stops them all when the test ends. extra is passed to every
+// node.
+func StartCluster(t testing.TB, extra ...string) *Cluster {
+	t.Helper()
+	Binary(t)
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		t.Fatalf("redis-cli is needed to create a cluster: %v", err)
+	}
+	c := &Cluster{t: t}
+	addrs := make([]string, 6)
+	for i := range 6 {
+		// The bus port is given explicitly: the default (port+10000) may be taken or
+		// past 65535 for a port from the ephemeral range.
+		args := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+			"--cluster-node-timeout", "1000", "--cluster-port", strconv.Itoa(FreePort(t))}, extra...)
+		s := Start(t, args...)
+		c.Nodes = append(c.Nodes, s)
+		addrs[i] = s.Addr()
+	}
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "1", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	if err := c.WaitHealthy(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// URL is the redis+cluster:// URL of the cluster, naming every node.
+func (c *Cluster) URL() string {
+	addrs := make([]string, len(c.Nodes))
+	for i, n := range c.Nodes {
+		addrs[i] = n.Addr()
+	}
+	return "redis+cluster://" + strings.Join(addrs, ",")
+}
+
+func info(ctx context.Context, addr, section string) (map[string]string, error) {
+	client := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer client.Close()
+	var text string
+	var err error
+	if section == "cluster" {
+		text, err = client.ClusterInfo(ctx).Result()
+	} else {
+		text, err = client.Info(ctx, section).Result()
+	}
+	if err != nil {
+		return nil, err
+	}
+	fields := make(map[string]string)
+	for _, line := range strings.Split(text, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	return fields, nil
+}
+
+// WaitHealthy waits until every running node reports cluster_state:ok with all slots
+// assigned, and every replica's link to its master is up.
+func (c *Cluster) WaitHealthy(timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var last string
+	for {
+		last = ""
+		for _, n := range c.Nodes {
+			if n.cmd == nil {
+				continue
+			}
+			ci, err := info(ctx, n.Addr(), "cluster")
+			if err != nil || ci["cluster_state"] != "ok" || ci["cluster_slots_ok"] != "16384" {
+				last = fmt.Sprintf("%s: cluster %v %v", n.Addr(), ci, err)
+				break
+			}
+			ri, err := info(ctx, n.Addr(), "replication")
+			if err != nil || (ri["role"] == "slave" && ri["master_link_status"] != "up") {
+				last = fmt.Sprintf("%s: replication %v %v", n.Addr(), ri, err)
+				break
+			}
+		}
+		if last == "" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster not healthy within %s: %s", timeout, last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Masters returns the running nodes that are masters now.
+func (c *Cluster) Masters() []*Server {
+	var out []*Server
+	for _, n := range c.Nodes {
+		if n.cmd == nil {
+			continue
+		}
+		ri, err := info(context.Background(), n.Addr(), "replication")
+		if err == nil && ri["role"] == "master" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Node returns the node listening on addr (host:port).
+func (c *Cluster) Node(addr string) *Server {
+	for _, n := range c.Nodes {
+		if n.Addr() == addr {
+			return n
+		}
+	}
+	c.t.Fatalf("no node %s in the cluster", addr)
+	return nil
+}
+
+// ReplicasOf returns the running replicas of master.
+func (c *Cluster) ReplicasOf(master *Server) []*Server {
+	var out []*Server
+	for _, n := range c.Nodes {
+		if n.cmd == nil || n == master {
+			continue
+		}
+		ri, err := info(context.Background(), n.Addr(), "replication")
+		if err == nil && ri["role"] == "slave" && ri["master_port"] == strconv.Itoa(master.Port) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
