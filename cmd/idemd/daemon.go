@@ -33,6 +33,9 @@ type Main struct {
 	Listen           string
 	Store            string
 	DataDir          string
+	ReplicaAcks      int
+	ReplicaTimeout   time.Duration
+	RequireNoevict   bool
 	MaxResponseBytes int
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
@@ -61,6 +64,9 @@ func (m *Main) ParseFlags(args []string) error {
 	fs := flag.NewFlagSet("idemd", flag.ContinueOnError)
 	fs.StringVar(&m.Listen, "listen", ":8080", "address to serve HTTP on")
 	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
+	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
+	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
+	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
@@ -85,6 +91,9 @@ func (m *Main) ParseFlags(args []string) error {
 	}
 	if m.Retention < engine.MinRetention || m.Retention > engine.MaxRetention {
 		return fmt.Errorf("--retention must be between %s and %s", engine.MinRetention, engine.MaxRetention)
+	}
+	if m.ReplicaAcks < 0 || m.ReplicaTimeout <= 0 {
+		return errors.New("--redis-replica-acks must not be negative and --redis-replica-timeout must be positive")
 	}
 	if (m.TLSCert == "") != (m.TLSKey == "") {
 		return errors.New("--tls-cert and --tls-key go together")
@@ -115,9 +124,36 @@ func (m *Main) openStore() (engine.Store, error) {
 		}
 		return m.openBolt(path)
 	case strings.HasPrefix(m.Store, "redis"):
-		return redisstore.Open(m.Store)
+		s, err := redisstore.OpenWith(m.Store, redisstore.Options{ReplicaAcks: m.ReplicaAcks, ReplicaTimeout: m.ReplicaTimeout})
+		if err != nil {
+			return nil, err
+		}
+		if err := m.checkEviction(s); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		return s, nil
 	}
 	return nil, fmt.Errorf("--store %q: unknown scheme", m.Store)
+}
+
+// checkEviction reads maxmemory-policy on every master: eviction silently forgets
+// records, pending leases included. It warns, or refuses with --require-noeviction.
+func (m *Main) checkEviction(s *redisstore.Store) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	bad, err := s.EvictionPolicies(ctx)
+	switch {
+	case err != nil && m.RequireNoevict:
+		return fmt.Errorf("--require-noeviction: could not read maxmemory-policy: %w", err)
+	case err != nil:
+		m.Logger.Warn("could not check Redis's maxmemory-policy; it must be noeviction, or Redis may forget pending leases", "err", err)
+	case len(bad) > 0 && m.RequireNoevict:
+		return fmt.Errorf("--require-noeviction: Redis evicts keys (maxmemory-policy %v); set it to noeviction", bad)
+	case len(bad) > 0:
+		m.Logger.Warn("Redis may evict idemd's records, pending leases included; set maxmemory-policy noeviction", "policies", bad)
+	}
+	return nil
 }
 
 func (m *Main) openBolt(path string) (engine.Store, error) {

@@ -101,3 +101,22 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		}
 	}
 }
+
+// TestRequireNoeviction starts the daemon on a Redis that evicts keys: a warning by
+// default, a refusal with --require-noeviction.
+func TestRequireNoeviction(t *testing.T) {
+	r := testredis.Start(t, "--maxmemory-policy", "allkeys-lru")
+	m := NewMain()
+	if err := m.ParseFlags([]string{"--listen", "127.0.0.1:0", "--store", r.URL(), "--require-noeviction"}); err != nil {
+		t.Fatal(err)
+	}
+	err := m.Run(t.Context())
+	if err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Fatalf("Run on an evicting Redis with --require-noeviction: %v", err)
+	}
+	// Without the flag it starts and serves.
+	started, _, _ := startMain(t, "--store", r.URL())
+	if code, body, err := post("http://"+started.Addr()+"/v1/claim", `{"key":"evicting"}`); err != nil || code != 201 {
+		t.Fatalf("claim: %d %s %v", code, body, err)
+	}
+}

@@ -142,3 +142,18 @@ func WaitReady(addr string, timeout time.Duration) error {
 		}
 	}
 }
+
+// Pause stops the server's process (SIGSTOP) without closing its connections, as a
+// hung machine would; Resume lets it go on.
+func (s *Server) Pause() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused server.
+func (s *Server) Resume() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}

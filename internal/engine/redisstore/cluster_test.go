@@ -2,11 +2,14 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/enginetest"
@@ -26,6 +29,38 @@ func TestCluster(t *testing.T) {
 			}
 			return s
 		})
+	})
+	t.Run("conformance with a replica acknowledging every write", func(t *testing.T) {
+		enginetest.Run(t, func(t *testing.T) engine.Store {
+			s, err := redisstore.OpenWith(cluster.URL(), redisstore.Options{ReplicaAcks: 1, ReplicaTimeout: 2 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	})
+	t.Run("a write its replica does not confirm is not_replicated", func(t *testing.T) {
+		testNotReplicated(t, cluster)
+	})
+	t.Run("eviction policy is read on every master", func(t *testing.T) {
+		s, err := redisstore.Open(cluster.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		bad, err := s.EvictionPolicies(t.Context())
+		if err != nil || len(bad) != 0 {
+			t.Fatalf("a fresh cluster: %v %v, want every master on noeviction", bad, err)
+		}
+		m := cluster.Masters()[0]
+		if _, err := m.Command("CONFIG", "SET", "maxmemory-policy", "allkeys-lru"); err != nil {
+			t.Fatal(err)
+		}
+		defer m.Command("CONFIG", "SET", "maxmemory-policy", "noeviction")
+		bad, err = s.EvictionPolicies(t.Context())
+		if err != nil || len(bad) != 1 || bad[m.Addr()] != "allkeys-lru" {
+			t.Fatalf("one master on allkeys-lru: %v %v", bad, err)
+		}
 	})
 	t.Run("records spread over all masters", func(t *testing.T) {
 		s, err := redisstore.Open(cluster.URL())
@@ -63,4 +98,51 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("masters hold %d records in all, want 300", total)
 		}
 	})
+}
+
+// testNotReplicated stops the replica of a record's master: a write with one replica
+// acknowledgement required must then answer not_replicated within the timeout, and
+// succeed again once the replica is back.
+func testNotReplicated(t *testing.T, cluster *testredis.Cluster) {
+	const timeout = 300 * time.Millisecond
+	s, err := redisstore.OpenWith(cluster.URL(), redisstore.Options{ReplicaAcks: 1, ReplicaTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("acks-%d", time.Now().UnixNano())}
+	client, err := redisstore.NewClient(cluster.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	master, err := client.(*redis.ClusterClient).MasterForKey(t.Context(), redisstore.RecordKey(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replicas := cluster.ReplicasOf(cluster.Node(master.Options().Addr))
+	if len(replicas) != 1 {
+		t.Fatalf("master %s has %d replicas, want 1", master.Options().Addr, len(replicas))
+	}
+
+	replicas[0].Pause()
+	start := time.Now()
+	_, err = s.Claim(t.Context(), engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
+	took := time.Since(start)
+	replicas[0].Resume()
+	if !errors.Is(err, engine.ErrNotReplicated) {
+		t.Fatalf("claim with the replica stopped: %v, want not replicated", err)
+	}
+	if took < timeout || took > 10*timeout {
+		t.Fatalf("not_replicated after %s, want about the %s timeout", took, timeout)
+	}
+	if err := cluster.WaitHealthy(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The write did happen on the master: the answer was "unknown", not "refused". The
+	// same claim resent finds its own token.
+	c := engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+	if _, err := s.Claim(t.Context(), c); !errors.Is(err, engine.ErrInProgress) {
+		t.Fatalf("another claim after the unconfirmed one: %v, want in progress", err)
+	}
 }

@@ -53,6 +53,7 @@ func load(transition string) *redis.Script {
 type Store struct {
 	client   Client
 	notifier *notifier
+	opts     Options
 }
 
 // New returns a Store over client. The store owns the client and closes it.
@@ -172,7 +173,17 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) run(ctx context.Context, script *redis.Script, id engine.ID, args ...any) (reply, error) {
-	v, err := script.Run(ctx, s.client, []string{RecordKey(id)}, args...).Result()
+	var v any
+	var err error
+	if s.opts.ReplicaAcks > 0 && script != lookupScript {
+		v, err = s.runReplicated(ctx, script, RecordKey(id), args)
+	} else {
+		v, err = script.Run(ctx, s.client, []string{RecordKey(id)}, args...).Result()
+	}
+	var notReplicated *notReplicatedError
+	if errors.As(err, &notReplicated) {
+		return reply{}, err
+	}
 	if err != nil {
 		return reply{}, engine.Unavailable(err)
 	}

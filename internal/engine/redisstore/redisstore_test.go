@@ -2,7 +2,9 @@ package redisstore_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -53,4 +55,42 @@ func BenchmarkClaimComplete(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}
+
+// TestLookupWhenOutOfMemory fills a Redis that refuses writes when full (noeviction):
+// claims then fail as unavailable, while lookups, marked no-writes, still answer.
+func TestLookupWhenOutOfMemory(t *testing.T) {
+	srv := testredis.Start(t, "--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
+	s, err := redisstore.Open(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	big := make([]byte, 64<<10)
+	var first engine.ID
+	var full error
+	for i := range 1000 {
+		id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("oom-%d", i)}
+		c := engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := s.Claim(ctx, c); err != nil {
+			full = err
+			break
+		}
+		if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: c.Token, Retention: time.Hour,
+			Response: engine.Response{Status: 200, Body: big}}); err != nil {
+			full = err
+			break
+		}
+		if i == 0 {
+			first = id
+		}
+	}
+	if !errors.Is(full, engine.ErrUnavailable) || !strings.Contains(full.Error(), "OOM") {
+		t.Fatalf("filling a 4 MB Redis: %v, want an OOM refusal", full)
+	}
+	rec, err := s.Lookup(ctx, first)
+	if err != nil || rec.State != engine.StateCompleted || len(rec.Response.Body) != len(big) {
+		t.Fatalf("lookup on a full Redis: %v %v", rec.State, err)
+	}
 }
