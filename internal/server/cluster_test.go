@@ -1,0 +1,206 @@
+package server_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/testredis"
+)
+
+// clusterDaemons starts n daemons, each with its own connections, over one cluster.
+func clusterDaemons(t *testing.T, cluster *testredis.Cluster, n int, opts redisstore.Options) []*daemon {
+	t.Helper()
+	ds := make([]*daemon, n)
+	for i := range ds {
+		store, err := redisstore.OpenWith(cluster.URL(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		ds[i] = newDaemon(t, store)
+	}
+	return ds
+}
+
+// poster sends JSON over a shared client and reports the status and decoded body;
+// a transport failure is status 0.
+type poster struct{ client *http.Client }
+
+func newPoster() *poster {
+	return &poster{client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
+}
+
+func (p *poster) post(url, path, body string) (int, map[string]any) {
+	resp, err := p.client.Post(url+path, "application/json", strings.NewReader(body))
+	if err != nil {
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	_ = json.Unmarshal(raw, &out)
+	return resp.StatusCode, out
+}
+
+// TestClusterSeveralDaemons is the shared deployment: three daemons over one Redis
+// Cluster.
+func TestClusterSeveralDaemons(t *testing.T) {
+	cluster := testredis.StartCluster(t)
+	ds := clusterDaemons(t, cluster, 3, redisstore.Options{})
+
+	t.Run("storm of 1000 keys by 50 claimers over three daemons", func(t *testing.T) {
+		const keys, claimers, wave = 1000, 50, 20
+		prefix := freshKey("cluster-storm")
+		p := newPoster()
+		var acquired [keys]atomic.Int32
+		var other atomic.Int32
+		// Keys go in waves of 20; within a wave all 50 claims of every key are sent at
+		// once, spread over the daemons, so each key sees 50 racing claims.
+		for w := 0; w < keys; w += wave {
+			start := make(chan struct{})
+			var wg sync.WaitGroup
+			for k := w; k < w+wave; k++ {
+				for c := range claimers {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						<-start
+						d := ds[(k+c)%len(ds)]
+						switch code, _ := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":"%s-%d","owner":"c%d"}`, prefix, k, c)); code {
+						case 201:
+							acquired[k].Add(1)
+						case 409:
+						default:
+							other.Add(1)
+						}
+					}()
+				}
+			}
+			close(start)
+			wg.Wait()
+		}
+		if n := other.Load(); n != 0 {
+			t.Errorf("%d claims answered neither 201 nor 409", n)
+		}
+		for k := range keys {
+			if n := acquired[k].Load(); n != 1 {
+				t.Errorf("key %d acquired %d times, want exactly once", k, n)
+			}
+		}
+	})
+
+	t.Run("a waiter on one daemon wakes on a completion through another", func(t *testing.T) {
+		key := freshKey("cluster-wake")
+		tok := ds[1].acquire(key, "lease_ms", 20000)
+		waited := make(chan answer, 1)
+		go func() { waited <- ds[0].claim(map[string]any{"key": key, "wait_ms": 10000}) }()
+		waitForMetric(t, ds[0], "idemd_claim_waiters 1")
+		completedAt := time.Now()
+		if a := ds[2].complete(key, tok, 201, []byte("done")); a.status != 200 {
+			t.Fatalf("complete through the third daemon: %d %s", a.status, a.raw)
+		}
+		a := <-waited
+		if woke := time.Since(completedAt); a.status != 200 || woke > 500*time.Millisecond {
+			t.Fatalf("waiter: %d %s after %s", a.status, a.raw, woke)
+		}
+	})
+
+	t.Run("resharding under load answers nothing wrongly", func(t *testing.T) {
+		testReshardUnderLoad(t, cluster, ds)
+	})
+}
+
+// testReshardUnderLoad moves slots between masters with redis-cli while claims and
+// completions run through the daemons. Every answer must be one the contract allows
+// (a 503 is allowed; go-redis follows MOVED and ASK), and no key may be acquired twice.
+func testReshardUnderLoad(t *testing.T, cluster *testredis.Cluster, ds []*daemon) {
+	masters := cluster.Masters()
+	from, to := nodeID(t, masters[0]), nodeID(t, masters[1])
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	p := newPoster()
+	prefix := freshKey("reshard")
+	var (
+		mu       sync.Mutex
+		acquired = map[string]int{}
+		wrong    []string
+		cycles   atomic.Int64
+		wg       sync.WaitGroup
+	)
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil && i < 100000; i++ {
+				// Two workers share each key, so that claims contend.
+				key := fmt.Sprintf("%s-%d-%d", prefix, w/2, i)
+				d := ds[(w+i)%len(ds)]
+				code, body := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":%q,"owner":"w%d"}`, key, w))
+				switch code {
+				case 201:
+					mu.Lock()
+					acquired[key]++
+					mu.Unlock()
+					tok, _ := body["lease_token"].(string)
+					cc, _ := p.post(d.url, "/v1/complete", fmt.Sprintf(`{"key":%q,"lease_token":%q,"response":{"status":200}}`, key, tok))
+					if cc != 200 && cc != 503 {
+						mu.Lock()
+						wrong = append(wrong, fmt.Sprintf("complete %s: %d", key, cc))
+						mu.Unlock()
+					}
+					cycles.Add(1)
+				case 200, 409, 503:
+				default:
+					mu.Lock()
+					wrong = append(wrong, fmt.Sprintf("claim %s: %d %v", key, code, body))
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	before := cycles.Load()
+	out, err := exec.Command("redis-cli", "--cluster", "reshard", masters[0].Addr(),
+		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1500", "--cluster-yes").CombinedOutput()
+	during := cycles.Load() - before
+	stop()
+	wg.Wait()
+	if err != nil {
+		t.Fatalf("redis-cli --cluster reshard: %v\n%s", err, out)
+	}
+	t.Logf("%d cycles completed while 1500 slots moved", during)
+	if during == 0 {
+		t.Fatal("no cycle ran while the slots moved; the test proved nothing")
+	}
+	for _, w := range wrong {
+		t.Error(w)
+	}
+	for key, n := range acquired {
+		if n != 1 {
+			t.Errorf("%s acquired %d times", key, n)
+		}
+	}
+	if err := cluster.WaitHealthy(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// nodeID is a node's cluster ID.
+func nodeID(t *testing.T, s *testredis.Server) string {
+	t.Helper()
+	out, err := exec.Command("redis-cli", "-p", fmt.Sprint(s.Port), "CLUSTER", "MYID").Output()
+	if err != nil {
+		t.Fatalf("CLUSTER MYID on %s: %v", s.Addr(), err)
+	}
+	return strings.TrimSpace(string(out))
+}
