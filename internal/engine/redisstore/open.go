@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -75,7 +76,9 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 		if u.Host == "" {
 			return nil, fmt.Errorf("store URL %q names no cluster nodes", rawURL)
 		}
-		opts := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ",")}
+		// The periodic reload bounds how long a changed slot map goes unnoticed when no
+		// request fails; failures trigger a reload at once (see reloadOnNetworkError).
+		opts := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ","), ClusterStateReloadInterval: 10 * time.Second}
 		if u.User != nil {
 			opts.Username = u.User.Username()
 			opts.Password, _ = u.User.Password()

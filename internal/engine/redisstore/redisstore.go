@@ -158,6 +158,18 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	return s.notifier.watch(ctx, RecordKey(id))
 }
 
+// reloadOnNetworkError asks a Cluster client to re-read the slot map after a failure
+// that was not Redis's answer, such as a refused connection to a master that died.
+// go-redis reloads on MOVED and ASK but, for a dead master, only at its periodic
+// reload (redis/go-redis#3979); a failover would otherwise look like an outage for up
+// to that long. go-redis debounces the reloads.
+func (s *Store) reloadOnNetworkError(err error) {
+	var answered redis.Error
+	if cc, ok := s.client.(*redis.ClusterClient); ok && !errors.As(err, &answered) {
+		cc.ReloadState(context.Background())
+	}
+}
+
 // Ping implements engine.Store.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
@@ -185,6 +197,7 @@ func (s *Store) run(ctx context.Context, script *redis.Script, id engine.ID, arg
 		return reply{}, err
 	}
 	if err != nil {
+		s.reloadOnNetworkError(err)
 		return reply{}, engine.Unavailable(err)
 	}
 	rep, err := parseReply(v, id)
