@@ -12,12 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/enginetest"
+	"github.com/idemd/idemd/internal/engine/lintest"
 )
 
 func open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
@@ -287,4 +289,12 @@ func BenchmarkClaimComplete(b *testing.B) {
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
+}
+
+func TestLinearizable(t *testing.T) {
+	s := open(t, filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	h := lintest.Run(t, s, lintest.Config{Clients: 8, Keys: 6, OpsPerClient: 150})
+	if res := h.Check(t, "bolt"); res != porcupine.Ok {
+		t.Fatalf("%d calls on the embedded store: %s", len(h.Ops), res)
+	}
 }

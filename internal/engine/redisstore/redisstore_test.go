@@ -9,8 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/enginetest"
+	"github.com/idemd/idemd/internal/engine/lintest"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/testredis"
 )
@@ -92,5 +95,18 @@ func TestLookupWhenOutOfMemory(t *testing.T) {
 	rec, err := s.Lookup(ctx, first)
 	if err != nil || rec.State != engine.StateCompleted || len(rec.Response.Body) != len(big) {
 		t.Fatalf("lookup on a full Redis: %v %v", rec.State, err)
+	}
+}
+
+func TestLinearizable(t *testing.T) {
+	srv := testredis.Start(t)
+	s, err := redisstore.Open(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	h := lintest.Run(t, s, lintest.Config{Clients: 8, Keys: 6, OpsPerClient: 150})
+	if res := h.Check(t, "redis"); res != porcupine.Ok {
+		t.Fatalf("%d calls on standalone Redis: %s", len(h.Ops), res)
 	}
 }
