@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -109,4 +110,66 @@ func TestLinearizable(t *testing.T) {
 	if res := h.Check(t, "redis"); res != porcupine.Ok {
 		t.Fatalf("%d calls on standalone Redis: %s", len(h.Ops), res)
 	}
+}
+
+// BenchmarkMemoryPerRecord measures the Redis memory a completed record takes, with a
+// 40-byte key, two response headers and bodies of 0, 100 and 1024 bytes, for sizing;
+// with Redis's default hash-max-listpack-value (64) and with 2048, which keeps records
+// in the compact listpack encoding:
+//
+//	go test -run XXX -bench MemoryPerRecord -benchtime 20000x ./internal/engine/redisstore/
+func BenchmarkMemoryPerRecord(b *testing.B) {
+	for _, listpack := range []string{"64", "2048"} {
+		for _, size := range []int{0, 100, 1024} {
+			b.Run(fmt.Sprintf("listpack-value=%s/body=%d", listpack, size), func(b *testing.B) {
+				memoryPerRecord(b, size, "--hash-max-listpack-value", listpack)
+			})
+		}
+	}
+}
+
+func memoryPerRecord(b *testing.B, size int, config ...string) {
+	srv := testredis.Start(b, config...)
+	s, err := redisstore.Open(srv.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	used := func() int64 {
+		client, err := redisstore.NewClient(srv.URL())
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer client.Close()
+		info, err := client.Info(ctx, "memory").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, line := range strings.Split(info, "\r\n") {
+			if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		b.Fatal("no used_memory in INFO memory")
+		return 0
+	}
+	body := make([]byte, size)
+	headers := map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/0123456789"}}
+	before := used()
+	b.ResetTimer()
+	for i := range b.N {
+		id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("order-%034d", i)}
+		c := engine.Claim{ID: id, Fingerprint: "0123456789abcdef0123456789abcdef", Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := s.Claim(ctx, c); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: c.Token, Retention: time.Hour,
+			Response: engine.Response{Status: 201, Headers: headers, Body: body}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(used()-before)/float64(b.N), "bytes/record")
 }
