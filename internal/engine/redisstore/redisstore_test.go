@@ -173,3 +173,77 @@ func memoryPerRecord(b *testing.B, size int, config ...string) {
 	b.StopTimer()
 	b.ReportMetric(float64(used()-before)/float64(b.N), "bytes/record")
 }
+
+// TestSentinel runs the conformance suite through Sentinel, with and without a
+// replica acknowledging every write.
+func TestSentinel(t *testing.T) {
+	s := testredis.StartSentinel(t)
+	for name, opts := range map[string]redisstore.Options{
+		"plain":             {},
+		"one replica acked": {ReplicaAcks: 1, ReplicaTimeout: 2 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			enginetest.Run(t, func(t *testing.T) engine.Store {
+				st, err := redisstore.OpenWith(s.URL(), opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return st
+			})
+		})
+	}
+}
+
+// TestSentinelFailover kills the master under a store opened through Sentinel: calls
+// fail as unavailable until Sentinel promotes the replica, then work again without
+// reopening the store, and a completion made before the kill is still there.
+func TestSentinelFailover(t *testing.T) {
+	sen := testredis.StartSentinel(t)
+	s, err := redisstore.Open(sen.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	id := engine.ID{Tenant: engine.DefaultTenant, Key: "before-failover"}
+	c := engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+	if _, err := s.Claim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: c.Token, Retention: time.Hour,
+		Response: engine.Response{Status: 200, Body: []byte("kept")}}); err != nil {
+		t.Fatal(err)
+	}
+	// Let the replica catch up, as a replica acknowledgement would have ensured.
+	if reply, err := sen.Master.Command("WAIT", "1", "5000"); err != nil || reply != ":1" {
+		t.Fatalf("WAIT: %q %v", reply, err)
+	}
+	sen.Master.Stop()
+
+	sawUnavailable := false
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; ; i++ {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := s.Claim(cctx, engine.Claim{ID: engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("after-%d", i)},
+			Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
+		cancel()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, engine.ErrUnavailable) {
+			t.Fatalf("claim during the failover: %v, want unavailable", err)
+		}
+		sawUnavailable = true
+		if time.Now().After(deadline) {
+			t.Fatalf("no claim succeeded within 60s of killing the master: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !sawUnavailable {
+		t.Fatal("no call failed while the master was down")
+	}
+	rec, err := s.Lookup(ctx, id)
+	if err != nil || rec.State != engine.StateCompleted || string(rec.Response.Body) != "kept" {
+		t.Fatalf("the record completed before the failover: %+v %v", rec, err)
+	}
+}
