@@ -1,8 +1,10 @@
 package redisstore
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -89,4 +91,17 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 		return redis.NewClusterClient(opts), nil
 	}
 	return nil, fmt.Errorf("store URL scheme %q is not one of redis, rediss, redis+sentinel, redis+cluster", scheme)
+}
+
+// SetLogger sends go-redis's own messages (failed dials, Sentinel's master changes)
+// to logger at warn level, instead of its default unstructured output on stderr. It
+// is process-wide, as go-redis's logger is.
+func SetLogger(logger *slog.Logger) {
+	redis.SetLogger(slogAdapter{logger})
+}
+
+type slogAdapter struct{ l *slog.Logger }
+
+func (a slogAdapter) Printf(ctx context.Context, format string, v ...any) {
+	a.l.WarnContext(ctx, fmt.Sprintf(format, v...), "source", "go-redis")
 }
