@@ -124,7 +124,6 @@ func (m *Main) openStore() (engine.Store, error) {
 		}
 		return m.openBolt(path)
 	case strings.HasPrefix(m.Store, "redis"):
-		redisstore.SetLogger(m.Logger)
 		s, err := redisstore.OpenWith(m.Store, redisstore.Options{ReplicaAcks: m.ReplicaAcks, ReplicaTimeout: m.ReplicaTimeout})
 		if err != nil {
 			return nil, err

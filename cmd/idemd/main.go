@@ -14,6 +14,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/idemd/idemd/internal/engine/redisstore"
 )
 
 func main() {
@@ -27,6 +29,8 @@ func main() {
 		fmt.Fprintln(os.Stderr, "idemd:", err)
 		os.Exit(2)
 	}
+	// Process-wide, so set once here rather than by each Run.
+	redisstore.SetLogger(m.Logger)
 	if err := m.Run(ctx); err != nil {
 		m.Logger.Error("idemd stopped", "err", err)
 		os.Exit(1)
