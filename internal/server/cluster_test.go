@@ -120,61 +120,119 @@ func TestClusterSeveralDaemons(t *testing.T) {
 	})
 }
 
+// cycleLoad runs claim+complete cycles through the daemons from pairs of workers
+// that share keys, so that claims contend, and records every answer.
+type cycleLoad struct {
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+
+	mu sync.Mutex
+	// acquired counts the 201s per key; completed holds the keys whose completion
+	// was acknowledged; wrong lists answers the contract does not allow.
+	acquired    map[string]int
+	completed   map[string]bool
+	wrong       []string
+	unavailable atomic.Int64
+	// leaseLostAllowed says whether a completion may answer 409 lease_lost now: only
+	// when a failover may have forgotten the claim.
+	leaseLostAllowed func() bool
+	// onAcquire runs, under mu, after a key's acquisition is counted.
+	onAcquire func(key string, acquisitions int)
+}
+
+func startCycleLoad(ds []*daemon, workers int, l *cycleLoad) *cycleLoad {
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop, l.acquired, l.completed = stop, map[string]int{}, map[string]bool{}
+	p := newPoster()
+	prefix := freshKey("load")
+	for w := range workers {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			for i := 0; ctx.Err() == nil && i < 1_000_000; i++ {
+				key := fmt.Sprintf("%s-%d-%d", prefix, w/2, i)
+				d := ds[(w+i)%len(ds)]
+				code, body := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":%q,"owner":"w%d"}`, key, w))
+				switch code {
+				case 201:
+					l.mu.Lock()
+					l.acquired[key]++
+					if l.onAcquire != nil {
+						l.onAcquire(key, l.acquired[key])
+					}
+					l.mu.Unlock()
+					tok, _ := body["lease_token"].(string)
+					cc, cb := p.post(d.url, "/v1/complete", fmt.Sprintf(`{"key":%q,"lease_token":%q,"response":{"status":200}}`, key, tok))
+					switch {
+					case cc == 200:
+						l.mu.Lock()
+						l.completed[key] = true
+						l.mu.Unlock()
+					case cc == 503:
+						l.unavailable.Add(1)
+					case cc == 409 && l.leaseLostAllowed != nil && l.leaseLostAllowed():
+					default:
+						l.fail(fmt.Sprintf("complete %s: %d %v", key, cc, cb))
+					}
+				case 200, 409:
+				case 503:
+					l.unavailable.Add(1)
+				default:
+					l.fail(fmt.Sprintf("claim %s: %d %v", key, code, body))
+				}
+			}
+		}()
+	}
+	return l
+}
+
+func (l *cycleLoad) fail(what string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.wrong = append(l.wrong, what)
+}
+
+// done is the number of acknowledged completions so far.
+func (l *cycleLoad) done() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.completed)
+}
+
+// waitDone waits until n completions are acknowledged.
+func (l *cycleLoad) waitDone(t *testing.T, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for l.done() < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d of %d completions within 30s", l.done(), n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// finish stops the load and reports the answers the contract does not allow.
+func (l *cycleLoad) finish(t *testing.T) {
+	t.Helper()
+	l.stop()
+	l.wg.Wait()
+	for _, w := range l.wrong {
+		t.Error(w)
+	}
+}
+
 // testReshardUnderLoad moves slots between masters with redis-cli while claims and
 // completions run through the daemons. Every answer must be one the contract allows
 // (a 503 is allowed; go-redis follows MOVED and ASK), and no key may be acquired twice.
 func testReshardUnderLoad(t *testing.T, cluster *testredis.Cluster, ds []*daemon) {
 	masters := cluster.Masters()
 	from, to := nodeID(t, masters[0]), nodeID(t, masters[1])
-
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	p := newPoster()
-	prefix := freshKey("reshard")
-	var (
-		mu       sync.Mutex
-		acquired = map[string]int{}
-		wrong    []string
-		cycles   atomic.Int64
-		wg       sync.WaitGroup
-	)
-	for w := range 16 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil && i < 100000; i++ {
-				// Two workers share each key, so that claims contend.
-				key := fmt.Sprintf("%s-%d-%d", prefix, w/2, i)
-				d := ds[(w+i)%len(ds)]
-				code, body := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":%q,"owner":"w%d"}`, key, w))
-				switch code {
-				case 201:
-					mu.Lock()
-					acquired[key]++
-					mu.Unlock()
-					tok, _ := body["lease_token"].(string)
-					cc, _ := p.post(d.url, "/v1/complete", fmt.Sprintf(`{"key":%q,"lease_token":%q,"response":{"status":200}}`, key, tok))
-					if cc != 200 && cc != 503 {
-						mu.Lock()
-						wrong = append(wrong, fmt.Sprintf("complete %s: %d", key, cc))
-						mu.Unlock()
-					}
-					cycles.Add(1)
-				case 200, 409, 503:
-				default:
-					mu.Lock()
-					wrong = append(wrong, fmt.Sprintf("claim %s: %d %v", key, code, body))
-					mu.Unlock()
-				}
-			}
-		}()
-	}
-	before := cycles.Load()
+	load := startCycleLoad(ds, 16, &cycleLoad{})
+	before := load.done()
 	out, err := exec.Command("redis-cli", "--cluster", "reshard", masters[0].Addr(),
 		"--cluster-from", from, "--cluster-to", to, "--cluster-slots", "1500", "--cluster-yes").CombinedOutput()
-	during := cycles.Load() - before
-	stop()
-	wg.Wait()
+	during := load.done() - before
+	load.finish(t)
 	if err != nil {
 		t.Fatalf("redis-cli --cluster reshard: %v\n%s", err, out)
 	}
@@ -182,10 +240,7 @@ func testReshardUnderLoad(t *testing.T, cluster *testredis.Cluster, ds []*daemon
 	if during == 0 {
 		t.Fatal("no cycle ran while the slots moved; the test proved nothing")
 	}
-	for _, w := range wrong {
-		t.Error(w)
-	}
-	for key, n := range acquired {
+	for key, n := range load.acquired {
 		if n != 1 {
 			t.Errorf("%s acquired %d times", key, n)
 		}

@@ -1,11 +1,9 @@
 package server_test
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,101 +52,31 @@ type failoverResult struct {
 func failoverRun(t *testing.T, opts redisstore.Options) failoverResult {
 	cluster := testredis.StartCluster(t)
 	ds := clusterDaemons(t, cluster, 3, opts)
-	p := newPoster()
-	prefix := freshKey("failover")
-
-	var (
-		mu          sync.Mutex
-		completed   = map[string]bool{}
-		acquired    = map[string]int{}
-		wrong       []string
-		unavailable atomic.Int64
-		phase       atomic.Int32 // 0 healthy, 1 master down, 2 recovered
-		healthyDup  []string
-	)
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for w := range 12 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ctx.Err() == nil && i < 1_000_000; i++ {
-				// Workers in pairs share keys, so claims contend.
-				key := fmt.Sprintf("%s-%d-%d", prefix, w/2, i)
-				d := ds[(w+i)%len(ds)]
-				started := phase.Load()
-				code, body := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":%q,"owner":"w%d"}`, key, w))
-				switch code {
-				case 201:
-					mu.Lock()
-					acquired[key]++
-					if acquired[key] > 1 && started == 0 && phase.Load() == 0 {
-						healthyDup = append(healthyDup, key)
-					}
-					mu.Unlock()
-					tok, _ := body["lease_token"].(string)
-					switch cc, cb := p.post(d.url, "/v1/complete", fmt.Sprintf(`{"key":%q,"lease_token":%q,"response":{"status":200}}`, key, tok)); cc {
-					case 200:
-						mu.Lock()
-						completed[key] = true
-						mu.Unlock()
-					case 503:
-						unavailable.Add(1)
-					case 409:
-						// Lease lost: only possible when a failover forgot the claim.
-						if phase.Load() == 0 {
-							mu.Lock()
-							wrong = append(wrong, fmt.Sprintf("complete %s while healthy: 409 %v", key, cb))
-							mu.Unlock()
-						}
-					default:
-						mu.Lock()
-						wrong = append(wrong, fmt.Sprintf("complete %s: %d %v", key, cc, cb))
-						mu.Unlock()
-					}
-				case 200, 409:
-				case 503:
-					unavailable.Add(1)
-				default:
-					mu.Lock()
-					wrong = append(wrong, fmt.Sprintf("claim %s: %d %v", key, code, body))
-					mu.Unlock()
-				}
+	var phase atomic.Int32 // 0 healthy, 1 master down, 2 recovered
+	var healthyDup []string
+	load := startCycleLoad(ds, 12, &cycleLoad{
+		leaseLostAllowed: func() bool { return phase.Load() != 0 },
+		onAcquire: func(key string, n int) {
+			if n > 1 && phase.Load() == 0 {
+				healthyDup = append(healthyDup, key)
 			}
-		}()
-	}
-
-	waitCycles := func(n int) {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			mu.Lock()
-			done := len(completed)
-			mu.Unlock()
-			if done >= n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("only %d of %d completions within 30s", done, n)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-	waitCycles(200)
+		},
+	})
+	defer load.stop()
+	load.waitDone(t, 200)
 
 	victim := cluster.Masters()[0]
 	phase.Store(1)
 	victim.Stop()
-	before := unavailable.Load()
+	before := load.unavailable.Load()
 	deadline := time.Now().Add(30 * time.Second)
-	for unavailable.Load() == before {
+	for load.unavailable.Load() == before {
 		if time.Now().After(deadline) {
 			t.Fatal("no 503 within 30s of killing a master")
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	if err := cluster.WaitHealthy(60 * time.Second); err != nil {
-		stop()
-		wg.Wait()
 		t.Fatal(err)
 	}
 	if opts.ReplicaAcks > 0 {
@@ -157,14 +85,13 @@ func failoverRun(t *testing.T, opts redisstore.Options) failoverResult {
 		// comes back as its replica.
 		victim.Restart()
 		if err := cluster.WaitHealthy(60 * time.Second); err != nil {
-			stop()
-			wg.Wait()
 			t.Fatal(err)
 		}
 	}
 	phase.Store(2)
 
 	// Recovery without restart: every daemon acquires fresh keys in a row again.
+	p := newPoster()
 	deadline = time.Now().Add(30 * time.Second)
 	for _, d := range ds {
 		for ok := 0; ok < 50; {
@@ -180,27 +107,19 @@ func failoverRun(t *testing.T, opts redisstore.Options) failoverResult {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	mu.Lock()
-	n := len(completed)
-	mu.Unlock()
-	waitCycles(n + 200)
-	stop()
-	wg.Wait()
+	load.waitDone(t, load.done()+200)
+	load.finish(t)
 
-	for _, w := range wrong {
-		t.Error(w)
-	}
 	for _, key := range healthyDup {
 		t.Errorf("%s acquired twice while the cluster was healthy", key)
 	}
-	res := failoverResult{acked: len(completed), unavailable: int(unavailable.Load())}
-	for key := range completed {
-		a := ds[0].lookup(key)
-		if a.status != 200 || a.str("state") != "completed" {
+	res := failoverResult{acked: len(load.completed), unavailable: int(load.unavailable.Load())}
+	for key := range load.completed {
+		if a := ds[0].lookup(key); a.status != 200 || a.str("state") != "completed" {
 			res.lost++
 		}
 	}
-	for _, n := range acquired {
+	for _, n := range load.acquired {
 		if n > 1 {
 			res.doubles++
 		}
