@@ -234,7 +234,12 @@ func canonicalBody(contentType string, body []byte) []byte {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.UseNumber()
 	var v any
-	if dec.Decode(&v) != nil || dec.More() {
+	if dec.Decode(&v) != nil {
+		return body
+	}
+	// Anything after the value, even a stray bracket, keeps the body as it is: two
+	// bodies that differ must not share a fingerprint.
+	if _, err := dec.Token(); err != io.EOF {
 		return body
 	}
 	// encoding/json writes map keys sorted and no insignificant spaces.
