@@ -3,6 +3,7 @@ package testredis
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -28,7 +29,10 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 	Binary(t)
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
-		t.Fatalf("redis-cli is needed to create a cluster: %v", err)
+		if os.Getenv("IDEMD_REQUIRE_REDIS") != "" {
+			t.Fatalf("redis-cli is required (IDEMD_REQUIRE_REDIS is set) but not found: %v", err)
+		}
+		t.Skip("redis-cli not found; install it (apt-get install -y redis-tools) to run this test")
 	}
 	c := &Cluster{t: t}
 	addrs := make([]string, 6)
