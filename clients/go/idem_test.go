@@ -367,9 +367,9 @@ func TestDoExtendsTheLease(t *testing.T) {
 	c := newClient(t)
 	other := newClient(t)
 	key := freshKey("do-extend")
-	const lease = 300 * time.Millisecond
+	const lease = time.Second
 	res, err := c.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {
-		end := time.Now().Add(4 * lease)
+		end := time.Now().Add(3 * lease)
 		probes := 0
 		for time.Now().Before(end) {
 			if _, err := other.Claim(ctx, key, idem.ClaimOptions{}); !errors.Is(err, idem.ErrInProgress) {
@@ -385,7 +385,7 @@ func TestDoExtendsTheLease(t *testing.T) {
 		return idem.Response{Status: 200, Body: []byte(fmt.Sprint(probes))}, nil
 	}, idem.DoOptions{Lease: lease})
 	if err != nil || res.Status != 200 {
-		t.Fatalf("Do over four leases: %+v %v", res, err)
+		t.Fatalf("Do over three leases: %+v %v", res, err)
 	}
 }
 
