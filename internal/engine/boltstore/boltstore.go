@@ -55,7 +55,6 @@ type Options struct {
 // Store is the bbolt-backed engine.Store.
 type Store struct {
 	db      *bolt.DB
-	path    string
 	now     func() time.Time
 	opts    Options
 	watches watchers
@@ -100,7 +99,7 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	db.MaxBatchDelay = opts.BatchDelay
-	s := &Store{db: db, path: path, now: opts.Now, opts: opts, stop: make(chan struct{})}
+	s := &Store{db: db, now: opts.Now, opts: opts, stop: make(chan struct{})}
 	s.watches.init()
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketExpiry, bucketMeta} {
@@ -212,7 +211,6 @@ func (r *stored) setResponse(resp *engine.Response) {
 // retries a failed batch one function at a time), so it only records its effects in
 // its own fields, which are reset at each run and read after the commit.
 type txn struct {
-	s   *Store
 	tx  *bolt.Tx
 	now int64
 	// from and to are the states before and after, for the record counts; notify says
@@ -279,7 +277,7 @@ func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []b
 	rk := recordKey(id)
 	var t txn
 	err := s.db.Batch(func(tx *bolt.Tx) error {
-		t = txn{s: s, tx: tx, now: s.now().UnixMilli()}
+		t = txn{tx: tx, now: s.now().UnixMilli()}
 		err := fn(&t, rk)
 		var answer answerErr
 		if errors.As(err, &answer) {
