@@ -391,7 +391,7 @@ func TestDoExtendsTheLease(t *testing.T) {
 
 func TestOnce(t *testing.T) {
 	c := newClient(t)
-	key := idem.MessageKey("orders", "partition-3", "msg-81723")
+	key := idem.MessageKey("orders", "partition-3", freshKey("msg"))
 	var runs atomic.Int32
 	var wg sync.WaitGroup
 	for range 10 {

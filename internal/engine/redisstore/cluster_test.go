@@ -138,6 +138,11 @@ func testNotReplicated(t *testing.T, cluster *testredis.Cluster) {
 		t.Fatalf("master %s has %d replicas, want 1", master.Options().Addr, len(replicas))
 	}
 
+	// Load the store's slot map first: loading it may ask any node, the stopped
+	// replica included, and wait out a read timeout there.
+	if _, err := s.Lookup(t.Context(), id); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("lookup before the claim: %v", err)
+	}
 	replicas[0].Pause()
 	start := time.Now()
 	_, err = s.Claim(t.Context(), engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
