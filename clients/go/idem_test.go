@@ -435,3 +435,27 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// TestDoLeaseLost purges the key while fn runs: the next renewal finds the lease gone,
+// fn's context is cancelled, and Do reports ErrLeaseLost instead of storing a result.
+func TestDoLeaseLost(t *testing.T) {
+	c := newClient(t)
+	key := freshKey("do-lost")
+	_, err := c.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {
+		if err := newClient(t).Purge(ctx, key); err != nil {
+			return idem.Response{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return idem.Response{}, ctx.Err()
+		case <-time.After(10 * time.Second):
+			return idem.Response{}, errors.New("fn's context was not cancelled after the lease was lost")
+		}
+	}, idem.DoOptions{Lease: 300 * time.Millisecond})
+	if !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("Do after the key was purged: %v, want ErrLeaseLost", err)
+	}
+	if _, err := c.Lookup(t.Context(), key); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("a result was stored after the lease was lost: %v", err)
+	}
+}
