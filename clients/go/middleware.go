@@ -85,6 +85,10 @@ func WithFailOpen(report func(r *http.Request, err error)) MiddlewareOption {
 //   - when idemd cannot be reached the answer is 503 (WithFailOpen to let requests
 //     through instead).
 //
+// A response that cannot be stored (larger than the daemon's --max-response-bytes, or
+// idemd unreachable when the handler finishes) is still sent to its client; its key
+// stays held until the lease runs out, and a retry after that runs the handler again.
+//
 // Echo users wrap it: e.Use(echo.WrapMiddleware(idem.Middleware(client))).
 func Middleware(c *Client, opts ...MiddlewareOption) func(http.Handler) http.Handler {
 	s := middlewareSettings{
