@@ -221,7 +221,7 @@ type txn struct {
 	answer error
 }
 
-// get reads the live record; an expired one counts as absent.
+// get reads the live record; an expired one counts as absent and is removed.
 func (t *txn) get(rk []byte) (*stored, error) {
 	v := t.tx.Bucket(bucketRecords).Get(rk)
 	if v == nil {
@@ -303,71 +303,122 @@ func (a answerErr) Error() string { return a.err.Error() }
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
-// Claim implements engine.Store.
+// Claim implements engine.Store. A claim that changes nothing (a replay, in progress,
+// a mismatch, a resent or re-entrant claim) is answered from a read transaction, so
+// duplicates cost no commit; the others run as a write transaction.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
-	var res engine.ClaimResult
-	var refusal error
-	err := s.update(ctx, c.ID, func(t *txn, rk []byte) error {
-		res, refusal = engine.ClaimResult{}, nil
-		r, err := t.get(rk)
-		if err != nil {
+	if err := ctx.Err(); err != nil {
+		return engine.ClaimResult{}, engine.Unavailable(err)
+	}
+	var d claimDecision
+	err := s.db.View(func(tx *bolt.Tx) error {
+		now := s.now().UnixMilli()
+		r, err := readLive(tx, recordKey(c.ID), now)
+		if err != nil || r == nil {
 			return err
 		}
-		now, lease := t.now, ms(c.Lease)
-		if r == nil {
-			r = &stored{Key: c.ID.Key, Tenant: c.ID.Tenant, State: engine.StatePending, Fingerprint: c.Fingerprint,
-				Owner: c.Owner, Attempt: 1, Token: c.Token, LeaseExpiry: now + lease,
-				Created: now, Updated: now, Expires: now + max(ms(c.Retention), lease)}
-			t.to = engine.StatePending
-			res = engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: r.record(false)}
-			return t.put(rk, r, 0)
-		}
-		switch {
-		case r.State == engine.StatePending && r.Token == c.Token:
-			// The same claim run again finds its own token and answers as before.
-			res = engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: r.record(false)}
-			return nil
-		case r.Fingerprint != "" && c.Fingerprint != "" && r.Fingerprint != c.Fingerprint:
-			refusal = engine.ErrFingerprintMismatch
-			return nil
-		case r.State == engine.StateCompleted:
-			res = engine.ClaimResult{Outcome: engine.OutcomeCompleted, Record: r.record(true)}
-			return nil
-		case r.State == engine.StateFailed:
-			res = engine.ClaimResult{Outcome: engine.OutcomeFailed, Record: r.record(true)}
-			return nil
-		case r.State == engine.StatePending && r.LeaseExpiry > now:
-			if c.Owner != "" && c.Owner == r.Owner {
-				res = engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: r.record(false)}
-				return nil
-			}
-			res = engine.ClaimResult{Record: r.record(false)}
-			refusal = &engine.InProgressError{RetryAfter: time.Duration(r.LeaseExpiry-now) * time.Millisecond}
-			return nil
-		}
-		// Released for a retry, or pending under an expired lease: take it.
-		old := r.Expires
-		t.from, t.to = r.State, engine.StatePending
-		r.Recovered = r.State == engine.StatePending
-		if r.Fingerprint == "" {
-			r.Fingerprint = c.Fingerprint
-		}
-		r.State, r.Owner, r.Attempt, r.Token = engine.StatePending, c.Owner, r.Attempt+1, c.Token
-		r.LeaseExpiry, r.Updated = now+lease, now
-		r.Expires = max(r.Expires, now+max(ms(c.Retention), lease))
-		res = engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: r.record(false)}
-		return t.put(rk, r, old)
+		d = decideClaim(r, c, now)
+		return nil
 	})
 	if err != nil {
-		return engine.ClaimResult{}, err
+		return engine.ClaimResult{}, engine.Unavailable(err)
 	}
-	if refusal != nil {
-		if errors.Is(refusal, engine.ErrFingerprintMismatch) {
-			return engine.ClaimResult{}, refusal
+	if !d.decided || d.write != nil {
+		err = s.update(ctx, c.ID, func(t *txn, rk []byte) error {
+			r, err := t.get(rk)
+			if err != nil {
+				return err
+			}
+			d = decideClaim(r, c, t.now)
+			if d.write == nil {
+				return nil
+			}
+			old := int64(0)
+			if r != nil {
+				old, t.from = r.Expires, r.State
+			}
+			t.to = engine.StatePending
+			return t.put(rk, d.write, old)
+		})
+		if err != nil {
+			return engine.ClaimResult{}, err
 		}
-		return res, refusal
 	}
-	return res, nil
+	if errors.Is(d.refusal, engine.ErrFingerprintMismatch) {
+		return engine.ClaimResult{}, d.refusal
+	}
+	return d.res, d.refusal
+}
+
+// claimDecision is what a claim does to a record: its answer, and the record to
+// write when it acquires a free key (nil when the claim changes nothing).
+type claimDecision struct {
+	decided bool
+	res     engine.ClaimResult
+	refusal error
+	write   *stored
+}
+
+// decideClaim runs the decisions of lua/claim.lua on the live record r (nil when
+// absent) at now. It does not modify r.
+func decideClaim(r *stored, c engine.Claim, now int64) claimDecision {
+	lease := ms(c.Lease)
+	acquired := func(w *stored) claimDecision {
+		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: w.record(false)}}
+	}
+	if r == nil {
+		w := &stored{Key: c.ID.Key, Tenant: c.ID.Tenant, State: engine.StatePending, Fingerprint: c.Fingerprint,
+			Owner: c.Owner, Attempt: 1, Token: c.Token, LeaseExpiry: now + lease,
+			Created: now, Updated: now, Expires: now + max(ms(c.Retention), lease)}
+		d := acquired(w)
+		d.write = w
+		return d
+	}
+	switch {
+	case r.State == engine.StatePending && r.Token == c.Token:
+		// The same claim run again finds its own token and answers as before.
+		return acquired(r)
+	case r.Fingerprint != "" && c.Fingerprint != "" && r.Fingerprint != c.Fingerprint:
+		return claimDecision{decided: true, refusal: engine.ErrFingerprintMismatch}
+	case r.State == engine.StateCompleted:
+		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeCompleted, Record: r.record(true)}}
+	case r.State == engine.StateFailed:
+		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeFailed, Record: r.record(true)}}
+	case r.State == engine.StatePending && r.LeaseExpiry > now:
+		if c.Owner != "" && c.Owner == r.Owner {
+			return acquired(r)
+		}
+		return claimDecision{decided: true, res: engine.ClaimResult{Record: r.record(false)},
+			refusal: &engine.InProgressError{RetryAfter: time.Duration(r.LeaseExpiry-now) * time.Millisecond}}
+	}
+	// Released for a retry, or pending under an expired lease: take it.
+	w := *r
+	w.Recovered = r.State == engine.StatePending
+	if w.Fingerprint == "" {
+		w.Fingerprint = c.Fingerprint
+	}
+	w.State, w.Owner, w.Attempt, w.Token = engine.StatePending, c.Owner, r.Attempt+1, c.Token
+	w.LeaseExpiry, w.Updated = now+lease, now
+	w.Expires = max(r.Expires, now+max(ms(c.Retention), lease))
+	d := acquired(&w)
+	d.write = &w
+	return d
+}
+
+// readLive reads a record in any transaction; an expired one is absent.
+func readLive(tx *bolt.Tx, rk []byte, now int64) (*stored, error) {
+	v := tx.Bucket(bucketRecords).Get(rk)
+	if v == nil {
+		return nil, nil
+	}
+	var r stored
+	if err := json.Unmarshal(v, &r); err != nil {
+		return nil, fmt.Errorf("record is corrupt: %w", err)
+	}
+	if now > r.Expires {
+		return nil, nil
+	}
+	return &r, nil
 }
 
 // holder reads the record a transition by token works on: absent is not found, another
@@ -471,15 +522,11 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	}
 	var rec engine.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
-		v := tx.Bucket(bucketRecords).Get(recordKey(id))
-		if v == nil {
-			return answerErr{engine.ErrNotFound}
+		r, err := readLive(tx, recordKey(id), s.now().UnixMilli())
+		if err != nil {
+			return err
 		}
-		var r stored
-		if err := json.Unmarshal(v, &r); err != nil {
-			return fmt.Errorf("record is corrupt: %w", err)
-		}
-		if s.now().UnixMilli() > r.Expires {
+		if r == nil {
 			return answerErr{engine.ErrNotFound}
 		}
 		rec = r.record(true)
