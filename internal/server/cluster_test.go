@@ -59,44 +59,7 @@ func TestClusterSeveralDaemons(t *testing.T) {
 	ds := clusterDaemons(t, cluster, 3, redisstore.Options{})
 
 	t.Run("storm of 1000 keys by 50 claimers over three daemons", func(t *testing.T) {
-		const keys, claimers, wave = 1000, 50, 20
-		prefix := freshKey("cluster-storm")
-		p := newPoster()
-		var acquired [keys]atomic.Int32
-		var other atomic.Int32
-		// Keys go in waves of 20; within a wave all 50 claims of every key are sent at
-		// once, spread over the daemons, so each key sees 50 racing claims.
-		for w := 0; w < keys; w += wave {
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for k := w; k < w+wave; k++ {
-				for c := range claimers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						<-start
-						d := ds[(k+c)%len(ds)]
-						switch code, _ := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":"%s-%d","owner":"c%d"}`, prefix, k, c)); code {
-						case 201:
-							acquired[k].Add(1)
-						case 409:
-						default:
-							other.Add(1)
-						}
-					}()
-				}
-			}
-			close(start)
-			wg.Wait()
-		}
-		if n := other.Load(); n != 0 {
-			t.Errorf("%d claims answered neither 201 nor 409", n)
-		}
-		for k := range keys {
-			if n := acquired[k].Load(); n != 1 {
-				t.Errorf("key %d acquired %d times, want exactly once", k, n)
-			}
-		}
+		storm(t, ds, 1000, 50)
 	})
 
 	t.Run("a waiter on one daemon wakes on a completion through another", func(t *testing.T) {

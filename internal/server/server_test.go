@@ -476,50 +476,46 @@ func waitForMetric(t testing.TB, d *daemon, line string) {
 // must be acquired exactly once.
 func TestStorm(t *testing.T) { forEachStore(t, testStorm) }
 
-func testStorm(t *testing.T, d *daemon) {
-	const keys, claimers = 200, 50
+func testStorm(t *testing.T, d *daemon) { storm(t, []*daemon{d}, 200, 50) }
+
+// storm has claimers race for each of keys keys, spread over the daemons: every key
+// must be acquired exactly once and every other claim must hear 409. Keys go in
+// waves of 20; within a wave all claims of every key are sent at once.
+func storm(t *testing.T, ds []*daemon, keys, claimers int) {
+	const wave = 20
 	prefix := freshKey("storm")
-	var acquired [keys]atomic.Int32
+	p := newPoster()
+	acquired := make([]atomic.Int32, keys)
 	var other atomic.Int32
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
-	defer client.CloseIdleConnections()
-	start := make(chan struct{})
-	var wg sync.WaitGroup
-	for c := range claimers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			for k := range keys {
-				// Claimers walk the keys from different offsets so every key sees
-				// concurrent claims.
-				i := (k + c*keys/claimers) % keys
-				body := fmt.Sprintf(`{"key":"%s-%d","owner":"c%d"}`, prefix, i, c)
-				resp, err := client.Post(d.url+"/v1/claim", "application/json", strings.NewReader(body))
-				if err != nil {
-					other.Add(1)
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				switch resp.StatusCode {
-				case 201:
-					acquired[i].Add(1)
-				case 409:
-				default:
-					other.Add(1)
-				}
+	for w := 0; w < keys; w += wave {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for k := w; k < min(w+wave, keys); k++ {
+			for c := range claimers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					d := ds[(k+c)%len(ds)]
+					switch code, _ := p.post(d.url, "/v1/claim", fmt.Sprintf(`{"key":"%s-%d","owner":"c%d"}`, prefix, k, c)); code {
+					case 201:
+						acquired[k].Add(1)
+					case 409:
+					default:
+						other.Add(1)
+					}
+				}()
 			}
-		}()
+		}
+		close(start)
+		wg.Wait()
 	}
-	close(start)
-	wg.Wait()
 	if n := other.Load(); n != 0 {
 		t.Errorf("%d claims answered neither 201 nor 409", n)
 	}
-	for i := range keys {
-		if n := acquired[i].Load(); n != 1 {
-			t.Errorf("key %d acquired %d times, want exactly once", i, n)
+	for k := range keys {
+		if n := acquired[k].Load(); n != 1 {
+			t.Errorf("key %d acquired %d times, want exactly once", k, n)
 		}
 	}
 }
