@@ -223,18 +223,14 @@ type txn struct {
 
 // get reads the live record; an expired one counts as absent and is removed.
 func (t *txn) get(rk []byte) (*stored, error) {
-	v := t.tx.Bucket(bucketRecords).Get(rk)
-	if v == nil {
-		return nil, nil
-	}
-	var r stored
-	if err := json.Unmarshal(v, &r); err != nil {
-		return nil, fmt.Errorf("record is corrupt: %w", err)
+	r, err := readRecord(t.tx, rk)
+	if err != nil || r == nil {
+		return nil, err
 	}
 	if t.now > r.Expires {
-		return nil, t.remove(rk, &r)
+		return nil, t.remove(rk, r)
 	}
-	return &r, nil
+	return r, nil
 }
 
 // put writes the record and moves its expiry entry.
@@ -407,6 +403,15 @@ func decideClaim(r *stored, c engine.Claim, now int64) claimDecision {
 
 // readLive reads a record in any transaction; an expired one is absent.
 func readLive(tx *bolt.Tx, rk []byte, now int64) (*stored, error) {
+	r, err := readRecord(tx, rk)
+	if err != nil || r == nil || now > r.Expires {
+		return nil, err
+	}
+	return r, nil
+}
+
+// readRecord decodes a stored record, expired or not; nil when there is none.
+func readRecord(tx *bolt.Tx, rk []byte) (*stored, error) {
 	v := tx.Bucket(bucketRecords).Get(rk)
 	if v == nil {
 		return nil, nil
@@ -414,9 +419,6 @@ func readLive(tx *bolt.Tx, rk []byte, now int64) (*stored, error) {
 	var r stored
 	if err := json.Unmarshal(v, &r); err != nil {
 		return nil, fmt.Errorf("record is corrupt: %w", err)
-	}
-	if now > r.Expires {
-		return nil, nil
 	}
 	return &r, nil
 }
