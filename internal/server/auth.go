@@ -50,16 +50,16 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 		if openPaths[c.Path()] {
 			return next(c)
 		}
-		p, err := s.principal(c.Request())
+		p, err := s.principal(c)
 		if err != nil {
 			return err
 		}
 		c.Set(principalKey, p)
-		if scope, ok := routeScopes[endpointOf(c)]; ok {
+		if scope, ok := routeScopes[s.endpointOf(c)]; ok {
 			if err := p.Authorize(scope); err != nil {
 				s.metrics.authFailures.WithLabelValues("forbidden").Inc()
 				s.log.Warn("request refused: missing scope", "reason", "forbidden", "tenant", p.Tenant.Name,
-					"token", p.Name, "scope", scope, "endpoint", endpointOf(c), "remote", c.Request().RemoteAddr)
+					"token", p.Name, "scope", scope, "endpoint", s.endpointOf(c), "remote", c.Request().RemoteAddr)
 				return err
 			}
 		}
@@ -72,10 +72,11 @@ func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 
 // principal resolves the request's bearer token. Failures are counted and logged here,
 // by reason, and never with the token.
-func (s *Server) principal(r *http.Request) (*auth.Principal, error) {
+func (s *Server) principal(c echo.Context) (*auth.Principal, error) {
 	if s.auth == nil {
 		return s.open, nil
 	}
+	r := c.Request()
 	token, reason := bearer(r.Header.Get(echo.HeaderAuthorization))
 	var p *auth.Principal
 	var err error
@@ -89,7 +90,7 @@ func (s *Server) principal(r *http.Request) (*auth.Principal, error) {
 	if err != nil {
 		s.metrics.authFailures.WithLabelValues(reason).Inc()
 		s.log.Warn("request refused: not authenticated", "reason", reason,
-			"endpoint", r.Method+" "+r.URL.Path, "remote", r.RemoteAddr)
+			"endpoint", s.endpointOf(c), "remote", r.RemoteAddr)
 		return nil, err
 	}
 	return p, nil
@@ -116,7 +117,7 @@ func bearer(header string) (token, reason string) {
 func principalOf(c echo.Context) *auth.Principal {
 	p, ok := c.Get(principalKey).(*auth.Principal)
 	if !ok {
-		panic("server: " + endpointOf(c) + " reached its handler without authentication")
+		panic("server: " + c.Request().Method + " " + c.Path() + " reached its handler without authentication")
 	}
 	return p
 }

@@ -54,12 +54,27 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// endpointOf names the route, bounded by the routes that exist.
-func endpointOf(c echo.Context) string {
-	if p := c.Path(); p != "" && p != "/*" {
-		return c.Request().Method + " " + p
+// otherEndpoint is the label of every request that matches no route: an unknown path
+// or a method the path does not have. Both are the client's choice, so they must not
+// become label values of their own.
+const otherEndpoint = "other"
+
+// endpoints lists the routes of e as "METHOD /path", the only values the endpoint
+// label takes besides otherEndpoint.
+func endpoints(e *echo.Echo) map[string]bool {
+	known := make(map[string]bool)
+	for _, r := range e.Routes() {
+		known[r.Method+" "+r.Path] = true
 	}
-	return "other"
+	return known
+}
+
+// endpointOf names the request's route, or otherEndpoint.
+func (s *Server) endpointOf(c echo.Context) string {
+	if e := c.Request().Method + " " + c.Path(); s.endpoints[e] {
+		return e
+	}
+	return otherEndpoint
 }
 
 // instrument counts and times every request. It renders errors itself so that the
@@ -70,7 +85,7 @@ func (s *Server) instrument(next echo.HandlerFunc) echo.HandlerFunc {
 		if err := next(c); err != nil {
 			c.Error(err)
 		}
-		endpoint := endpointOf(c)
+		endpoint := s.endpointOf(c)
 		outcome, _ := c.Get(outcomeKey).(string)
 		if outcome == "" {
 			outcome = "ok"

@@ -120,10 +120,10 @@ func (s *Server) handleError(err error, c echo.Context) {
 	p := toProblem(err)
 	c.Set(outcomeKey, string(p.code))
 	if p.code == codeStoreUnavailable || p.code == codeNotReplicated {
-		s.metrics.storeErrors.WithLabelValues(endpointOf(c)).Inc()
+		s.metrics.storeErrors.WithLabelValues(s.endpointOf(c)).Inc()
 	}
 	if p.status >= 500 {
-		s.log.Warn("request failed", "endpoint", endpointOf(c), "code", p.code, "err", err)
+		s.log.Warn("request failed", "endpoint", s.endpointOf(c), "code", p.code, "err", err)
 	}
 	if c.Response().Committed {
 		return

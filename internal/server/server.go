@@ -58,6 +58,8 @@ type Server struct {
 	// open is the principal of every request when auth is nil.
 	open      *auth.Principal
 	retention time.Duration
+	// endpoints are the routes, the values of the endpoint label.
+	endpoints map[string]bool
 	// bodyLimit bounds request bodies: a base64 response of the largest allowed size
 	// and room for the rest of the JSON.
 	bodyLimit int64
@@ -95,6 +97,7 @@ func New(eng Engine, cfg Config) *Server {
 	api.RegisterHandlers(e, s)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
+	s.endpoints = endpoints(e)
 	return s
 }
 
