@@ -39,6 +39,7 @@ type Main struct {
 	MaxResponseBytes int
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
+	StoreTimeout     time.Duration
 	LogLevel         string
 	AuthFile         string
 	TLSCert          string
@@ -71,6 +72,7 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
+	fs.DurationVar(&m.StoreTimeout, "store-timeout", engine.DefaultStoreTimeout, "bound on each store call; past it the request answers 503 store_unavailable. Keep it under clients' timeouts (the SDK's is 10s)")
 	fs.StringVar(&m.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
@@ -94,6 +96,12 @@ func (m *Main) ParseFlags(args []string) error {
 	}
 	if m.ReplicaAcks < 0 || m.ReplicaTimeout <= 0 {
 		return errors.New("--redis-replica-acks must not be negative and --redis-replica-timeout must be positive")
+	}
+	if m.StoreTimeout <= 0 {
+		return errors.New("--store-timeout must be positive")
+	}
+	if m.ReplicaAcks > 0 && m.StoreTimeout <= m.ReplicaTimeout {
+		return errors.New("--store-timeout must be longer than --redis-replica-timeout, which every write may wait")
 	}
 	if (m.TLSCert == "") != (m.TLSKey == "") {
 		return errors.New("--tls-cert and --tls-key go together")
@@ -199,7 +207,7 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.keyring != nil {
 		cfg.Auth = m.keyring
 	}
-	srv := server.New(engine.NewService(store, m.Retention), cfg)
+	srv := server.New(engine.NewService(store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout)), cfg)
 
 	ln, err := net.Listen("tcp", m.Listen)
 	if err != nil {

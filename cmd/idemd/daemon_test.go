@@ -94,6 +94,8 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--retention", "0s"},
 		{"--retention", "800h"},
 		{"--log-level", "loud"},
+		{"--store-timeout", "0s"},
+		{"--redis-replica-acks", "1", "--redis-replica-timeout", "2s", "--store-timeout", "1s"},
 		{"stray"},
 	} {
 		if err := NewMain().ParseFlags(args); err == nil {

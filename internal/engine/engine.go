@@ -205,6 +205,22 @@ func (e *InProgressError) Error() string {
 // Is makes errors.Is(err, ErrInProgress) true.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
+// StoreTimeoutError reports a store call that got no answer within the service's
+// deadline. Whether a write it carried took effect is unknown. It is ErrUnavailable.
+type StoreTimeoutError struct {
+	Timeout time.Duration
+	cause   error
+}
+
+func (e *StoreTimeoutError) Error() string {
+	return fmt.Sprintf("the store did not answer within %s: %v", e.Timeout, e.cause)
+}
+
+// Is makes errors.Is(err, ErrUnavailable) true.
+func (e *StoreTimeoutError) Is(target error) bool { return target == ErrUnavailable }
+
+func (e *StoreTimeoutError) Unwrap() error { return e.cause }
+
 // Unavailable wraps a store failure so that errors.Is(err, ErrUnavailable) holds while
 // the cause stays visible in logs.
 func Unavailable(cause error) error {

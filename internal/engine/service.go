@@ -49,15 +49,59 @@ type Service struct {
 	// recheck bounds how long a waiter trusts notifications alone; it covers a
 	// notification lost while the store's notification channel reconnects.
 	recheck time.Duration
+	// storeTimeout bounds each store call.
+	storeTimeout time.Duration
+}
+
+// DefaultStoreTimeout bounds each store call when WithStoreTimeout does not say. It is
+// well under the SDK's 10 s request timeout, so that a client hears 503 from the
+// daemon rather than timing out on its own and learning nothing.
+const DefaultStoreTimeout = 2 * time.Second
+
+// Option tunes a Service at construction.
+type Option func(*Service)
+
+// WithStoreTimeout bounds every store call (each round of a waiting claim is one
+// call): past it the call fails with a *StoreTimeoutError, which is ErrUnavailable.
+func WithStoreTimeout(d time.Duration) Option {
+	return func(s *Service) {
+		if d > 0 {
+			s.storeTimeout = d
+		}
+	}
 }
 
 // NewService returns a Service over store. retention is how long a pending record is
 // kept when its holder never comes back, and the default retention of results.
-func NewService(store Store, retention time.Duration) *Service {
+func NewService(store Store, retention time.Duration, opts ...Option) *Service {
 	if retention <= 0 {
 		retention = DefaultRetention
 	}
-	return &Service{store: store, retention: retention, recheck: time.Second}
+	s := &Service{store: store, retention: retention, recheck: time.Second, storeTimeout: DefaultStoreTimeout}
+	for _, opt := range opts {
+		opt(s)
+	}
+	return s
+}
+
+// bounded runs one store call under the store deadline. An error caused by the
+// caller's own context ending is returned as that context's error, never as the
+// store's: a client hanging up says nothing about the store. The store's deadline
+// passing is a *StoreTimeoutError.
+func bounded[T any](s *Service, ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	callCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
+	defer cancel()
+	v, err := call(callCtx)
+	if err == nil || !(errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return v, err
+	}
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return v, ctxErr
+	}
+	if callCtx.Err() != nil {
+		return v, &StoreTimeoutError{Timeout: s.storeTimeout, cause: err}
+	}
+	return v, err
 }
 
 // Claim claims a key, waiting up to r.Wait for a live holder to finish.
@@ -74,14 +118,15 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		Retention:   cmp.Or(r.Retention, s.retention),
 		Token:       NewLeaseToken(),
 	}
+	claim := func(ctx context.Context) (ClaimResult, error) { return s.store.Claim(ctx, c) }
 	if r.Wait <= 0 {
-		return s.store.Claim(ctx, c)
+		return bounded(s, ctx, claim)
 	}
 
 	deadline := time.Now().Add(r.Wait)
 	// Watch before the first claim, so that a change between that claim's answer and
 	// the wait below is not missed.
-	w, err := s.store.Watch(ctx, r.ID)
+	w, err := bounded(s, ctx, func(ctx context.Context) (Watch, error) { return s.store.Watch(ctx, r.ID) })
 	if err != nil {
 		return ClaimResult{}, err
 	}
@@ -92,7 +137,7 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 	for {
 		// The same token is used for every round: a round either acquires and returns,
 		// or leaves the token unused.
-		res, err := s.store.Claim(ctx, c)
+		res, err := bounded(s, ctx, claim)
 		var busy *InProgressError
 		if !errors.As(err, &busy) {
 			return res, err
@@ -122,7 +167,7 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 	if c.Retention == 0 {
 		c.Retention = s.retention
 	}
-	return s.store.Complete(ctx, c)
+	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
 }
 
 // Release gives a held key back.
@@ -130,25 +175,27 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 	if r.Retention == 0 {
 		r.Retention = s.retention
 	}
-	return s.store.Release(ctx, r)
+	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
 }
 
 // Extend renews a held lease.
 func (s *Service) Extend(ctx context.Context, e Extension) (Record, error) {
-	return s.store.Extend(ctx, e)
+	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Extend(ctx, e) })
 }
 
 // Lookup returns a record.
 func (s *Service) Lookup(ctx context.Context, id ID) (Record, error) {
-	return s.store.Lookup(ctx, id)
+	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
 }
 
 // Purge deletes a record.
 func (s *Service) Purge(ctx context.Context, id ID) error {
-	return s.store.Purge(ctx, id)
+	_, err := bounded(s, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.store.Purge(ctx, id) })
+	return err
 }
 
 // Ready reports whether the store can take writes.
 func (s *Service) Ready(ctx context.Context) error {
-	return s.store.Ping(ctx)
+	_, err := bounded(s, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.store.Ping(ctx) })
+	return err
 }

@@ -70,6 +70,7 @@ func toProblem(err error) *problem {
 	var he *echo.HTTPError
 	var limited *auth.RateLimitedError
 	var forbidden *auth.ForbiddenError
+	var timeout *engine.StoreTimeoutError
 	switch {
 	case errors.Is(err, auth.ErrMissingToken):
 		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd"`,
@@ -97,6 +98,9 @@ func toProblem(err error) *problem {
 	case errors.Is(err, engine.ErrNotReplicated):
 		return &problem{status: http.StatusServiceUnavailable, code: codeNotReplicated, retryAfter: unavailableRetry, cause: err,
 			detail: "the write was not confirmed by enough replicas in time; it may or may not have taken effect"}
+	case errors.As(err, &timeout):
+		return &problem{status: http.StatusServiceUnavailable, code: codeStoreUnavailable, retryAfter: unavailableRetry, cause: err,
+			detail: fmt.Sprintf("the store did not answer within %s; a write may or may not have taken effect", timeout.Timeout)}
 	case errors.Is(err, engine.ErrUnavailable):
 		return &problem{status: http.StatusServiceUnavailable, code: codeStoreUnavailable, retryAfter: unavailableRetry, cause: err,
 			detail: "the store is unavailable; nothing was acquired"}

@@ -41,6 +41,9 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("store URL: %w", err)
 		}
+		// Without it go-redis times reads by its own 3 s timeout, retried, and the
+		// caller's deadline never reaches the socket.
+		opts.ContextTimeoutEnabled = true
 		return redis.NewClient(opts), nil
 	case "redis+sentinel", "rediss+sentinel":
 		u, err := url.Parse("redis://" + rest)
@@ -52,8 +55,9 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 			return nil, fmt.Errorf("store URL %q names no Sentinel master (…/master-name)", rawURL)
 		}
 		opts := &redis.FailoverOptions{
-			MasterName:    master,
-			SentinelAddrs: strings.Split(u.Host, ","),
+			MasterName:            master,
+			SentinelAddrs:         strings.Split(u.Host, ","),
+			ContextTimeoutEnabled: true,
 		}
 		if u.User != nil {
 			opts.Username = u.User.Username()
@@ -80,7 +84,8 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 		}
 		// The periodic reload bounds how long a changed slot map goes unnoticed when no
 		// request fails; failures trigger a reload at once (see reloadOnNetworkError).
-		opts := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ","), ClusterStateReloadInterval: 10 * time.Second}
+		opts := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ","), ClusterStateReloadInterval: 10 * time.Second,
+			ContextTimeoutEnabled: true}
 		if u.User != nil {
 			opts.Username = u.User.Username()
 			opts.Password, _ = u.User.Password()
