@@ -216,10 +216,9 @@ func (e *StoreTimeoutError) Error() string {
 	return fmt.Sprintf("the store did not answer within %s: %v", e.Timeout, e.cause)
 }
 
-// Is makes errors.Is(err, ErrUnavailable) true.
+// Is makes errors.Is(err, ErrUnavailable) true. The cause, the deadline's context
+// error, is not unwrapped: it is the service's deadline, not the caller's.
 func (e *StoreTimeoutError) Is(target error) bool { return target == ErrUnavailable }
-
-func (e *StoreTimeoutError) Unwrap() error { return e.cause }
 
 // Unavailable wraps a store failure so that errors.Is(err, ErrUnavailable) holds while
 // the cause stays visible in logs.

@@ -10,7 +10,8 @@ import (
 // Store keeps records and runs each transition atomically. Every method is one
 // transition of one record; implementations translate their driver errors into the
 // errors of this package (ErrUnavailable for anything that is not an answer about the
-// record).
+// record), except that a call whose context ended returns the context's error: the
+// caller gave up, which says nothing about the store.
 type Store interface {
 	// Claim acquires the key, replays its result, or returns *InProgressError or
 	// ErrFingerprintMismatch.

@@ -1,11 +1,14 @@
 package server_test
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,4 +118,153 @@ func TestFrozenStoreAnswersAtItsDeadline(t *testing.T) {
 	// The frozen claim may have been carried out once Redis resumed: a deadline says
 	// nothing about whether a write took effect. A new key shows the daemon serves.
 	d.acquire(key + "-after")
+}
+
+// gate is a TCP proxy in front of Redis that can hold the daemon's commands: while it
+// is shut, what the daemon sends waits in the proxy, and arrived says that something
+// did. It shows a request inside a store call without guessing how long that takes.
+type gate struct {
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	shut    chan struct{} // closed when the gate opens again; nil while open
+	arrived chan struct{}
+}
+
+func newGate(t *testing.T, target string) *gate {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{ln: ln, target: target, arrived: make(chan struct{}, 1)}
+	t.Cleanup(func() { g.open(); _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go g.serve(conn)
+		}
+	}()
+	return g
+}
+
+func (g *gate) addr() string { return g.ln.Addr().String() }
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut == nil {
+		g.shut = make(chan struct{})
+	}
+}
+
+func (g *gate) open() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+}
+
+func (g *gate) serve(conn net.Conn) {
+	defer conn.Close()
+	upstream, err := net.Dial("tcp", g.target)
+	if err != nil {
+		return
+	}
+	defer upstream.Close()
+	go func() { _, _ = io.Copy(conn, upstream); _ = conn.Close() }()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := conn.Read(buf)
+		if err != nil {
+			return
+		}
+		g.mu.Lock()
+		shut := g.shut
+		g.mu.Unlock()
+		if shut != nil {
+			select {
+			case g.arrived <- struct{}{}:
+			default:
+			}
+			<-shut
+		}
+		if _, err := upstream.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// TestCallerHangingUpIsNotAStoreOutage cancels a claim while its store call is under
+// way: the store is fine, so there must be no store error counted, no 503 outcome and
+// no warning, and the daemon goes on serving.
+func TestCallerHangingUpIsNotAStoreOutage(t *testing.T) {
+	r := testredis.Start(t)
+	g := newGate(t, r.Addr())
+	store, err := redisstore.Open("redis://" + g.addr() + "/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	var log lockedBuffer
+	d := newDaemonWith(t, store, &log, engine.WithStoreTimeout(time.Minute))
+	d.acquire(freshKey("hangup-before"))
+
+	g.close()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, d.url+"/v1/claim", strings.NewReader(`{"key":"`+freshKey("hangup")+`"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	sent := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		sent <- err
+	}()
+	<-g.arrived // the claim's script is on its way to Redis
+	cancel()
+	if err := <-sent; err == nil {
+		t.Fatal("the cancelled claim got an answer")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	var text string
+	for {
+		text = d.metricsText()
+		if strings.Contains(text, `idemd_requests_total{endpoint="POST /v1/claim",outcome="client_closed_request"`) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	g.open()
+	if !strings.Contains(text, `idemd_requests_total{endpoint="POST /v1/claim",outcome="client_closed_request",tenant="default"} 1`) {
+		t.Errorf("the hung-up claim is not counted as client_closed_request:\n%s", grepLines(text, "idemd_requests_total"))
+	}
+	for _, bad := range []string{"idemd_store_errors_total{", `outcome="store_unavailable"`} {
+		if strings.Contains(text, bad) {
+			t.Errorf("a caller hanging up shows as a store outage: %s", grepLines(text, bad))
+		}
+	}
+	if strings.Contains(log.String(), "level=WARN") {
+		t.Errorf("a caller hanging up was logged as a warning:\n%s", log.String())
+	}
+	d.acquire(freshKey("hangup-after"))
+}
+
+func grepLines(text, substr string) string {
+	var out []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.Contains(line, substr) {
+			out = append(out, line)
+		}
+	}
+	return strings.Join(out, "\n")
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -35,7 +36,14 @@ const (
 	codeUnauthenticated      code = "unauthenticated"
 	codeForbidden            code = "forbidden"
 	codeRateLimited          code = "rate_limited"
+	// codeClientClosed is never sent: it is the outcome of a request whose caller hung
+	// up before the answer, counted apart from the store's failures.
+	codeClientClosed code = "client_closed_request"
 )
+
+// statusClientClosed is the status nginx logs for a client that closed its request
+// first; no client ever receives it.
+const statusClientClosed = 499
 
 // problem is an RFC 9457 problem detail on its way to the client. Handlers return it
 // (or a domain error) and the error handler renders it; handlers never write errors
@@ -72,6 +80,8 @@ func toProblem(err error) *problem {
 	var forbidden *auth.ForbiddenError
 	var timeout *engine.StoreTimeoutError
 	switch {
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller went away", cause: err}
 	case errors.Is(err, auth.ErrMissingToken):
 		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd"`,
 			detail: "send Authorization: Bearer <token>"}

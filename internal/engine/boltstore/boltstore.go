@@ -269,7 +269,7 @@ func (t *txn) remove(rk []byte, r *stored) error {
 // record on the way).
 func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []byte) error) error {
 	if err := ctx.Err(); err != nil {
-		return engine.Unavailable(err)
+		return err
 	}
 	rk := recordKey(id)
 	var t txn
@@ -305,7 +305,7 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 // duplicates cost no commit; the others run as a write transaction.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	if err := ctx.Err(); err != nil {
-		return engine.ClaimResult{}, engine.Unavailable(err)
+		return engine.ClaimResult{}, err
 	}
 	var d claimDecision
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -519,7 +519,7 @@ func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, 
 // reported absent and left for the sweeper.
 func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
 	if err := ctx.Err(); err != nil {
-		return engine.Record{}, engine.Unavailable(err)
+		return engine.Record{}, err
 	}
 	var rec engine.Record
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -561,7 +561,7 @@ func (s *Store) Purge(ctx context.Context, id engine.ID) error {
 // Watch implements engine.Store: waiters live in this process, as does every writer.
 func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, engine.Unavailable(err)
+		return nil, err
 	}
 	return s.watches.add(string(recordKey(id))), nil
 }
@@ -570,7 +570,7 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 // cannot be written (a full or read-only disk) reports unavailable.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
-		return engine.Unavailable(err)
+		return err
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		var b [8]byte

@@ -173,6 +173,9 @@ func (s *Store) reloadOnNetworkError(err error) {
 // Ping implements engine.Store.
 func (s *Store) Ping(ctx context.Context) error {
 	if err := s.client.Ping(ctx).Err(); err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("redis: %w", ctx.Err())
+		}
 		return engine.Unavailable(err)
 	}
 	return nil
@@ -197,6 +200,10 @@ func (s *Store) run(ctx context.Context, script *redis.Script, id engine.ID, arg
 		return reply{}, err
 	}
 	if err != nil {
+		if ctx.Err() != nil {
+			// The caller gave up; that says nothing about Redis.
+			return reply{}, fmt.Errorf("redis: %w", ctx.Err())
+		}
 		s.reloadOnNetworkError(err)
 		return reply{}, engine.Unavailable(err)
 	}
