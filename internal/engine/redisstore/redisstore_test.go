@@ -230,8 +230,10 @@ func TestSentinelFailover(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if !errors.Is(err, engine.ErrUnavailable) {
-			t.Fatalf("claim during the failover: %v, want unavailable", err)
+		// A call that outlives its own context returns that context's error: the
+		// caller's deadline, which the daemon's service turns into a store timeout.
+		if !errors.Is(err, engine.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("claim during the failover: %v, want unavailable or the call's deadline", err)
 		}
 		sawUnavailable = true
 		if time.Now().After(deadline) {
