@@ -226,10 +226,14 @@ type ReleaseRequestMode string
 
 // StoredResponse defines model for StoredResponse.
 type StoredResponse struct {
-	// Body The body, base64-encoded.
-	Body    *[]byte              `json:"body,omitempty"`
+	// Body The body, base64-encoded. A 204 or 304 response has none.
+	Body *[]byte `json:"body,omitempty"`
+
+	// Headers Header names are RFC 9110 tokens and values hold no CR, LF, NUL or other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
 	Headers *map[string][]string `json:"headers,omitempty"`
-	Status  int                  `json:"status"`
+
+	// Status A final HTTP status; a 1xx cannot be replayed as an answer.
+	Status int `json:"status"`
 }
 
 // Forbidden An RFC 9457 problem detail.

@@ -7,11 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/idemd/idemd/internal/api"
 	"github.com/idemd/idemd/internal/engine"
@@ -175,21 +179,47 @@ func (s *Server) claimRequest(tenant string, r api.ClaimRequest) (engine.ClaimRe
 	return req, nil
 }
 
+// unreplayable are the headers a stored response may not carry, lower-cased: the
+// hop-by-hop headers of RFC 9110 section 7.6.1 and the framing headers, which belong
+// to the connection the replay is sent on and are set by the server sending it.
+var unreplayable = map[string]bool{
+	"connection": true, "keep-alive": true, "proxy-connection": true, "te": true, "trailer": true,
+	"transfer-encoding": true, "upgrade": true, "content-length": true,
+}
+
 func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Response, error) {
-	if r.Status < 100 || r.Status > 599 {
-		return engine.Response{}, invalid("%s.status is %d; it must be an HTTP status between 100 and 599", field, r.Status)
+	// A 1xx is not a final answer: replaying a stored 101 would leave its client
+	// waiting for a protocol switch that never comes.
+	if r.Status < 200 || r.Status > 599 {
+		return engine.Response{}, invalid("%s.status is %d; it must be a final HTTP status, 200 to 599", field, r.Status)
 	}
 	resp := engine.Response{Status: r.Status}
 	if r.Headers != nil {
-		for name := range *r.Headers {
-			if name == "" {
+		names := slices.Sorted(maps.Keys(*r.Headers))
+		for _, name := range names {
+			at := fmt.Sprintf("%s.headers[%q]", field, name)
+			lower := strings.ToLower(name)
+			switch {
+			case name == "":
 				return engine.Response{}, invalid("%s.headers has an empty header name", field)
+			case !httpguts.ValidHeaderFieldName(name):
+				return engine.Response{}, invalid("%s: not a valid header name (an RFC 9110 token)", at)
+			case unreplayable[lower] || strings.HasPrefix(lower, "proxy-"):
+				return engine.Response{}, invalid("%s: a hop-by-hop or framing header, which the server replaying the response sets itself", at)
+			}
+			for i, v := range (*r.Headers)[name] {
+				if !httpguts.ValidHeaderFieldValue(v) {
+					return engine.Response{}, invalid("%s[%d]: a header value may not hold CR, LF, NUL or other control characters", at, i)
+				}
 			}
 		}
 		resp.Headers = *r.Headers
 	}
 	if r.Body != nil {
 		resp.Body = *r.Body
+	}
+	if len(resp.Body) > 0 && (r.Status == http.StatusNoContent || r.Status == http.StatusNotModified) {
+		return engine.Response{}, invalid("%s.body: a %d response has no body; send none", field, r.Status)
 	}
 	if n := resp.Size(); n > s.limits.MaxResponseBytes {
 		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/idemd/idemd/internal/api"
 	"github.com/idemd/idemd/internal/engine"
 )
@@ -55,6 +57,10 @@ func FuzzDecodeComplete(f *testing.F) {
 		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"":["x"]}}}`,
 		`{"key":"a","lease_token":"t","response":null}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"body":"QUFB"},"retention_ms":2592000001}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"X":["a\r\nb"]}}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"Transfer-Encoding":["chunked"]}}}`,
+		`{"key":"a","lease_token":"t","response":{"status":101}}`,
+		`{"key":"a","lease_token":"t","response":{"status":204,"body":"QQ=="}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -70,8 +76,18 @@ func FuzzDecodeComplete(f *testing.F) {
 			checkRefusal(t, err)
 			return
 		}
-		if c.Response.Status < 100 || c.Response.Status > 599 || c.Response.Size() > 64 || c.LeaseToken == "" {
+		if c.Response.Status < 200 || c.Response.Status > 599 || c.Response.Size() > 64 || c.LeaseToken == "" {
 			t.Fatalf("accepted %+v", c)
+		}
+		for name, values := range c.Response.Headers {
+			if !httpguts.ValidHeaderFieldName(name) {
+				t.Fatalf("accepted header name %q", name)
+			}
+			for _, v := range values {
+				if !httpguts.ValidHeaderFieldValue(v) {
+					t.Fatalf("accepted header value %q", v)
+				}
+			}
 		}
 		if c.Retention < 0 || c.Retention > engine.MaxRetention {
 			t.Fatalf("accepted retention %s", c.Retention)
