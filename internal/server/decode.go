@@ -10,6 +10,7 @@ import (
 	"maps"
 	"mime"
 	"net/http"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -54,6 +55,13 @@ func decodeBody(body []byte, v any) error {
 	// encoding/json would quietly turn invalid UTF-8 into U+FFFD, changing a key.
 	if !utf8.Valid(body) {
 		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "request body is not valid UTF-8"}
+	}
+	// The strict walk goes first, so that a member misnamed by its case or by a lone
+	// surrogate is explained as such; malformed JSON it leaves to encoding/json's
+	// messages below.
+	var refused *problem
+	if err := checkStrict(body, reflect.TypeOf(v)); errors.As(err, &refused) {
+		return refused
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()

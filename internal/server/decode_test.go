@@ -1,10 +1,13 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -22,6 +25,8 @@ func FuzzDecodeClaim(f *testing.F) {
 		`{"key":""}`, `{"key":5}`, `{"key":"a","extra":1}`, `{"key":"a"} {}`, `[]`, `null`, ``,
 		"{\"key\":\"\xff\"}", `{"key":"\ud800"}`, `{"key":"a","lease_ms":1e3}`, `{"key":"a","lease_ms":-1}`,
 		`{"key":"a","wait_ms":9223372036854775807}`, `{"key":"a","lease_ms":99999999999999999999}`,
+		`{"key":"a","key":"b"}`, `{"KEY":"a"}`, `{"key":"a","Lease_ms":500}`, `{"key":"\udc00"}`,
+		`{"key":"\ud83d\ude00"}`, `{"key":"\\ud800"}`, `{"key":"\ud800\u0041"}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -36,6 +41,11 @@ func FuzzDecodeClaim(f *testing.F) {
 		if err != nil {
 			checkRefusal(t, err)
 			return
+		}
+		// A U+FFFD in an accepted key was sent as one, never made from a lone surrogate.
+		if strings.ContainsRune(req.ID.Key, utf8.RuneError) && !bytes.Contains(body, []byte("\uFFFD")) &&
+			!bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`)) {
+			t.Fatalf("accepted key %q from %q", req.ID.Key, body)
 		}
 		if len(req.ID.Key) == 0 || len(req.ID.Key) > engine.MaxKeyBytes {
 			t.Fatalf("accepted key of %d bytes", len(req.ID.Key))

@@ -1,0 +1,72 @@
+package server_test
+
+import (
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/idemd/idemd/internal/engine/boltstore"
+)
+
+// TestDecodingIsAsStrictAsTheContract: the contract says additionalProperties: false
+// and names its members exactly, and a key is a string of Unicode characters. A body
+// with a member twice, a member in another case, or an escape that is half a
+// surrogate pair is refused with a 400 naming the member, and nothing is stored.
+func TestDecodingIsAsStrictAsTheContract(t *testing.T) {
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	d := newDaemon(t, store)
+	token := d.acquire("held")
+	for _, tc := range []struct {
+		name, path, body, field string
+		untouched               []string
+	}{
+		{"a member twice", "/v1/claim", `{"key":"dup-1","key":"dup-2"}`, `"key"`, []string{"dup-1", "dup-2"}},
+		{"a member twice, apart", "/v1/claim", `{"key":"dup-3","lease_ms":500,"key":"dup-4"}`, `"key"`, []string{"dup-3", "dup-4"}},
+		{"a member in upper case", "/v1/claim", `{"KEY":"case-1"}`, `"KEY"`, []string{"case-1"}},
+		{"a member in mixed case", "/v1/claim", `{"key":"case-2","Lease_Ms":500}`, `"Lease_Ms"`, []string{"case-2"}},
+		{"a lone high surrogate", "/v1/claim", `{"key":"sur\ud800x"}`, `"key"`, []string{"sur\uFFFDx"}},
+		{"a lone low surrogate", "/v1/claim", `{"key":"sur\udc00x"}`, `"key"`, []string{"sur\uFFFDx"}},
+		{"a high surrogate at the end", "/v1/claim", `{"key":"sur\ud800"}`, `"key"`, []string{"sur\uFFFD"}},
+		{"two high surrogates", "/v1/claim", `{"key":"sur\ud800\ud800"}`, `"key"`, nil},
+		{"a surrogate in a member name", "/v1/claim", `{"key":"s-1","\ud800":1}`, `"\ud800"`, []string{"s-1"}},
+		{"a nested member twice", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"status":500}}`, `"response.status"`, nil},
+		{"a header twice", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":["1"],"A":["2"]}}}`, `"response.headers.A"`, nil},
+		{"a nested member in another case", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"Status":200}}`, `"response.Status"`, nil},
+		{"a lone surrogate in a header value", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":["\udfff"]}}}`, `"response.headers.A[0]"`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := d.do(http.MethodPost, tc.path, "application/json", []byte(tc.body))
+			wantProblem(t, a, http.StatusBadRequest, "invalid_request")
+			if !strings.Contains(a.str("detail"), tc.field) {
+				t.Errorf("detail %q does not name %s", a.str("detail"), tc.field)
+			}
+			for _, key := range tc.untouched {
+				if l := d.lookup(key); l.status != http.StatusNotFound {
+					t.Errorf("%q was stored: %s", key, l.raw)
+				}
+			}
+		})
+	}
+	if l := d.lookup("held"); l.str("state") != "pending" {
+		t.Fatalf("refused completions changed the held record: %s", l.raw)
+	}
+	// What the contract allows still works: a surrogate pair, a literal backslash
+	// before a u, and U+FFFD itself.
+	for key, body := range map[string]string{
+		"pair-😀":      `{"key":"pair-\ud83d\ude00"}`,
+		`lit-\ud800`:  `{"key":"lit-\\ud800"}`,
+		"fffd-\uFFFD": `{"key":"fffd-\ufffd"}`,
+	} {
+		if a := d.do(http.MethodPost, "/v1/claim", "application/json", []byte(body)); a.status != 201 {
+			t.Errorf("%s: %d %s", body, a.status, a.raw)
+		}
+		if l := d.lookup(key); l.status != 200 {
+			t.Errorf("%q not found after claiming it with %s: %s", key, body, l.raw)
+		}
+	}
+}
