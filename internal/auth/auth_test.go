@@ -138,6 +138,10 @@ func TestParseRejects(t *testing.T) {
 		{"negative response bytes", "tenants: {a: {max_response_bytes: -1}}\n" + tok("a", "[use]", h), "negative"},
 		{"negative rate", "tenants: {a: {rate: -1}}\n" + tok("a", "[use]", h), "rate"},
 		{"burst without rate", "tenants: {a: {burst: 5}}\n" + tok("a", "[use]", h), "without a rate"},
+		{"a second document of garbage", "tenants: {a: {}}\n" + tok("a", "[use]", h) + "---\n:: [not yaml\n", "one document"},
+		{"a second, valid document", "tenants: {a: {}}\n" + tok("a", "[use]", h) + "---\ntenants: {b: {}}\n", "one document"},
+		{"an empty second document", "tenants: {a: {}}\n" + tok("a", "[use]", h) + "---\n", "one document"},
+		{"JSON with trailing garbage", `{"tenants": {"a": {}}, "tokens": [{"tenant": "a", "scopes": ["use"], "sha256": "` + h + `"}]} x`, "one document"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

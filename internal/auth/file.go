@@ -81,6 +81,15 @@ func Parse(raw []byte) (*Config, error) {
 		}
 		return nil, err
 	}
+	// The decoder reads one document at a time; whatever follows the first would be
+	// ignored, so a file whose second half is broken or meant to count would load.
+	var rest yaml.Node
+	if err := dec.Decode(&rest); !errors.Is(err, io.EOF) {
+		if err == nil {
+			return nil, fmt.Errorf("line %d: a second YAML document; the auth file is one document", rest.Line)
+		}
+		return nil, fmt.Errorf("after the first document: %w; the auth file is one document", err)
+	}
 	cfg := &Config{tenants: make(map[string]*Tenant, len(f.Tenants))}
 	for name, l := range f.Tenants {
 		t, err := newTenant(name, l)
