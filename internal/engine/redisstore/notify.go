@@ -2,10 +2,13 @@ package redisstore
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/engine"
 )
 
 // notifier shares one pub/sub connection among all the waiters of a daemon. A channel
@@ -18,6 +21,8 @@ type notifier struct {
 	channels map[string]*channel
 	cancel   context.CancelFunc
 	done     chan struct{}
+	// closed is set by close; a watch after it fails instead of reconnecting.
+	closed bool
 }
 
 type channel struct {
@@ -48,6 +53,10 @@ const subscribeWait = time.Second
 func (n *notifier) watch(ctx context.Context, name string) (*watch, error) {
 	w := &watch{n: n, name: name, c: make(chan struct{}, 1)}
 	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil, engine.Unavailable(errors.New("the store is closed"))
+	}
 	if n.pubsub == nil {
 		n.pubsub = n.client.Subscribe(context.Background())
 		loopCtx, cancel := context.WithCancel(context.Background())
@@ -66,7 +75,10 @@ func (n *notifier) watch(ctx context.Context, name string) (*watch, error) {
 	if !ok {
 		if err := pubsub.Subscribe(ctx, name); err != nil {
 			w.Close()
-			return nil, err
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, engine.Unavailable(err)
 		}
 	}
 	timer := time.NewTimer(subscribeWait)
@@ -145,7 +157,7 @@ func (n *notifier) receive(ctx context.Context, pubsub *redis.PubSub, done chan 
 func (n *notifier) close() {
 	n.mu.Lock()
 	pubsub, cancel, done := n.pubsub, n.cancel, n.done
-	n.pubsub = nil
+	n.pubsub, n.cancel, n.done, n.closed = nil, nil, nil, true
 	n.mu.Unlock()
 	if pubsub == nil {
 		return

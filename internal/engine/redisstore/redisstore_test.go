@@ -249,3 +249,30 @@ func TestSentinelFailover(t *testing.T) {
 		t.Fatalf("the record completed before the failover: %+v %v", rec, err)
 	}
 }
+
+// TestWatchAfterClose: a closed store starts no new pub/sub connection (and no
+// goroutine to read it) for a late waiter; the waiter hears that the store is closed.
+func TestWatchAfterClose(t *testing.T) {
+	srv := testredis.Start(t)
+	s, err := redisstore.Open(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := engine.ID{Tenant: engine.DefaultTenant, Key: "late"}
+	w, err := s.Watch(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Close()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w, err = s.Watch(t.Context(), id)
+	if err == nil {
+		w.Close()
+		t.Fatal("Watch on a closed store succeeded")
+	}
+	if !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("Watch on a closed store: %v, want unavailable", err)
+	}
+}
