@@ -207,7 +207,8 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.keyring != nil {
 		cfg.Auth = m.keyring
 	}
-	srv := server.New(engine.NewService(store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout)), cfg)
+	service := engine.NewService(store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout))
+	srv := server.New(service, cfg)
 
 	ln, err := net.Listen("tcp", m.Listen)
 	if err != nil {
@@ -221,6 +222,8 @@ func (m *Main) Run(ctx context.Context) error {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 	}
+	// Waiting claims would hold the drain for up to their wait_ms.
+	httpServer.RegisterOnShutdown(service.StopWaiting)
 	if m.TLSCert != "" {
 		httpServer.TLSConfig = &tls.Config{
 			MinVersion: tls.VersionTLS12,

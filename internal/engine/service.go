@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"sync"
 	"time"
 )
 
@@ -52,6 +53,9 @@ type Service struct {
 	recheck time.Duration
 	// storeTimeout bounds each store call.
 	storeTimeout time.Duration
+	// stopWaiting is closed by StopWaiting: waiting claims answer at once.
+	stopWaiting chan struct{}
+	stopOnce    sync.Once
 }
 
 // DefaultStoreTimeout bounds each store call when WithStoreTimeout does not say. It is
@@ -78,7 +82,8 @@ func NewService(store Store, retention time.Duration, opts ...Option) *Service {
 	if retention <= 0 {
 		retention = DefaultRetention
 	}
-	s := &Service{store: store, retention: retention, recheck: time.Second, storeTimeout: DefaultStoreTimeout}
+	s := &Service{store: store, retention: retention, recheck: time.Second, storeTimeout: DefaultStoreTimeout,
+		stopWaiting: make(chan struct{})}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -144,7 +149,7 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 			return res, err
 		}
 		remaining := time.Until(deadline)
-		if remaining <= 0 {
+		if remaining <= 0 || s.stopped() {
 			busy.RetryAfter = max(busy.RetryAfter, 0)
 			return res, err
 		}
@@ -159,7 +164,26 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		case <-timer.C:
 		case <-ctx.Done():
 			return res, err
+		case <-s.stopWaiting:
+			// Answered as if the wait had run out, so that a shutdown's drain does not
+			// wait for it; the client retries elsewhere after Retry-After.
+			busy.RetryAfter = max(busy.RetryAfter, 0)
+			return res, err
 		}
+	}
+}
+
+// StopWaiting ends every claim's wait, now and from now on: each answers in progress
+// at once, as if its wait_ms had run out. A daemon calls it when it begins to shut
+// down, so that waiters do not hold the drain up to MaxWait.
+func (s *Service) StopWaiting() { s.stopOnce.Do(func() { close(s.stopWaiting) }) }
+
+func (s *Service) stopped() bool {
+	select {
+	case <-s.stopWaiting:
+		return true
+	default:
+		return false
 	}
 }
 
