@@ -60,6 +60,9 @@ func runDaemon(t *testing.T, flags ...string) (*Main, *syncBuffer) {
 	}
 	logs := &syncBuffer{}
 	m.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	if err := m.Open(); err != nil {
+		t.Fatalf("the daemon did not start: %v", err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- m.Run(ctx) }()
@@ -68,12 +71,10 @@ func runDaemon(t *testing.T, flags ...string) (*Main, *syncBuffer) {
 		if err := <-done; err != nil {
 			t.Errorf("Run: %v", err)
 		}
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 	})
-	select {
-	case <-m.ready:
-	case err := <-done:
-		t.Fatalf("the daemon did not start: %v", err)
-	}
 	return m, logs
 }
 
@@ -166,9 +167,9 @@ func TestBadAuthFileStopsStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	m.Logger = slog.New(slog.NewJSONHandler(io.Discard, nil))
-	err := m.Run(context.Background())
+	err := m.Open()
 	if err == nil || !strings.Contains(err.Error(), "--auth-file") || !strings.Contains(err.Error(), "not declared") {
-		t.Fatalf("Run = %v, want an --auth-file error about the undeclared tenant", err)
+		t.Fatalf("Open = %v, want an --auth-file error about the undeclared tenant", err)
 	}
 }
 

@@ -217,8 +217,8 @@ func TestDataDirNotWritable(t *testing.T) {
 	if err := m.ParseFlags([]string{"--listen", "127.0.0.1:0", "--data-dir", filepath.Join(file, "data")}); err != nil {
 		t.Fatal(err)
 	}
-	err := m.Run(t.Context())
+	err := m.Open()
 	if err == nil || !strings.Contains(err.Error(), "data directory") {
-		t.Fatalf("Run with an unusable data dir: %v, want a data directory error", err)
+		t.Fatalf("Open with an unusable data dir: %v, want a data directory error", err)
 	}
 }

@@ -27,8 +27,9 @@ import (
 	"github.com/idemd/idemd/internal/server"
 )
 
-// Main is the daemon: its configuration and what Run started. Tests build one, call
-// ParseFlags and Run with --listen 127.0.0.1:0, and read Addr.
+// Main is the daemon: its configuration and what Open started. Tests build one, call
+// ParseFlags and Open with --listen 127.0.0.1:0, read Addr, and Run it; main does the
+// same with the real flags.
 type Main struct {
 	Listen           string
 	Store            string
@@ -46,18 +47,20 @@ type Main struct {
 	TLSKey           string
 
 	Logger *slog.Logger
-	// ready is closed once the listener is bound; addr is its address.
-	ready chan struct{}
-	addr  string
 	// keyring is the auth file in force, nil when the daemon runs open; cert is the TLS
 	// certificate in force. Reload replaces both.
 	keyring *auth.Keyring
 	cert    atomic.Pointer[tls.Certificate]
+
+	// What Open made and Close undoes.
+	store      engine.Store
+	listener   net.Listener
+	httpServer *http.Server
 }
 
 // NewMain returns a Main with the defaults.
 func NewMain() *Main {
-	return &Main{ready: make(chan struct{}), Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
+	return &Main{Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
 }
 
 // ParseFlags reads the command line.
@@ -109,10 +112,13 @@ func (m *Main) ParseFlags(args []string) error {
 	return nil
 }
 
-// Addr is the address the daemon listens on, once Run has bound it.
+// Addr is the address the daemon listens on once Open has bound it, and "" before
+// or when Open failed.
 func (m *Main) Addr() string {
-	<-m.ready
-	return m.addr
+	if m.listener == nil {
+		return ""
+	}
+	return m.listener.Addr().String()
 }
 
 // openStore picks the store a URL names; without one, the embedded store in DataDir.
@@ -173,29 +179,24 @@ func (m *Main) openBolt(path string) (engine.Store, error) {
 	return s, nil
 }
 
-// Run serves until ctx ends, then drains in-flight requests and closes the store.
-func (m *Main) Run(ctx context.Context) error {
-	store, err := m.openStore()
-	if err != nil {
-		return err
-	}
+// Open does everything at start-up that can fail, and returns the first failure: it
+// opens the store, reads the auth file and the TLS key pair, and binds the listener.
+// Whatever it opened before a failure it closes again.
+func (m *Main) Open() (err error) {
 	defer func() {
-		if err := store.Close(); err != nil {
-			m.Logger.Warn("closing the store", "err", err)
+		if err != nil {
+			_ = m.Close()
 		}
 	}()
-
+	if m.store, err = m.openStore(); err != nil {
+		return err
+	}
 	if err := m.loadAccess(); err != nil {
 		return err
 	}
-	// SIGHUP is caught from here on, so that it reloads instead of ending the process.
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if c, ok := store.(prometheus.Collector); ok {
+	if c, ok := m.store.(prometheus.Collector); ok {
 		registry.MustRegister(c)
 	}
 	cfg := server.Config{
@@ -207,59 +208,84 @@ func (m *Main) Run(ctx context.Context) error {
 	if m.keyring != nil {
 		cfg.Auth = m.keyring
 	}
-	service := engine.NewService(store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout))
-	srv := server.New(service, cfg)
-
-	ln, err := net.Listen("tcp", m.Listen)
-	if err != nil {
+	service := engine.NewService(m.store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout))
+	if m.listener, err = net.Listen("tcp", m.Listen); err != nil {
 		return err
 	}
-	m.addr = ln.Addr().String()
-	close(m.ready)
-	httpServer := &http.Server{
-		Handler:           srv,
+	m.httpServer = &http.Server{
+		Handler:           server.New(service, cfg),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(m.Logger.Handler(), slog.LevelWarn),
 	}
 	// Waiting claims would hold the drain for up to their wait_ms.
-	httpServer.RegisterOnShutdown(service.StopWaiting)
+	m.httpServer.RegisterOnShutdown(service.StopWaiting)
 	if m.TLSCert != "" {
-		httpServer.TLSConfig = &tls.Config{
+		m.httpServer.TLSConfig = &tls.Config{
 			MinVersion: tls.VersionTLS12,
 			GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 				return m.cert.Load(), nil
 			},
 		}
 	}
-	m.Logger.Info("idemd listening", "addr", m.addr, "tls", m.TLSCert != "", "store", redactURL(m.Store))
+	m.Logger.Info("idemd listening", "addr", m.Addr(), "tls", m.TLSCert != "", "store", redactURL(m.Store))
+	return nil
+}
+
+// Run serves what Open made until ctx ends, reloading the auth file and TLS key pair
+// on SIGHUP, then drains in-flight requests within the shutdown timeout.
+func (m *Main) Run(ctx context.Context) error {
+	if m.httpServer == nil {
+		return errors.New("Run needs a successful Open first")
+	}
+	// SIGHUP is caught from here on, so that it reloads instead of ending the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	served := make(chan error, 1)
 	go func() {
 		if m.TLSCert != "" {
 			// The certificate comes from TLSConfig.GetCertificate.
-			served <- httpServer.ServeTLS(ln, "", "")
+			served <- m.httpServer.ServeTLS(m.listener, "", "")
 			return
 		}
-		served <- httpServer.Serve(ln)
+		served <- m.httpServer.Serve(m.listener)
 	}()
-wait:
-	for {
+	for stopping := false; !stopping; {
 		select {
 		case err := <-served:
 			return err
 		case <-hup:
 			m.Reload()
 		case <-ctx.Done():
-			break wait
+			stopping = true
 		}
 	}
 	m.Logger.Info("shutting down", "timeout", m.ShutdownTimeout)
 	drain, cancel := context.WithTimeout(context.Background(), m.ShutdownTimeout)
 	defer cancel()
-	if err := httpServer.Shutdown(drain); err != nil {
+	if err := m.httpServer.Shutdown(drain); err != nil {
 		m.Logger.Warn("in-flight requests did not finish in time", "err", err)
-		_ = httpServer.Close()
+		_ = m.httpServer.Close()
+	}
+	return nil
+}
+
+// Close releases what Open made: the listener, if Run never served it, and the store.
+// It is safe after a failed Open and more than once.
+func (m *Main) Close() error {
+	if m.listener != nil {
+		// After Run, Shutdown has closed it already; that error means nothing.
+		_ = m.listener.Close()
+	}
+	if m.store == nil {
+		return nil
+	}
+	err := m.store.Close()
+	m.store = nil
+	if err != nil {
+		return fmt.Errorf("closing the store: %w", err)
 	}
 	return nil
 }

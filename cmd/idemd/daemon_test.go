@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +20,9 @@ func startMain(t *testing.T, args ...string) (*Main, context.CancelFunc, chan er
 	if err := m.ParseFlags(append([]string{"--listen", "127.0.0.1:0", "--log-level", "warn"}, args...)); err != nil {
 		t.Fatal(err)
 	}
+	if err := m.Open(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -26,6 +32,9 @@ func startMain(t *testing.T, args ...string) (*Main, context.CancelFunc, chan er
 	t.Cleanup(func() {
 		cancel()
 		<-done
+		if err := m.Close(); err != nil {
+			t.Errorf("Close: %v", err)
+		}
 	})
 	return m, cancel, done
 }
@@ -119,13 +128,60 @@ func TestRequireNoeviction(t *testing.T) {
 	if err := m.ParseFlags([]string{"--listen", "127.0.0.1:0", "--store", r.URL(), "--require-noeviction"}); err != nil {
 		t.Fatal(err)
 	}
-	err := m.Run(t.Context())
+	err := m.Open()
 	if err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
-		t.Fatalf("Run on an evicting Redis with --require-noeviction: %v", err)
+		t.Fatalf("Open on an evicting Redis with --require-noeviction: %v", err)
 	}
 	// Without the flag it starts and serves.
 	started, _, _ := startMain(t, "--store", r.URL())
 	if code, body, err := post("http://"+started.Addr()+"/v1/claim", `{"key":"evicting"}`); err != nil || code != 201 {
 		t.Fatalf("claim: %d %s %v", code, body, err)
+	}
+}
+
+// TestStartErrorsComeFromOpen: every way start-up can fail is Open's error, after
+// which Addr answers "" at once (it used to wait forever for a listener that never
+// came), Close is harmless and Run refuses to serve.
+func TestStartErrorsComeFromOpen(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	authFile := filepath.Join(t.TempDir(), "auth.yaml")
+	if err := os.WriteFile(authFile, []byte("tenants: {a: {}}\n---\ngarbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown store scheme", []string{"--store", "memcached://127.0.0.1:1"}, "unknown scheme"},
+		{"relative bolt path", []string{"--store", "bolt://idemd.db"}, "absolute path"},
+		{"cluster URL without nodes", []string{"--store", "redis+cluster://"}, "no cluster nodes"},
+		{"broken auth file", []string{"--data-dir", t.TempDir(), "--auth-file", authFile}, "--auth-file"},
+		{"missing TLS key pair", []string{"--data-dir", t.TempDir(), "--tls-cert", "/nonexistent.pem", "--tls-key", "/nonexistent.key"}, "--tls-cert"},
+		{"address in use", []string{"--data-dir", t.TempDir(), "--listen", busy.Addr().String()}, "address already in use"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMain()
+			if err := m.ParseFlags(append([]string{"--listen", "127.0.0.1:0", "--log-level", "error"}, tc.args...)); err != nil {
+				t.Fatal(err)
+			}
+			err := m.Open()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open = %v, want an error mentioning %q", err, tc.want)
+			}
+			if addr := m.Addr(); addr != "" {
+				t.Errorf("Addr after a failed Open = %q", addr)
+			}
+			if err := m.Run(t.Context()); err == nil {
+				t.Error("Run after a failed Open served")
+			}
+			if err := m.Close(); err != nil {
+				t.Errorf("Close after a failed Open: %v", err)
+			}
+		})
 	}
 }

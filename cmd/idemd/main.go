@@ -31,7 +31,15 @@ func main() {
 	}
 	// Process-wide, so set once here rather than by each Run.
 	redisstore.SetLogger(m.Logger)
-	if err := m.Run(ctx); err != nil {
+	if err := m.Open(); err != nil {
+		m.Logger.Error("idemd did not start", "err", err)
+		os.Exit(1)
+	}
+	err := m.Run(ctx)
+	if cerr := m.Close(); cerr != nil {
+		m.Logger.Warn("idemd stopped untidily", "err", cerr)
+	}
+	if err != nil {
 		m.Logger.Error("idemd stopped", "err", err)
 		os.Exit(1)
 	}
