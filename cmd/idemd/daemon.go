@@ -41,6 +41,8 @@ type Main struct {
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
 	StoreTimeout     time.Duration
+	BodyTimeout      time.Duration
+	WriteTimeout     time.Duration
 	LogLevel         string
 	AuthFile         string
 	TLSCert          string
@@ -76,6 +78,8 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.DurationVar(&m.StoreTimeout, "store-timeout", engine.DefaultStoreTimeout, "bound on each store call; past it the request answers 503 store_unavailable. Keep it under clients' timeouts (the SDK's is 10s)")
+	fs.DurationVar(&m.BodyTimeout, "body-timeout", server.DefaultTimeout, "how long a request body may take to arrive; slower clients get 408 and lose the connection")
+	fs.DurationVar(&m.WriteTimeout, "write-timeout", server.DefaultTimeout, "how long writing an answer may take once it starts (a claim's wait does not count); clients that do not read lose the connection")
 	fs.StringVar(&m.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
@@ -99,6 +103,9 @@ func (m *Main) ParseFlags(args []string) error {
 	}
 	if m.ReplicaAcks < 0 || m.ReplicaTimeout <= 0 {
 		return errors.New("--redis-replica-acks must not be negative and --redis-replica-timeout must be positive")
+	}
+	if m.BodyTimeout <= 0 || m.WriteTimeout <= 0 {
+		return errors.New("--body-timeout and --write-timeout must be positive")
 	}
 	if m.StoreTimeout <= 0 {
 		return errors.New("--store-timeout must be positive")
@@ -204,6 +211,9 @@ func (m *Main) Open() (err error) {
 		Logger:    m.Logger,
 		Registry:  registry,
 		Retention: m.Retention,
+
+		BodyTimeout:  m.BodyTimeout,
+		WriteTimeout: m.WriteTimeout,
 	}
 	if m.keyring != nil {
 		cfg.Auth = m.keyring

@@ -111,6 +111,8 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--retention", "800h"},
 		{"--log-level", "loud"},
 		{"--store-timeout", "0s"},
+		{"--body-timeout", "0s"},
+		{"--write-timeout", "-1s"},
 		{"--redis-replica-acks", "1", "--redis-replica-timeout", "2s", "--store-timeout", "1s"},
 		{"stray"},
 	} {

@@ -193,7 +193,8 @@ type Problem struct {
 	// invalid_json, unsupported_media_type, payload_too_large, not_found,
 	// in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
 	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
-	// rate_limited.
+	// rate_limited, request_timeout (the body did not arrive within the daemon's
+	// --body-timeout).
 	Code string `json:"code"`
 
 	// Detail What went wrong, naming the member of the request at fault.

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"mime"
 	"net/http"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -45,8 +46,14 @@ func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) erro
 			return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
 				detail: fmt.Sprintf("request body is over %d bytes", limit)}
 		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return &problem{status: http.StatusRequestTimeout, code: codeRequestTimeout,
+				detail: "the request body did not arrive in time"}
+		}
 		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "reading the request body: " + err.Error()}
 	}
+	// The body is in; see Server.deadlines.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
 	return decodeBody(body, v)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 
@@ -36,6 +37,7 @@ const (
 	codeUnauthenticated      code = "unauthenticated"
 	codeForbidden            code = "forbidden"
 	codeRateLimited          code = "rate_limited"
+	codeRequestTimeout       code = "request_timeout"
 	// codeClientClosed is never sent: it is the outcome of a request whose caller hung
 	// up before the answer, counted apart from the store's failures.
 	codeClientClosed code = "client_closed_request"
@@ -82,6 +84,9 @@ func toProblem(err error) *problem {
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller went away", cause: err}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// Writing the answer outlasted the write timeout: the client does not read.
+		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller did not read its answer in time", cause: err}
 	case errors.Is(err, auth.ErrMissingToken):
 		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd"`,
 			detail: "send Authorization: Bearer <token>"}

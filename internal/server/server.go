@@ -4,6 +4,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -44,7 +45,16 @@ type Config struct {
 	// Retention is the engine's default retention, which a tenant's retention cap clamps;
 	// zero means engine.DefaultRetention.
 	Retention time.Duration
+	// BodyTimeout bounds how long a request's body may take to arrive, counted from
+	// the start of the request; WriteTimeout bounds writing an answer, counted from its
+	// first byte, so that a claim's wait is not cut short. Zero means DefaultTimeout.
+	BodyTimeout  time.Duration
+	WriteTimeout time.Duration
 }
+
+// DefaultTimeout is the default body and write timeout: a client slower than that on
+// a body of a few megabytes is indistinguishable from one holding a connection open.
+const DefaultTimeout = 10 * time.Second
 
 // Server serves the idemd API.
 type Server struct {
@@ -59,7 +69,9 @@ type Server struct {
 	open      *auth.Principal
 	retention time.Duration
 	// endpoints are the routes, the values of the endpoint label.
-	endpoints map[string]bool
+	endpoints    map[string]bool
+	bodyTimeout  time.Duration
+	writeTimeout time.Duration
 	// bodyLimit bounds request bodies: a base64 response of the largest allowed size
 	// and room for the rest of the JSON.
 	bodyLimit int64
@@ -89,16 +101,48 @@ func New(eng Engine, cfg Config) *Server {
 		auth:      cfg.Auth,
 		open:      auth.Open(engine.DefaultTenant),
 		retention: cfg.Retention,
+
+		bodyTimeout:  cmp.Or(cfg.BodyTimeout, DefaultTimeout),
+		writeTimeout: cmp.Or(cfg.WriteTimeout, DefaultTimeout),
 	}
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.instrument, s.authenticate)
+	e.Use(s.instrument, s.deadlines, s.authenticate)
 	api.RegisterHandlers(e, s)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
 	s.endpoints = endpoints(e)
 	return s
+}
+
+// deadlines bounds the connection's reads while the request body arrives, and its
+// writes once the answer starts. The read deadline also bounds net/http's discarding
+// of a body nobody read, as after a 401. decodeJSON lifts it once the body is in:
+// net/http's background read, which notices a client hanging up, would otherwise end
+// a claim still waiting at the deadline.
+func (s *Server) deadlines(next echo.HandlerFunc) echo.HandlerFunc {
+	return func(c echo.Context) error {
+		rc := http.NewResponseController(c.Response().Writer)
+		var bodyDeadline time.Time
+		if c.Request().Body != http.NoBody {
+			bodyDeadline = time.Now().Add(s.bodyTimeout)
+			_ = rc.SetReadDeadline(bodyDeadline)
+		}
+		c.Response().Before(func() {
+			// net/http discards an unread body before it sends the answer's header, for
+			// up to the body deadline; the write deadline starts after that.
+			_ = rc.SetWriteDeadline(later(time.Now(), bodyDeadline).Add(s.writeTimeout))
+		})
+		return next(c)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // ServeHTTP makes the Server an http.Handler.
