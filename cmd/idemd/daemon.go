@@ -207,10 +207,9 @@ func (m *Main) Open() (err error) {
 		registry.MustRegister(c)
 	}
 	cfg := server.Config{
-		Limits:    server.Limits{MaxResponseBytes: m.MaxResponseBytes},
-		Logger:    m.Logger,
-		Registry:  registry,
-		Retention: m.Retention,
+		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes},
+		Logger:   m.Logger,
+		Registry: registry,
 
 		BodyTimeout:  m.BodyTimeout,
 		WriteTimeout: m.WriteTimeout,

@@ -121,6 +121,32 @@ type Record struct {
 	Response *Response
 }
 
+// Caps are what a tenant may store, below the daemon's own limits; a zero field means
+// no cap of the tenant's own. The Service applies them, the stores never see them.
+type Caps struct {
+	// MaxResponseBytes bounds a stored response (Response.Size).
+	MaxResponseBytes int
+	// MaxRetention bounds how long a record is kept. An explicit retention over it is
+	// refused, so that a client never believes a result is kept longer than it is; the
+	// default retention is clamped to it.
+	MaxRetention time.Duration
+}
+
+// CapError reports a request over its tenant's caps, naming the member at fault.
+type CapError struct {
+	Tenant string
+	// Field is "response" or "retention_ms".
+	Field        string
+	Value, Limit int64
+}
+
+func (e *CapError) Error() string {
+	if e.Field == "response" {
+		return fmt.Sprintf("response is %d bytes (body and headers), over tenant %s's limit of %d", e.Value, e.Tenant, e.Limit)
+	}
+	return fmt.Sprintf("%s is %d, over tenant %s's limit of %d", e.Field, e.Value, e.Tenant, e.Limit)
+}
+
 // ClaimRequest asks for the lease on a key.
 type ClaimRequest struct {
 	ID          ID
@@ -134,6 +160,8 @@ type ClaimRequest struct {
 	// Retention is how long a pending record is kept when its holder never comes back;
 	// zero means the service's default.
 	Retention time.Duration
+	// Caps are the tenant's; the service clamps the default retention to them.
+	Caps Caps
 }
 
 // Claim is a ClaimRequest as a store sees it: with the token the new lease will carry
@@ -164,6 +192,8 @@ type Completion struct {
 	LeaseToken string
 	Response   Response
 	Retention  time.Duration
+	// Caps are the tenant's, applied by the service before the store runs.
+	Caps Caps
 }
 
 // Release gives a held key back.
@@ -174,6 +204,8 @@ type Release struct {
 	// Response is the failure to replay when Mode is ReleaseFail; it may be nil.
 	Response  *Response
 	Retention time.Duration
+	// Caps are the tenant's, applied by the service before the store runs.
+	Caps Caps
 }
 
 // Extension renews a held lease.

@@ -115,13 +115,17 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 	if r.Lease == 0 {
 		r.Lease = DefaultLease
 	}
+	retention, err := s.retentionFor(r.ID, r.Retention, r.Caps)
+	if err != nil {
+		return ClaimResult{}, err
+	}
 	c := Claim{
 		ID:          r.ID,
 		Fingerprint: r.Fingerprint,
 		Owner:       r.Owner,
 		Secret:      HashSecret(r.Secret),
 		Lease:       r.Lease,
-		Retention:   cmp.Or(r.Retention, s.retention),
+		Retention:   retention,
 		Token:       NewLeaseToken(),
 	}
 	claim := func(ctx context.Context) (ClaimResult, error) { return s.store.Claim(ctx, c) }
@@ -173,6 +177,30 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 	}
 }
 
+// retentionFor is the one place where retention is decided: what the request asked
+// for (zero when it did not say) or the service's default, within the tenant's cap.
+func (s *Service) retentionFor(id ID, asked time.Duration, caps Caps) (time.Duration, error) {
+	limit := caps.MaxRetention
+	switch {
+	case limit <= 0:
+		return cmp.Or(asked, s.retention), nil
+	case asked == 0:
+		return min(s.retention, limit), nil
+	case asked > limit:
+		return 0, &CapError{Tenant: id.Tenant, Field: "retention_ms", Value: asked.Milliseconds(), Limit: limit.Milliseconds()}
+	}
+	return asked, nil
+}
+
+// checkSize holds a stored response to the tenant's cap, which can only lower the
+// daemon-wide limit the HTTP layer checked while decoding.
+func checkSize(id ID, r *Response, caps Caps) error {
+	if n := r.Size(); caps.MaxResponseBytes > 0 && n > caps.MaxResponseBytes {
+		return &CapError{Tenant: id.Tenant, Field: "response", Value: int64(n), Limit: int64(caps.MaxResponseBytes)}
+	}
+	return nil
+}
+
 // StopWaiting ends every claim's wait, now and from now on: each answers in progress
 // at once, as if its wait_ms had run out. A daemon calls it when it begins to shut
 // down, so that waiters do not hold the drain up to MaxWait.
@@ -189,16 +217,24 @@ func (s *Service) stopped() bool {
 
 // Complete stores the result of a held key.
 func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
-	if c.Retention == 0 {
-		c.Retention = s.retention
+	var err error
+	if c.Retention, err = s.retentionFor(c.ID, c.Retention, c.Caps); err != nil {
+		return Record{}, err
+	}
+	if err := checkSize(c.ID, &c.Response, c.Caps); err != nil {
+		return Record{}, err
 	}
 	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
 }
 
 // Release gives a held key back.
 func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
-	if r.Retention == 0 {
-		r.Retention = s.retention
+	var err error
+	if r.Retention, err = s.retentionFor(r.ID, r.Retention, r.Caps); err != nil {
+		return Record{}, err
+	}
+	if err := checkSize(r.ID, r.Response, r.Caps); err != nil {
+		return Record{}, err
 	}
 	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
 }

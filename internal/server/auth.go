@@ -1,10 +1,7 @@
 package server
 
 import (
-	"fmt"
-	"net/http"
 	"strings"
-	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -134,35 +131,8 @@ func tenantLabel(c echo.Context) string {
 	return noTenant
 }
 
-// checkTenantResponse holds a stored response to the tenant's own size limit, which can
-// only lower the daemon-wide one already checked while decoding.
-func checkTenantResponse(c echo.Context, field string, r *engine.Response) error {
-	t := principalOf(c).Tenant
-	limit := t.Limits.MaxResponseBytes
-	if limit <= 0 || r == nil {
-		return nil
-	}
-	if n := r.Size(); n > limit {
-		return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
-			detail: fmt.Sprintf("%s is %d bytes (body and headers), over tenant %s's limit of %d", field, n, t.Name, limit)}
-	}
-	return nil
-}
-
-// tenantRetention applies the tenant's retention cap to a retention the request asked
-// for (0 when it did not say). An explicit retention_ms over the cap is refused, so a
-// client never believes a result is kept longer than it is; the daemon's default is
-// clamped to the cap, so clients that do not say keep working.
-func (s *Server) tenantRetention(c echo.Context, asked time.Duration) (time.Duration, error) {
-	t := principalOf(c).Tenant
-	limit := t.Limits.MaxRetention
-	switch {
-	case limit <= 0:
-		return asked, nil
-	case asked == 0:
-		return min(s.retention, limit), nil
-	case asked > limit:
-		return 0, invalid("retention_ms is %d, over tenant %s's limit of %d", asked.Milliseconds(), t.Name, limit.Milliseconds())
-	}
-	return asked, nil
+// caps are the request's tenant's caps on what it stores, which the engine applies.
+func caps(c echo.Context) engine.Caps {
+	l := principalOf(c).Tenant.Limits
+	return engine.Caps{MaxResponseBytes: l.MaxResponseBytes, MaxRetention: l.MaxRetention}
 }

@@ -81,6 +81,7 @@ func toProblem(err error) *problem {
 	var limited *auth.RateLimitedError
 	var forbidden *auth.ForbiddenError
 	var timeout *engine.StoreTimeoutError
+	var overCap *engine.CapError
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller went away", cause: err}
@@ -99,6 +100,10 @@ func toProblem(err error) *problem {
 	case errors.As(err, &limited):
 		return &problem{status: http.StatusTooManyRequests, code: codeRateLimited, retryAfter: limited.RetryAfter,
 			detail: "the tenant is over its request rate"}
+	case errors.As(err, &overCap) && overCap.Field == "response":
+		return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge, detail: overCap.Error()}
+	case errors.As(err, &overCap):
+		return invalid("%s", overCap.Error())
 	case errors.As(err, &busy):
 		return &problem{status: http.StatusConflict, code: codeInProgress, retryAfter: max(busy.RetryAfter, 0),
 			detail: "another caller holds a live lease on this key; retry after it runs out, or claim with wait_ms"}

@@ -42,9 +42,6 @@ type Config struct {
 	// Auth authenticates requests. When nil the server is open: every request works in
 	// the default tenant with every scope.
 	Auth Authenticator
-	// Retention is the engine's default retention, which a tenant's retention cap clamps;
-	// zero means engine.DefaultRetention.
-	Retention time.Duration
 	// BodyTimeout bounds how long a request's body may take to arrive, counted from
 	// the start of the request; WriteTimeout bounds writing an answer, counted from its
 	// first byte, so that a claim's wait is not cut short. Zero means DefaultTimeout.
@@ -66,8 +63,7 @@ type Server struct {
 	echo     *echo.Echo
 	auth     Authenticator
 	// open is the principal of every request when auth is nil.
-	open      *auth.Principal
-	retention time.Duration
+	open *auth.Principal
 	// endpoints are the routes, the values of the endpoint label.
 	endpoints    map[string]bool
 	bodyTimeout  time.Duration
@@ -88,9 +84,6 @@ func New(eng Engine, cfg Config) *Server {
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
-	if cfg.Retention <= 0 {
-		cfg.Retention = engine.DefaultRetention
-	}
 	s := &Server{
 		engine:    eng,
 		limits:    cfg.Limits,
@@ -100,7 +93,6 @@ func New(eng Engine, cfg Config) *Server {
 		bodyLimit: int64(cfg.Limits.MaxResponseBytes)*4/3 + 64<<10,
 		auth:      cfg.Auth,
 		open:      auth.Open(engine.DefaultTenant),
-		retention: cfg.Retention,
 
 		bodyTimeout:  cmp.Or(cfg.BodyTimeout, DefaultTimeout),
 		writeTimeout: cmp.Or(cfg.WriteTimeout, DefaultTimeout),
@@ -171,9 +163,7 @@ func (s *Server) Claim(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if req.Retention, err = s.tenantRetention(c, 0); err != nil {
-		return err
-	}
+	req.Caps = caps(c)
 	if req.Wait > 0 {
 		s.metrics.waiters.Inc()
 		defer s.metrics.waiters.Dec()
@@ -203,12 +193,7 @@ func (s *Server) Complete(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := checkTenantResponse(c, "response", &req.Response); err != nil {
-		return err
-	}
-	if req.Retention, err = s.tenantRetention(c, req.Retention); err != nil {
-		return err
-	}
+	req.Caps = caps(c)
 	rec, err := s.engine.Complete(c.Request().Context(), req)
 	if err != nil {
 		return err
@@ -228,12 +213,7 @@ func (s *Server) Release(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := checkTenantResponse(c, "response", req.Response); err != nil {
-		return err
-	}
-	if req.Retention, err = s.tenantRetention(c, req.Retention); err != nil {
-		return err
-	}
+	req.Caps = caps(c)
 	rec, err := s.engine.Release(c.Request().Context(), req)
 	if err != nil {
 		return err

@@ -105,10 +105,9 @@ func newAuthDaemon(t *testing.T) *authDaemon {
 	}
 	logs := &lockedBuffer{}
 	srv := server.New(engine.NewService(store, 24*time.Hour), server.Config{
-		Limits:    server.Limits{MaxResponseBytes: 1024},
-		Logger:    slog.New(slog.NewJSONHandler(logs, nil)),
-		Auth:      keyring,
-		Retention: 24 * time.Hour,
+		Limits: server.Limits{MaxResponseBytes: 1024},
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+		Auth:   keyring,
 	})
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
