@@ -18,8 +18,9 @@ import (
 	"github.com/idemd/idemd/internal/server"
 )
 
-// slowDaemon is a daemon with short body and write timeouts, over the embedded store.
-func slowDaemon(t *testing.T, authn server.Authenticator) *daemon {
+// slowDaemon is a daemon with the body timeout given and a short write timeout, over
+// the embedded store.
+func slowDaemon(t *testing.T, authn server.Authenticator, bodyTimeout time.Duration) *daemon {
 	t.Helper()
 	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
 	if err != nil {
@@ -28,7 +29,7 @@ func slowDaemon(t *testing.T, authn server.Authenticator) *daemon {
 	t.Cleanup(func() { _ = store.Close() })
 	cfg := server.Config{
 		Limits:       server.Limits{MaxResponseBytes: 32 << 20},
-		BodyTimeout:  300 * time.Millisecond,
+		BodyTimeout:  bodyTimeout,
 		WriteTimeout: 300 * time.Millisecond,
 	}
 	if authn != nil {
@@ -92,7 +93,7 @@ func TestSlowClientsDoNotHoldConnections(t *testing.T) {
 	body := `{"key":"trickled","lease_ms":60000}` + strings.Repeat(" ", 100)
 
 	t.Run("trickled body", func(t *testing.T) {
-		d := slowDaemon(t, nil)
+		d := slowDaemon(t, nil, 300*time.Millisecond)
 		cutOff, resp := trickle(t, d, body)
 		if !cutOff {
 			t.Fatalf("the daemon kept the connection for the whole trickled body (answer %v)", resp)
@@ -110,7 +111,7 @@ func TestSlowClientsDoNotHoldConnections(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d := slowDaemon(t, cfg)
+		d := slowDaemon(t, cfg, 300*time.Millisecond)
 		cutOff, resp := trickle(t, d, body)
 		if resp == nil || resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("answer without a token: %v, want 401", resp)
@@ -121,7 +122,8 @@ func TestSlowClientsDoNotHoldConnections(t *testing.T) {
 	})
 
 	t.Run("reader that never reads", func(t *testing.T) {
-		d := slowDaemon(t, nil)
+		// The test's own upload of the large response must not trip the body timeout.
+		d := slowDaemon(t, nil, time.Minute)
 		key := freshKey("big")
 		token := d.acquire(key)
 		big := make([]byte, 24<<20) // far more than the loopback socket buffers hold
@@ -143,7 +145,7 @@ func TestSlowClientsDoNotHoldConnections(t *testing.T) {
 	})
 
 	t.Run("a wait longer than the body timeout", func(t *testing.T) {
-		d := slowDaemon(t, nil)
+		d := slowDaemon(t, nil, 300*time.Millisecond)
 		key := freshKey("wait")
 		d.acquire(key, "lease_ms", 1000)
 		a := d.claim(map[string]any{"key": key, "wait_ms": 5000})
