@@ -14,7 +14,7 @@ func TestNotifierWatchAfterClose(t *testing.T) {
 	srv := testredis.Start(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { _ = client.Close() })
-	n := newNotifier(client)
+	n := newNotifier(singleClient{client})
 	w, err := n.watch(t.Context(), "first")
 	if err != nil {
 		t.Fatal(err)

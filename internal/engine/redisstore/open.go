@@ -22,11 +22,21 @@ import (
 //
 // Connections are pooled by go-redis; nothing is dialled until the first command.
 func Open(rawURL string) (*Store, error) {
-	client, err := NewClient(rawURL)
+	return OpenWith(rawURL, Options{})
+}
+
+// OpenWith is Open with options.
+func OpenWith(rawURL string, opts Options) (*Store, error) {
+	universal, err := NewClient(rawURL)
 	if err != nil {
 		return nil, err
 	}
-	return New(client), nil
+	client, err := Adapt(universal)
+	if err != nil {
+		_ = universal.Close()
+		return nil, err
+	}
+	return New(client, opts), nil
 }
 
 // NewClient returns the go-redis client for a store URL.

@@ -21,32 +21,81 @@ import (
 	"github.com/idemd/idemd/lua"
 )
 
-// Client is what the store needs of a go-redis client; *redis.Client,
-// *redis.ClusterClient and the Sentinel failover client all have it.
+// Client is what the store needs of a Redis deployment. Adapt makes one of a go-redis
+// client (standalone, Sentinel or Cluster); a wrapper of its own (to trace or count
+// calls) implements it whole, so that nothing the store needs is found missing at run
+// time.
 type Client interface {
 	redis.Scripter
 	Ping(ctx context.Context) *redis.StatusCmd
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 	Close() error
+	// MasterFor returns the client of the one master that holds key: the Cluster master
+	// of its slot, or the standalone (or Sentinel-chosen) master itself. Replica
+	// acknowledgements run WAIT on it.
+	MasterFor(ctx context.Context, key string) (*redis.Client, error)
+	// ForEachMaster calls fn for every master, concurrently on a Cluster.
+	ForEachMaster(ctx context.Context, fn func(ctx context.Context, master *redis.Client) error) error
+	// ReloadSlots re-reads a Cluster's slot map; other deployments have none.
+	ReloadSlots(ctx context.Context)
 }
+
+// Adapt makes a Client of a go-redis client: *redis.Client (standalone, or the
+// Sentinel failover client) or *redis.ClusterClient.
+func Adapt(c redis.UniversalClient) (Client, error) {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return clusterClient{c}, nil
+	case *redis.Client:
+		return singleClient{c}, nil
+	}
+	return nil, fmt.Errorf("redisstore: cannot adapt a %T; implement redisstore.Client", c)
+}
+
+// singleClient is one master, standalone or chosen by Sentinel.
+type singleClient struct{ *redis.Client }
+
+func (c singleClient) MasterFor(context.Context, string) (*redis.Client, error) { return c.Client, nil }
+
+func (c singleClient) ForEachMaster(ctx context.Context, fn func(context.Context, *redis.Client) error) error {
+	return fn(ctx, c.Client)
+}
+
+func (singleClient) ReloadSlots(context.Context) {}
+
+// clusterClient has ForEachMaster from *redis.ClusterClient itself.
+type clusterClient struct{ *redis.ClusterClient }
+
+func (c clusterClient) MasterFor(ctx context.Context, key string) (*redis.Client, error) {
+	return c.MasterForKey(ctx, key)
+}
+
+func (c clusterClient) ReloadSlots(ctx context.Context) { c.ReloadState(ctx) }
 
 // scripts are loaded once; redis.Script runs EVALSHA and falls back to EVAL when the
 // server does not know the script yet.
 var (
-	claimScript    = load("claim")
-	completeScript = load("complete")
-	releaseScript  = load("release")
-	extendScript   = load("extend")
-	lookupScript   = load("lookup")
-	purgeScript    = load("purge")
+	claimScript    = load("claim", true)
+	completeScript = load("complete", true)
+	releaseScript  = load("release", true)
+	extendScript   = load("extend", true)
+	lookupScript   = load("lookup", false)
+	purgeScript    = load("purge", true)
 )
 
-func load(transition string) *redis.Script {
+// script is a transition's script and whether it writes, which is what replica
+// acknowledgements wait for.
+type script struct {
+	*redis.Script
+	writes bool
+}
+
+func load(transition string, writes bool) script {
 	src, err := lua.Source(transition)
 	if err != nil {
 		panic(err)
 	}
-	return redis.NewScript(src)
+	return script{redis.NewScript(src), writes}
 }
 
 // Store is the Redis-backed engine.Store.
@@ -57,8 +106,11 @@ type Store struct {
 }
 
 // New returns a Store over client. The store owns the client and closes it.
-func New(client Client) *Store {
-	return &Store{client: client, notifier: newNotifier(client)}
+func New(client Client, opts Options) *Store {
+	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
+		opts.ReplicaTimeout = DefaultReplicaTimeout
+	}
+	return &Store{client: client, notifier: newNotifier(client), opts: opts}
 }
 
 // RecordKey is the Redis key of a record: the tenant, then the SHA-256 of the client's
@@ -165,8 +217,8 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 // to that long. go-redis debounces the reloads.
 func (s *Store) reloadOnNetworkError(err error) {
 	var answered redis.Error
-	if cc, ok := s.client.(*redis.ClusterClient); ok && !errors.As(err, &answered) {
-		cc.ReloadState(context.Background())
+	if !errors.As(err, &answered) {
+		s.client.ReloadSlots(context.Background())
 	}
 }
 
@@ -187,10 +239,10 @@ func (s *Store) Close() error {
 	return s.client.Close()
 }
 
-func (s *Store) run(ctx context.Context, script *redis.Script, id engine.ID, args ...any) (reply, error) {
+func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
 	var v any
 	var err error
-	if s.opts.ReplicaAcks > 0 && script != lookupScript {
+	if s.opts.ReplicaAcks > 0 && script.writes {
 		v, err = s.runReplicated(ctx, script, RecordKey(id), args)
 	} else {
 		v, err = script.Run(ctx, s.client, []string{RecordKey(id)}, args...).Result()

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/enginetest"
@@ -274,5 +275,63 @@ func TestWatchAfterClose(t *testing.T) {
 	}
 	if !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("Watch on a closed store: %v, want unavailable", err)
+	}
+}
+
+// tracingClient is a Client of the kind an application wraps around go-redis, here
+// counting the masters it hands out.
+type tracingClient struct {
+	redisstore.Client
+	masters atomic.Int64
+}
+
+func (c *tracingClient) MasterFor(ctx context.Context, key string) (*redis.Client, error) {
+	c.masters.Add(1)
+	return c.Client.MasterFor(ctx, key)
+}
+
+// TestWrappedClientWithReplicaAcks: a client wrapped by the application serves
+// replica acknowledgements (and everything else) through the Client interface; the
+// store used to switch on go-redis's concrete types and fail at run time on anything
+// else.
+func TestWrappedClientWithReplicaAcks(t *testing.T) {
+	master := testredis.Start(t)
+	testredis.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if reply, err := master.Command("WAIT", "1", "100"); err == nil && reply == ":1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replica did not attach within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, tc := range []struct {
+		acks    int
+		wantErr error
+	}{{1, nil}, {2, engine.ErrNotReplicated}} {
+		universal, err := redisstore.NewClient(master.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		adapted, err := redisstore.Adapt(universal)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := &tracingClient{Client: adapted}
+		s := redisstore.New(client, redisstore.Options{ReplicaAcks: tc.acks, ReplicaTimeout: 100 * time.Millisecond})
+		id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("wrapped-%d", tc.acks)}
+		_, err = s.Claim(t.Context(), engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
+		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+			t.Errorf("claim with %d replica acks: %v, want %v", tc.acks, err, tc.wantErr)
+		}
+		if client.masters.Load() == 0 {
+			t.Errorf("with %d replica acks the store did not ask the wrapped client for the master", tc.acks)
+		}
+		if bad, err := s.EvictionPolicies(t.Context()); err != nil || len(bad) != 0 {
+			t.Errorf("eviction policies through the wrapped client: %v %v", bad, err)
+		}
+		_ = s.Close()
 	}
 }

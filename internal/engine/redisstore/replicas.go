@@ -21,38 +21,16 @@ type Options struct {
 	ReplicaTimeout time.Duration
 }
 
-// OpenWith is Open with options.
-func OpenWith(rawURL string, opts Options) (*Store, error) {
-	s, err := Open(rawURL)
-	if err != nil {
-		return nil, err
-	}
-	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
-		opts.ReplicaTimeout = 250 * time.Millisecond
-	}
-	s.opts = opts
-	return s, nil
-}
-
-// nodeFor returns the client of the one server that holds key: the Cluster master of
-// its slot, or the standalone (or Sentinel-chosen) master itself.
-func (s *Store) nodeFor(ctx context.Context, key string) (*redis.Client, error) {
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		return c.MasterForKey(ctx, key)
-	case *redis.Client:
-		return c, nil
-	}
-	return nil, fmt.Errorf("replica acknowledgements need a go-redis Client or ClusterClient, not %T", s.client)
-}
+// DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.
+const DefaultReplicaTimeout = 250 * time.Millisecond
 
 // runReplicated runs a write script and WAIT in one pipeline on one connection of the
 // key's master, so that WAIT counts the replicas that have this very write. A Cluster
 // slot that moved since the client last looked is retried once with a fresh slot map;
 // anything else is unavailable.
-func (s *Store) runReplicated(ctx context.Context, script *redis.Script, key string, args []any) (any, error) {
+func (s *Store) runReplicated(ctx context.Context, script script, key string, args []any) (any, error) {
 	for attempt := 0; ; attempt++ {
-		node, err := s.nodeFor(ctx, key)
+		node, err := s.client.MasterFor(ctx, key)
 		if err != nil {
 			return nil, err
 		}
@@ -61,16 +39,14 @@ func (s *Store) runReplicated(ctx context.Context, script *redis.Script, key str
 			v, err = s.evalAndWait(ctx, node, script, key, args, true)
 		}
 		if err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) && attempt == 0 {
-			if cc, ok := s.client.(*redis.ClusterClient); ok {
-				cc.ReloadState(ctx)
-				continue
-			}
+			s.client.ReloadSlots(ctx)
+			continue
 		}
 		return v, err
 	}
 }
 
-func (s *Store) evalAndWait(ctx context.Context, node *redis.Client, script *redis.Script, key string, args []any, full bool) (any, error) {
+func (s *Store) evalAndWait(ctx context.Context, node *redis.Client, script script, key string, args []any, full bool) (any, error) {
 	pipe := node.Pipeline()
 	var run *redis.Cmd
 	if full {
@@ -120,18 +96,12 @@ func (s *Store) EvictionPolicies(ctx context.Context) (map[string]string, error)
 		}
 		return nil
 	}
-	switch c := s.client.(type) {
-	case *redis.ClusterClient:
-		// ForEachMaster runs concurrently; one at a time keeps bad simple.
-		var mu sync.Mutex
-		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			mu.Lock()
-			defer mu.Unlock()
-			return check(ctx, m)
-		})
-		return bad, err
-	case *redis.Client:
-		return bad, check(ctx, c)
-	}
-	return nil, fmt.Errorf("cannot read the eviction policy through %T", s.client)
+	// ForEachMaster may run concurrently; one at a time keeps bad simple.
+	var mu sync.Mutex
+	err := s.client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		return check(ctx, m)
+	})
+	return bad, err
 }
