@@ -13,6 +13,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
 // orders is a real handler behind the middleware: it counts its runs and answers
@@ -135,7 +136,7 @@ func TestMiddlewareConcurrentDuplicates(t *testing.T) {
 		key := freshKey("mw-409")
 		first := make(chan reply, 1)
 		go func() { first <- send(t, url, "POST", key, "application/json", `{}`) }()
-		waitUntil(t, "the first request to run", func() bool { return h.runs.Load() == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the first request to run", func() bool { return h.runs.Load() == 1 })
 		dup := send(t, url, "POST", key, "application/json", `{}`)
 		if dup.status != 409 || dup.header.Get("Retry-After") == "" || !strings.Contains(dup.body, "in_progress") {
 			t.Fatalf("duplicate while the first runs: %+v", dup)
@@ -158,7 +159,7 @@ func TestMiddlewareConcurrentDuplicates(t *testing.T) {
 				replies <- send(t, url, "POST", key, "application/json", `{"n":1}`)
 			}()
 		}
-		waitUntil(t, "the first request to run", func() bool { return h.runs.Load() == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the first request to run", func() bool { return h.runs.Load() == 1 })
 		close(h.block)
 		wg.Wait()
 		close(replies)

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // buildDaemon compiles this command into a temporary binary.
@@ -58,20 +60,21 @@ func startBinary(t *testing.T, bin, dataDir, addr string) *process {
 			_ = p.cmd.Wait()
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	err := wait.Until(20*time.Second, func() error {
 		resp, err := http.Get(p.base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon not ready within 20s: %v\n%s", err, p.logs)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz answered %d", resp.StatusCode)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("daemon not ready: %v\n%s", err, p.logs)
 	}
+	return p
 }
 
 func (p *process) kill(t *testing.T) {
@@ -101,6 +104,10 @@ func (p *process) call(t *testing.T, path string, body any) (int, map[string]any
 // with SIGKILL, restarts it on the same file, and checks that every acknowledged
 // completion replays byte for byte and every acknowledged lease is still held.
 func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds, starts and kills the daemon binary")
+	}
+	t.Parallel()
 	bin := buildDaemon(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	addr := freeAddr(t)
@@ -183,6 +190,10 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 // TestSecondDaemonOnSameDataDir starts two binaries on one data directory: the second
 // must exit with a clear message, not hang.
 func TestSecondDaemonOnSameDataDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds, starts and kills the daemon binary")
+	}
+	t.Parallel()
 	bin := buildDaemon(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	startBinary(t, bin, dataDir, freeAddr(t))
