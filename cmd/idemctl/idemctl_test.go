@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -219,6 +220,11 @@ func TestRecordsEndToEnd(t *testing.T) {
 	if !strings.Contains(r.stderr, "in_progress") || !strings.Contains(r.stderr, "retry after") {
 		t.Fatalf("a second claim: %s", r.stderr)
 	}
+	r = idemctl(env, "claim", "order-1", "--fingerprint", "f1", "--secret", claimed["claim_secret"].(string), "--json")
+	expect(t, r, exitOK, "a claim resent with its secret")
+	if again := r.json(t); again["outcome"] != "acquired" || again["lease_token"] != lease {
+		t.Fatalf("a claim resent with its secret: %v, want the lease %s back", again, lease)
+	}
 	r = idemctl(env, "lookup", "--json", "order-1")
 	expect(t, r, exitOK, "lookup of a pending key")
 	if rec := r.json(t); rec["state"] != "pending" || rec["fingerprint"] != "f1" || rec["lease_expires_at"] == nil {
@@ -295,7 +301,10 @@ func TestRecordsEndToEnd(t *testing.T) {
 	}
 	r = idemctl(env, "claim", "order-3")
 	expect(t, r, exitOK, "claim after release")
-	if !strings.Contains(r.stdout, "acquired") || !strings.Contains(r.stdout, "attempt      2") {
+	hasRow := func(out string, row ...string) bool {
+		return slices.ContainsFunc(strings.Split(out, "\n"), func(line string) bool { return slices.Equal(strings.Fields(line), row) })
+	}
+	if !hasRow(r.stdout, "outcome", "acquired") || !hasRow(r.stdout, "attempt", "2") {
 		t.Fatalf("claim after release:\n%s", r.stdout)
 	}
 	r = idemctl(env, "complete", "order-3", "--lease-token", lease)

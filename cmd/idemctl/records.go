@@ -45,13 +45,16 @@ type recordJSON struct {
 	Response       *responseJSON `json:"response,omitempty"`
 }
 
-// claimJSON is a claim's answer as the API writes it.
+// claimJSON is a claim's answer as the API writes it, with the claim secret it was made
+// with: resending the claim with --secret gets a live lease back.
 type claimJSON struct {
 	Key            string        `json:"key"`
 	Outcome        string        `json:"outcome"`
 	LeaseToken     string        `json:"lease_token,omitempty"`
+	ClaimSecret    string        `json:"claim_secret,omitempty"`
 	Attempt        int64         `json:"attempt"`
 	LeaseExpiresAt *time.Time    `json:"lease_expires_at,omitempty"`
+	ExpiresAt      *time.Time    `json:"expires_at,omitempty"`
 	Recovered      bool          `json:"recovered,omitempty"`
 	Response       *responseJSON `json:"response,omitempty"`
 }
@@ -171,10 +174,14 @@ func (a *app) claim(args []string) int {
 	fs.StringVar(&opts.Fingerprint, "fingerprint", "", "digest of the payload")
 	fs.DurationVar(&opts.Lease, "lease", 0, "lease (default: the daemon's)")
 	fs.DurationVar(&opts.Wait, "wait", 0, "wait this long for a holder to finish")
-	fs.StringVar(&opts.Owner, "owner", "", "owner to claim as; the live holder's owner gets its lease back")
+	fs.StringVar(&opts.Owner, "owner", "", "owner label, shown by lookups; it grants nothing")
+	fs.StringVar(&opts.Secret, "secret", "", "claim secret (default: a fresh one); resending a claim with the live lease's secret gets that lease back")
 	pos, err := a.parse(fs, args, 1, "one KEY")
 	if err != nil {
 		return a.usageError(err)
+	}
+	if opts.Secret == "" {
+		opts.Secret = idem.NewSecret()
 	}
 	c, err := a.client(nil)
 	if err != nil {
@@ -185,17 +192,24 @@ func (a *app) claim(args []string) int {
 		return a.fail(err)
 	}
 	if a.json {
-		a.printJSON(claimJSON{Key: pos[0], Outcome: string(cl.Outcome), LeaseToken: cl.Token, Attempt: cl.Attempt,
-			LeaseExpiresAt: timePtr(cl.ExpiresAt), Recovered: cl.Recovered, Response: responseOut(cl.Response)})
+		out := claimJSON{Key: pos[0], Outcome: string(cl.Outcome), LeaseToken: cl.Token, Attempt: cl.Attempt,
+			LeaseExpiresAt: timePtr(cl.LeaseExpiresAt), ExpiresAt: timePtr(cl.ExpiresAt), Recovered: cl.Recovered,
+			Response: responseOut(cl.Response)}
+		if cl.Outcome == idem.Acquired {
+			out.ClaimSecret = opts.Secret
+		}
+		a.printJSON(out)
 		return exitOK
 	}
 	t := newTable(a.stdout)
 	t.row("outcome", cl.Outcome)
 	t.row("attempt", cl.Attempt)
-	if cl.Token != "" {
+	if cl.Outcome == idem.Acquired {
 		t.row("lease token", cl.Token)
+		t.row("claim secret", opts.Secret+" (resend the claim with --secret to get this lease back)")
 	}
-	t.time("lease until", cl.ExpiresAt)
+	t.time("lease until", cl.LeaseExpiresAt)
+	t.time("kept until", cl.ExpiresAt)
 	if cl.Recovered {
 		t.row("recovered", "true (taken over from a holder whose lease ran out)")
 	}
