@@ -14,8 +14,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/idemd/idemd/internal/wait"
 )
 
 // buildDaemon compiles this command into a temporary binary.
@@ -60,20 +58,7 @@ func startBinary(t *testing.T, bin, dataDir, addr string) *process {
 			_ = p.cmd.Wait()
 		}
 	})
-	err := wait.Until(20*time.Second, func() error {
-		resp, err := http.Get(p.base + "/readyz")
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz answered %d", resp.StatusCode)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("daemon not ready: %v\n%s", err, p.logs)
-	}
+	waitReady(t, p)
 	return p
 }
 

@@ -12,7 +12,9 @@ import (
 
 // The wait loop of Service.Claim runs here on synctest's clock: time moves only when
 // every goroutine is blocked, so each test can say at exactly which instant a waiter
-// answers and what woke it, without depending on how fast the machine is.
+// answers and what woke it, without depending on how fast the machine is. A
+// time.Sleep here moves that clock to the instant the test acts at; it does not wait
+// for another goroutine.
 
 var waitKey = engine.ID{Tenant: engine.DefaultTenant, Key: "k"}
 
