@@ -34,6 +34,7 @@ func TestClusterFailover(t *testing.T) {
 		{"with one replica ack", redisstore.Options{ReplicaAcks: 1, ReplicaTimeout: 250 * time.Millisecond}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			var acked, lost, doubles int
 			for run := range runs {
 				r := failoverRun(t, mode.opts)

@@ -181,6 +181,7 @@ func TestLinearizabilityDuringFailover(t *testing.T) {
 		{"with one replica ack", redisstore.Options{ReplicaAcks: 1, ReplicaTimeout: 250 * time.Millisecond}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
 			cluster := testredis.StartCluster(t)
 			s, err := redisstore.OpenWith(cluster.URL(), mode.opts)
 			if err != nil {
