@@ -49,7 +49,7 @@ func TestRules(t *testing.T) {
 
 			// What the stores can only approximate, the rules fix to the millisecond.
 			if step.Write && step.Next.State == engine.StatePending {
-				lease := map[enginetest.Transition]time.Duration{enginetest.Claim: enginetest.Lease, enginetest.Extend: enginetest.Extension}[c.Transition]
+				lease := map[enginetest.Transition]time.Duration{enginetest.Claim: enginetest.Lease, enginetest.Extend: enginetest.ExtendedLease}[c.Transition]
 				if got := step.Next.LeaseExpiresAt; !got.Equal(now.Add(lease)) {
 					t.Errorf("lease runs out at %s, want %s", got, now.Add(lease))
 				}

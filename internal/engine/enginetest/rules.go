@@ -181,15 +181,16 @@ type Want struct {
 	Replays   bool
 }
 
-// The parties' labels and secrets, and the lease and retention every rule's claim and
-// transition uses.
+// The parties' owner labels, and the leases and retention of the table: claims take
+// Lease (the holder ShortLease for LeaseRanOut), an extension asks for ExtendedLease,
+// and every transition keeps its record for Retention.
 const (
-	HolderOwner  = "holder"
-	ClaimerOwner = "claimer"
-	Lease        = 30 * time.Second
-	ShortLease   = 100 * time.Millisecond
-	Extension    = time.Minute
-	Retention    = time.Hour
+	HolderOwner   = "holder"
+	ClaimerOwner  = "claimer"
+	Lease         = 30 * time.Second
+	ShortLease    = 100 * time.Millisecond
+	ExtendedLease = time.Minute
+	Retention     = time.Hour
 )
 
 // Secrets are the claim secrets (as hashes) of the parties.
@@ -266,7 +267,7 @@ func (d Do) Call(id engine.ID, tokens map[Who]string) Call {
 		resp := Responses["second failure"]
 		return Call{Transition: ReleaseFail, Release: engine.Release{ID: id, LeaseToken: tok, Mode: engine.ReleaseFail, Response: &resp, Retention: Retention}}
 	}
-	return Call{Transition: Extend, Extension: engine.Extension{ID: id, LeaseToken: tok, Lease: Extension}}
+	return Call{Transition: Extend, Extension: engine.Extension{ID: id, LeaseToken: tok, Lease: ExtendedLease}}
 }
 
 // On makes the call on s: res is a claim's answer, rec the others'.
