@@ -3,13 +3,10 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"mime"
 	"net/http"
 	"slices"
 	"strconv"
@@ -218,40 +215,6 @@ func writeProblem(w http.ResponseWriter, status int, code, title, detail string,
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code})
-}
-
-// Fingerprint is the digest the middleware claims with: SHA-256 over the method, the
-// path and the body, a JSON body canonicalised first (object keys sorted, spacing
-// dropped, numbers kept as written).
-func Fingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n", r.Method, r.URL.EscapedPath())
-	h.Write(canonicalBody(r.Header.Get("Content-Type"), body))
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func canonicalBody(contentType string, body []byte) []byte {
-	mt, _, _ := mime.ParseMediaType(contentType)
-	if mt != "application/json" && !(len(mt) > 5 && mt[len(mt)-5:] == "+json") {
-		return body
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
-		return body
-	}
-	// Anything after the value, even a stray bracket, keeps the body as it is: two
-	// bodies that differ must not share a fingerprint.
-	if _, err := dec.Token(); err != io.EOF {
-		return body
-	}
-	// encoding/json writes map keys sorted and no insignificant spaces.
-	out, err := json.Marshal(v)
-	if err != nil {
-		return body
-	}
-	return out
 }
 
 // recorder passes the handler's answer through and keeps a copy to store.

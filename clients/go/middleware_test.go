@@ -213,6 +213,7 @@ func TestMiddlewareReleasesOn5xxAndPanic(t *testing.T) {
 		key := freshKey("mw-panic")
 		req, _ := http.NewRequest("POST", url+"/orders", strings.NewReader(`{}`))
 		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json") // the media type is part of the request
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 			t.Fatalf("a panicking handler answered %d", resp.StatusCode)
