@@ -6,6 +6,7 @@
 --   fp  fingerprint               ow  owner           at  attempt
 --   tok current (or last) lease token                 lx  lease expiry, ms
 --   rec 1 when the lease was taken over after expiry
+--   cs  SHA-256 of the current lease's claim secret (never part of an answer)
 --   ca  created, ms   ua  updated, ms   xa  when the record expires, ms
 --   rs  response status   rh  response headers, JSON   rb  response body, raw bytes
 --

@@ -8,6 +8,7 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -52,9 +53,10 @@ func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.http =
 // wait on top. The default is 10 s.
 func WithTimeout(d time.Duration) Option { return func(s *settings) { s.timeout = d } }
 
-// WithOwner names this client's process in the owner of its claims (for example a
-// host name and PID). Each claim still gets an owner of its own, so two calls of one
-// client never share a lease; the default is random.
+// WithOwner names this client's process in the owner label of its claims (for
+// example a host name and PID), which lookups show to operators. The label grants
+// nothing: each claim carries a secret of its own, so two calls never share a lease.
+// The default is random.
 func WithOwner(owner string) Option { return func(s *settings) { s.owner = owner } }
 
 // WithToken sends an API token as Authorization: Bearer, for a daemon that runs with
@@ -63,8 +65,8 @@ func WithToken(token string) Option { return func(s *settings) { s.token = token
 
 // WithRetries sets how many times a call is resent after a transport failure (a
 // connection refused or reset, a timeout before any answer); the default is 3. Every
-// call is safe to resend: a resent claim carries the same owner and gets the same
-// lease, a resent complete or release is answered like the first.
+// call is safe to resend: a resent claim carries the same claim secret and gets the
+// same lease, a resent complete or release is answered like the first.
 func WithRetries(n int) Option { return func(s *settings) { s.retries = n } }
 
 // WithRetention sets how long completed and failed results are kept; zero leaves it
@@ -122,18 +124,26 @@ type ClaimOptions struct {
 	// Wait is how long to wait for a holder to finish instead of failing with
 	// ErrInProgress (at most 30 s).
 	Wait time.Duration
-	// Owner replaces the claim's own owner. A claim from the live holder's owner gets
-	// the same lease back: set it to a stable name (a job ID) to pick up a lease after
-	// losing track of it.
+	// Owner replaces the claim's owner label, shown by lookups; it grants nothing.
 	Owner string
+	// Secret replaces the claim's own secret (see NewSecret). A claim carrying the live
+	// lease's secret gets that lease back, so keep it private to the one execution that
+	// made it: never derive it from a job ID, which every redelivery shares.
+	Secret string
 }
+
+// NewSecret returns a fresh claim secret: 128 random bits, hex-encoded.
+func NewSecret() string { return randomHex(16) }
 
 // Claim is a claim's answer.
 type Claim struct {
 	Outcome Outcome
 	// Token proves the lease; it is set when Outcome is Acquired.
-	Token     string
-	Attempt   int64
+	Token   string
+	Attempt int64
+	// LeaseExpiresAt is when the lease runs out unless extended (Acquired only).
+	LeaseExpiresAt time.Time
+	// ExpiresAt is when idemd forgets the record; a finished key is replayed until then.
 	ExpiresAt time.Time
 	// Recovered is true when the lease was taken over from a holder whose lease ran out.
 	Recovered bool
@@ -194,31 +204,29 @@ func ptr[T comparable](v T) *T {
 func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Claim, error) {
 	ctx, cancel := c.callContext(ctx, opts.Wait)
 	defer cancel()
-	owner := opts.Owner
-	if owner == "" {
-		owner = c.owner + "/" + randomHex(8)
-	}
-	body := idemapi.ClaimRequest{Key: key, Fingerprint: ptr(opts.Fingerprint), Owner: &owner,
+	owner := cmp.Or(opts.Owner, c.owner)
+	// The secret is made once per call, so every resend of this claim carries it.
+	secret := cmp.Or(opts.Secret, NewSecret())
+	body := idemapi.ClaimRequest{Key: key, Fingerprint: ptr(opts.Fingerprint), Owner: &owner, ClaimSecret: &secret,
 		LeaseMs: ptr(opts.Lease.Milliseconds()), WaitMs: ptr(opts.Wait.Milliseconds())}
 	resp, err := c.api.Claim(ctx, body, c.authorize)
 	if err != nil {
 		return nil, transportError(err)
 	}
-	var out idemapi.ClaimResponse
-	if err := decode(resp, &out, http.StatusOK, http.StatusCreated); err != nil {
+	if resp.StatusCode == http.StatusCreated {
+		var out idemapi.ClaimAcquired
+		if err := decode(resp, &out, http.StatusCreated); err != nil {
+			return nil, err
+		}
+		return &Claim{Outcome: Acquired, Token: out.LeaseToken, Attempt: out.Attempt, LeaseExpiresAt: out.LeaseExpiresAt,
+			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered}, nil
+	}
+	var out idemapi.ClaimFinished
+	if err := decode(resp, &out, http.StatusOK); err != nil {
 		return nil, err
 	}
-	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, Response: fromStored(out.Response)}
-	if out.LeaseToken != nil {
-		cl.Token = *out.LeaseToken
-	}
-	if out.LeaseExpiresAt != nil {
-		cl.ExpiresAt = *out.LeaseExpiresAt
-	}
-	if out.Recovered != nil {
-		cl.Recovered = *out.Recovered
-	}
-	return cl, nil
+	return &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt,
+		Response: fromStored(out.Response)}, nil
 }
 
 // Complete stores the result of the operation the lease was for. Repeating it is safe.
@@ -261,7 +269,7 @@ func (c *Client) Extend(ctx context.Context, key, token string, lease time.Durat
 	if err != nil {
 		return time.Time{}, transportError(err)
 	}
-	var out idemapi.ExtendResponse
+	var out idemapi.LeaseExtended
 	if err := decode(resp, &out, http.StatusOK); err != nil {
 		return time.Time{}, err
 	}
@@ -276,7 +284,7 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 	if err != nil {
 		return nil, transportError(err)
 	}
-	var out idemapi.Record
+	var out idemapi.KeyRecord
 	if err := decode(resp, &out, http.StatusOK); err != nil {
 		return nil, err
 	}

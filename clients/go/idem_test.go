@@ -194,7 +194,7 @@ func dropFirst(t *testing.T, target string) (url string, claims *atomic.Int32) {
 }
 
 // TestResentClaimGetsTheSameLease loses the answer to a claim that the daemon did
-// acquire: the client resends it with the same owner and gets the lease, not 409.
+// acquire: the client resends it with the same claim secret and gets the lease, not 409.
 func TestResentClaimGetsTheSameLease(t *testing.T) {
 	url, claims := dropFirst(t, daemonURL)
 	c, err := idem.New(url, idem.WithOwner("worker-7"))
@@ -210,11 +210,24 @@ func TestResentClaimGetsTheSameLease(t *testing.T) {
 		t.Fatalf("the daemon saw %d claims, want the first and one resend", n)
 	}
 	rec, err := newClient(t).Lookup(t.Context(), key)
-	if err != nil || !strings.HasPrefix(rec.Owner, "worker-7/") || rec.Attempt != 1 {
+	if err != nil || rec.Owner != "worker-7" || rec.Attempt != 1 {
 		t.Fatalf("record: %+v %v", rec, err)
 	}
 	if err := c.Complete(t.Context(), key, cl.Token, idem.Response{Status: 200}); err != nil {
 		t.Fatalf("complete with the resent claim's token: %v", err)
+	}
+}
+
+// TestSameOwnerNameSharesNoLease: two deliveries of one job, named alike by their
+// owner, must not both acquire; the owner is a label, not a credential.
+func TestSameOwnerNameSharesNoLease(t *testing.T) {
+	key := freshKey("same-owner")
+	first, second := newClient(t, idem.WithOwner("job-42")), newClient(t, idem.WithOwner("job-42"))
+	if cl, err := first.Claim(t.Context(), key, idem.ClaimOptions{Owner: "job-42"}); err != nil || cl.Outcome != idem.Acquired {
+		t.Fatalf("first delivery: %+v %v", cl, err)
+	}
+	if cl, err := second.Claim(t.Context(), key, idem.ClaimOptions{Owner: "job-42"}); !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("second delivery with the same owner: %+v %v, want ErrInProgress", cl, err)
 	}
 }
 

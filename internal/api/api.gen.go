@@ -4,117 +4,41 @@
 package api
 
 import (
-	"bytes"
-	"compress/flate"
-	"encoding/base64"
 	"fmt"
 	"net/http"
-	"net/url"
-	"path"
-	"strings"
 	"time"
 
-	"github.com/getkin/kin-openapi/openapi3"
 	"github.com/labstack/echo/v4"
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ClaimResponseOutcome.
+// Defines values for ClaimAcquiredOutcome.
 const (
-	ClaimResponseOutcomeAcquired  ClaimResponseOutcome = "acquired"
-	ClaimResponseOutcomeCompleted ClaimResponseOutcome = "completed"
-	ClaimResponseOutcomeFailed    ClaimResponseOutcome = "failed"
+	Acquired ClaimAcquiredOutcome = "acquired"
 )
 
-// Valid indicates whether the value is a known member of the ClaimResponseOutcome enum.
-func (e ClaimResponseOutcome) Valid() bool {
+// Valid indicates whether the value is a known member of the ClaimAcquiredOutcome enum.
+func (e ClaimAcquiredOutcome) Valid() bool {
 	switch e {
-	case ClaimResponseOutcomeAcquired:
-		return true
-	case ClaimResponseOutcomeCompleted:
-		return true
-	case ClaimResponseOutcomeFailed:
+	case Acquired:
 		return true
 	default:
 		return false
 	}
 }
 
-// Defines values for ProblemCode.
+// Defines values for ClaimFinishedOutcome.
 const (
-	ProblemCodeFingerprintMismatch  ProblemCode = "fingerprint_mismatch"
-	ProblemCodeForbidden            ProblemCode = "forbidden"
-	ProblemCodeInProgress           ProblemCode = "in_progress"
-	ProblemCodeInternal             ProblemCode = "internal"
-	ProblemCodeInvalidJson          ProblemCode = "invalid_json"
-	ProblemCodeInvalidRequest       ProblemCode = "invalid_request"
-	ProblemCodeLeaseLost            ProblemCode = "lease_lost"
-	ProblemCodeMethodNotAllowed     ProblemCode = "method_not_allowed"
-	ProblemCodeNotFound             ProblemCode = "not_found"
-	ProblemCodeNotReplicated        ProblemCode = "not_replicated"
-	ProblemCodePayloadTooLarge      ProblemCode = "payload_too_large"
-	ProblemCodeRateLimited          ProblemCode = "rate_limited"
-	ProblemCodeStoreUnavailable     ProblemCode = "store_unavailable"
-	ProblemCodeUnauthenticated      ProblemCode = "unauthenticated"
-	ProblemCodeUnsupportedMediaType ProblemCode = "unsupported_media_type"
+	Completed ClaimFinishedOutcome = "completed"
+	Failed    ClaimFinishedOutcome = "failed"
 )
 
-// Valid indicates whether the value is a known member of the ProblemCode enum.
-func (e ProblemCode) Valid() bool {
+// Valid indicates whether the value is a known member of the ClaimFinishedOutcome enum.
+func (e ClaimFinishedOutcome) Valid() bool {
 	switch e {
-	case ProblemCodeFingerprintMismatch:
+	case Completed:
 		return true
-	case ProblemCodeForbidden:
-		return true
-	case ProblemCodeInProgress:
-		return true
-	case ProblemCodeInternal:
-		return true
-	case ProblemCodeInvalidJson:
-		return true
-	case ProblemCodeInvalidRequest:
-		return true
-	case ProblemCodeLeaseLost:
-		return true
-	case ProblemCodeMethodNotAllowed:
-		return true
-	case ProblemCodeNotFound:
-		return true
-	case ProblemCodeNotReplicated:
-		return true
-	case ProblemCodePayloadTooLarge:
-		return true
-	case ProblemCodeRateLimited:
-		return true
-	case ProblemCodeStoreUnavailable:
-		return true
-	case ProblemCodeUnauthenticated:
-		return true
-	case ProblemCodeUnsupportedMediaType:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RecordState.
-const (
-	RecordStateCompleted RecordState = "completed"
-	RecordStateFailed    RecordState = "failed"
-	RecordStatePending   RecordState = "pending"
-	RecordStateReleased  RecordState = "released"
-)
-
-// Valid indicates whether the value is a known member of the RecordState enum.
-func (e RecordState) Valid() bool {
-	switch e {
-	case RecordStateCompleted:
-		return true
-	case RecordStateFailed:
-		return true
-	case RecordStatePending:
-		return true
-	case RecordStateReleased:
+	case Failed:
 		return true
 	default:
 		return false
@@ -139,60 +63,94 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// ClaimAcquired The caller holds the lease.
+type ClaimAcquired struct {
+	// Attempt How many times the key has been acquired, this time included.
+	Attempt int64 `json:"attempt"`
+
+	// ExpiresAt When the record is forgotten if nobody completes or releases it.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// LeaseExpiresAt When another caller may take the key over unless the lease is extended.
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+
+	// LeaseToken Proves the lease to complete, release and extend.
+	LeaseToken string               `json:"lease_token"`
+	Outcome    ClaimAcquiredOutcome `json:"outcome"`
+
+	// Recovered True when this claim took over from a holder whose lease had expired.
+	Recovered bool `json:"recovered"`
+}
+
+// ClaimAcquiredOutcome defines model for ClaimAcquired.Outcome.
+type ClaimAcquiredOutcome string
+
+// ClaimFinished The key is finished; its stored result is replayed.
+type ClaimFinished struct {
+	// Attempt The attempt that finished the key.
+	Attempt int64 `json:"attempt"`
+
+	// ExpiresAt When the record is forgotten; until then the result is replayed.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// Outcome completed for a stored result, failed for a terminal failure.
+	Outcome  ClaimFinishedOutcome `json:"outcome"`
+	Response *StoredResponse      `json:"response,omitempty"`
+}
+
+// ClaimFinishedOutcome completed for a stored result, failed for a terminal failure.
+type ClaimFinishedOutcome string
+
 // ClaimRequest defines model for ClaimRequest.
 type ClaimRequest struct {
-	// Fingerprint A digest of the request payload; a later claim with a different one is refused.
+	// ClaimSecret A secret of at least 128 random bits (22 to 256 bytes, for example 32 hex
+	// digits) that the caller makes for this one claim and sends again only when it
+	// resends the same claim after a timeout or a lost answer: a claim carrying the
+	// live lease's claim_secret gets that same lease back. The daemon keeps only its
+	// SHA-256 and never shows it. Without one, a resent claim answers `in_progress`
+	// until the lease runs out.
+	ClaimSecret *string `json:"claim_secret,omitempty"`
+
+	// Fingerprint A digest of the request payload, at most 256 bytes. A claim whose fingerprint
+	// differs from the one the key was first claimed with is refused
+	// (`fingerprint_mismatch`); no fingerprint is the empty one, which differs from
+	// every other.
 	Fingerprint *string `json:"fingerprint,omitempty"`
 
 	// Key The idempotency key, 1 to 255 bytes of UTF-8.
-	Key     string `json:"key"`
+	Key string `json:"key"`
+
+	// LeaseMs How long the lease lasts, in milliseconds. Absent means 30000.
 	LeaseMs *int64 `json:"lease_ms,omitempty"`
 
-	// Owner Who claims. A claim from the live holder's owner returns the same lease.
+	// Owner A label naming who claims (a host, a job), at most 256 bytes, shown by lookup
+	// to help operators. It grants nothing: use claim_secret to get a lease back.
 	Owner *string `json:"owner,omitempty"`
 
-	// WaitMs Wait up to this long for a holder to finish instead of answering 409.
+	// WaitMs Wait up to this long, in milliseconds, for a holder to finish instead of
+	// answering 409 at once. Absent means 0.
 	WaitMs *int64 `json:"wait_ms,omitempty"`
 }
 
-// ClaimResponse defines model for ClaimResponse.
-type ClaimResponse struct {
-	// Attempt How many times the key has been acquired.
-	Attempt        int64      `json:"attempt"`
-	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
-
-	// LeaseToken Present when acquired; proves the lease to complete, release and extend.
-	LeaseToken *string              `json:"lease_token,omitempty"`
-	Outcome    ClaimResponseOutcome `json:"outcome"`
-
-	// Recovered True when this claim took over from a holder whose lease had expired.
-	Recovered *bool           `json:"recovered,omitempty"`
-	Response  *StoredResponse `json:"response,omitempty"`
-}
-
-// ClaimResponseOutcome defines model for ClaimResponse.Outcome.
-type ClaimResponseOutcome string
-
 // CompleteRequest defines model for CompleteRequest.
 type CompleteRequest struct {
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
 	Key        string         `json:"key"`
 	LeaseToken string         `json:"lease_token"`
 	Response   StoredResponse `json:"response"`
 
-	// RetentionMs How long the result is kept, counted from now. Defaults to 24 hours.
+	// RetentionMs How long the result is kept, in milliseconds from now. Absent means 24 hours (or the daemon's --retention).
 	RetentionMs *int64 `json:"retention_ms,omitempty"`
 }
 
 // ExtendRequest defines model for ExtendRequest.
 type ExtendRequest struct {
-	Key        string `json:"key"`
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
+	Key string `json:"key"`
+
+	// LeaseMs The new lease, in milliseconds from now.
 	LeaseMs    int64  `json:"lease_ms"`
 	LeaseToken string `json:"lease_token"`
-}
-
-// ExtendResponse defines model for ExtendResponse.
-type ExtendResponse struct {
-	LeaseExpiresAt time.Time `json:"lease_expires_at"`
 }
 
 // Health defines model for Health.
@@ -200,50 +158,67 @@ type Health struct {
 	Status string `json:"status"`
 }
 
-// Problem defines model for Problem.
-type Problem struct {
-	Code         ProblemCode `json:"code"`
-	Detail       *string     `json:"detail,omitempty"`
-	Instance     *string     `json:"instance,omitempty"`
-	RetryAfterMs *int64      `json:"retry_after_ms,omitempty"`
-	Status       int         `json:"status"`
-	Title        string      `json:"title"`
-	Type         string      `json:"type"`
-}
-
-// ProblemCode defines model for Problem.Code.
-type ProblemCode string
-
-// Record defines model for Record.
-type Record struct {
+// KeyRecord defines model for KeyRecord.
+type KeyRecord struct {
 	Attempt   int64     `json:"attempt"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// ExpiresAt When the record is forgotten.
-	ExpiresAt      time.Time       `json:"expires_at"`
-	Fingerprint    *string         `json:"fingerprint,omitempty"`
-	Key            string          `json:"key"`
-	LeaseExpiresAt *time.Time      `json:"lease_expires_at,omitempty"`
-	Owner          *string         `json:"owner,omitempty"`
-	Response       *StoredResponse `json:"response,omitempty"`
+	ExpiresAt      time.Time  `json:"expires_at"`
+	Fingerprint    *string    `json:"fingerprint,omitempty"`
+	Key            string     `json:"key"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 
-	// State released means the key was given back for a retry and is free to claim.
-	State     RecordState `json:"state"`
-	UpdatedAt time.Time   `json:"updated_at"`
+	// Owner The label the current or last claim gave; it grants nothing.
+	Owner    *string         `json:"owner,omitempty"`
+	Response *StoredResponse `json:"response,omitempty"`
+
+	// State pending, released, completed or failed (an open set: accept others).
+	// released means the key was given back for a retry and is free to claim.
+	State     string    `json:"state"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// RecordState released means the key was given back for a retry and is free to claim.
-type RecordState string
+// LeaseExtended defines model for LeaseExtended.
+type LeaseExtended struct {
+	// ExpiresAt When the record is forgotten if nobody completes or releases it.
+	ExpiresAt      time.Time `json:"expires_at"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+}
+
+// Problem An RFC 9457 problem detail.
+type Problem struct {
+	// Code The machine-readable reason, an open set: clients must accept codes they do
+	// not know and treat them by status. Known codes: invalid_request,
+	// invalid_json, unsupported_media_type, payload_too_large, not_found,
+	// in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
+	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
+	// rate_limited.
+	Code string `json:"code"`
+
+	// Detail What went wrong, naming the member of the request at fault.
+	Detail   *string `json:"detail,omitempty"`
+	Instance *string `json:"instance,omitempty"`
+
+	// RetryAfterMs For in_progress, rate_limited and store_unavailable, how long to wait before trying again.
+	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
+	Status       int    `json:"status"`
+	Title        string `json:"title"`
+	Type         string `json:"type"`
+}
 
 // ReleaseRequest defines model for ReleaseRequest.
 type ReleaseRequest struct {
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
 	Key        string `json:"key"`
 	LeaseToken string `json:"lease_token"`
 
 	// Mode retry frees the key for the next claim; fail stores a terminal failure.
-	Mode        ReleaseRequestMode `json:"mode"`
-	Response    *StoredResponse    `json:"response,omitempty"`
-	RetentionMs *int64             `json:"retention_ms,omitempty"`
+	Mode     ReleaseRequestMode `json:"mode"`
+	Response *StoredResponse    `json:"response,omitempty"`
+
+	// RetentionMs How long a failure is kept, in milliseconds from now. Absent means 24 hours (or the daemon's --retention).
+	RetentionMs *int64 `json:"retention_ms,omitempty"`
 }
 
 // ReleaseRequestMode retry frees the key for the next claim; fail stores a terminal failure.
@@ -257,19 +232,19 @@ type StoredResponse struct {
 	Status  int                  `json:"status"`
 }
 
-// Forbidden defines model for Forbidden.
+// Forbidden An RFC 9457 problem detail.
 type Forbidden = Problem
 
-// InProgress defines model for InProgress.
+// InProgress An RFC 9457 problem detail.
 type InProgress = Problem
 
-// RateLimited defines model for RateLimited.
+// RateLimited An RFC 9457 problem detail.
 type RateLimited = Problem
 
-// Unauthenticated defines model for Unauthenticated.
+// Unauthenticated An RFC 9457 problem detail.
 type Unauthenticated = Problem
 
-// Unavailable defines model for Unavailable.
+// Unavailable An RFC 9457 problem detail.
 type Unavailable = Problem
 
 // ClaimJSONRequestBody defines body for Claim for application/json ContentType.
@@ -289,6 +264,9 @@ type ServerInterface interface {
 	// Healthz The process is up.
 	// (GET /healthz)
 	Healthz(ctx echo.Context) error
+	// Openapi This contract, as the daemon serves it.
+	// (GET /openapi.yaml)
+	Openapi(ctx echo.Context) error
 	// Readyz The store is reachable and writable.
 	// (GET /readyz)
 	Readyz(ctx echo.Context) error
@@ -323,6 +301,15 @@ func (w *ServerInterfaceWrapper) Healthz(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.Healthz(ctx)
+	return err
+}
+
+// Openapi converts echo context to params.
+func (w *ServerInterfaceWrapper) Openapi(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.Openapi(ctx)
 	return err
 }
 
@@ -458,149 +445,6 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.GET(options.BaseURL+"/v1/records/:key", wrapper.Lookup, options.OperationMiddlewares["lookup"]...)
 	router.GET(options.BaseURL+"/healthz", wrapper.Healthz, options.OperationMiddlewares["healthz"]...)
 	router.GET(options.BaseURL+"/readyz", wrapper.Readyz, options.OperationMiddlewares["readyz"]...)
+	router.GET(options.BaseURL+"/openapi.yaml", wrapper.Openapi, options.OperationMiddlewares["openapi"]...)
 
-}
-
-// Base64 encoded, compressed with deflate, json marshaled OpenAPI spec.
-// Stored as a slice of fixed-width chunks rather than one concatenated
-// const string: with thousands of chunks the chained `+` fold is several
-// times slower for the Go compiler than parsing a slice literal.
-var swaggerSpec = []string{
-	"7Fprb+O20v4rhPoCTfAqsXPb0zgfDtLb6QLFwSLbYj9sFjYtjS020lAlKXvdhf/7wQwpWbLlXPbspoue",
-	"fglkieQMZ5658GE+RIkuSo2AzkajD5EBW2q0wD9+1Gaq0hSQfiQaHaCjR1mWuUqkUxoHpdHTHIr//81q",
-	"HmaTDApJT/9nYBaNoq8GGwkD/9UOXvlZ0Xq9jqMUbGJUSctFo+iXDITTd4Ail8mdFS4DYRNdAj/pEgwL",
-	"FgiQWnGQ6BTErFb08Dhax9FLfGX03IC1z6n4NWqXgRGJzHMwItN5aoUUuVqAyEFaEBp5D3ewOo7iKAOZ",
-	"gmEVb8CZ1dH1zIGhn911X0OiMbWiQqdyXoCWBvO1DcuaCq3QlaNFN7twqxKiUaTQwRwMKbyOo1r9ZzWL",
-	"uPnxO3F5fvEPERZnJ91IBz+rQjlInx1egBKdUFboBRihnBUGfq/AOmGkgwAqehznXsPDj3eYbNZe6ipP",
-	"xRSEzHO9hPQR/voVZeUyQEf2eF5D/VuLKUgDxkdjLLQRGn0UphIKjSLVYAVqJ+5QL4PVqq7G24Z78+bN",
-	"0XVrwK71yEHfesFJRqGEc+i1lHVG4XxjqIVUuZzm8Nxosk4bEIlEssQUhAGZZJCSvVKVsn0SjTNlCrbd",
-	"0igHV/Q6UzgXS2mFTH6vlPGAeCrInBZLqUjwjNRwZkWryrlU+CC+1vV3FvddLlVx47HKhktTRcJk/spQ",
-	"2nWKqsJM5hbiqGy9+hDNFM7BlEZ5k28lAJGqOeFfz9gAdTiUcpVrmV5RjpSO3E0KiKVymZAiVbMZGEDH",
-	"oFMUobPKehsV8v3PgHOXRaPTixfxNiDi6A5W/cBSKRSldoDJitJwLE7IgKcXF2K6cmBJxV9/+fHomx0p",
-	"F3FUKKx/n/TI5Fw8LqwXPJNV7qLR2XA4HMbRTJtCOm/9F+d+bVVURTQ6ezH0QwqF/s0J/dp2VhzpJfbB",
-	"4E2mvd3ssbgOFpwZ7aHGpacpFryCMOAqg6GsyiKUpkdZlXC2vcHhdkS8ITBWJZnVZcqKXOOc6rOQQRP6",
-	"MlOobCYUWgcyJatLtEsgQeJ8eEna3GOyLYP1mGsdR4Qyiqlo9Jbh8K4Zpae/QeJoQwHxvuOhbXVRLZ2D",
-	"ouxB9E96KQqJK+FUAbau6SKTVkwBsBPPO/vYda1HDrwvlQE7liywmZZKB0ckJ9qLOc7Pu1q+MmApfpZZ",
-	"S6UrqsGLoLRvH5wWlPRycBALA/6lxFTAewfIm9gRrCuX6IJtBkhOeBvVEqI4qpej55lUOaQt828WMZBQ",
-	"/fVlbStWTQVecQaRx7XT+s5XbEZ4A6hlpm29mUyS3mVt/SBzqnUOEr3QjbvvS/qvKaunDTi2IVUbIG5Q",
-	"0guwYIiPy6ohiz3k9R67ftwWaSZVTaWxCfNt2HM4+yxuq5x7qDsoXSwSXaGD1LsG9fJYfO9zBJeo03OR",
-	"6crY+yP79OLydLiTDx8V3l2rtGzQ55YfGNifwynebJ8g3d/v40cYoNHnPgPsy3wfm5G29NpZpk+Xn0Dm",
-	"VHO2dbBOuso+vPkwrm/p1mmnuzZ1qu3cpXAhc5WOQ2sSxc0b7hTjqEJblaU2DtJxAamSYxYWR6GJGTut",
-	"x7k0c3qH2o1nusKU1xmX9Vk0bvdJ40LZQroka3yVa5bM7eS4avWzfkUDvo/lrFqAy3Q6pvfhMMGyHBiU",
-	"OevbPTdw1IWzfBy1Tza9mTkFJ1Xei3Oq2RIT2JN5nFmNJXWs+0JhF+o7jm59c8rl/aL8i4fAEbzkl2lE",
-	"xR4AfZC5gUSb9N5e4BFbSgyQ2Z9Uy7vRtt3lAYasS+pR1p1pM9fOAXZS6r0Strr0fV3zntT2Mf1J07R+",
-	"whpFPuw5NobGJRUFSNz0ZHS8mqsFoJjK5C40ogxTbnHIkAZ8D0Q9BhmzTgolYEraxs3aj29tqjJ9IgB6",
-	"U7rf66bH6CCrI6WDn35g8x6etxMpQp7ddhWZn+y+8RM5hp4R3jvviitB9vWnayukcGAKhTLn15WBtqt4",
-	"xeCRPa3mp2qJnqV7Kfalpy39nubFqU73HIvpSyym0sKL8yNAyo7dwwudjvsCvMVW9CvyIVIOCntPCo+k",
-	"MXLV+r3Z7aYyNEa+uLx8qHl6bH9AAiCpjHKr1+T+YCSmnnpYDBTXr14GZro5YXsi7GsrqNyKmcpBHCwz",
-	"lWQ1bjXmKyYYX/90fXR68eKwIWX4XOKFNaplzpWeZlI407tKvGzRF5KCwoJZqAT47O9pZ08GCInbXEfN",
-	"EJkKkSkivMWGTb8S8F4mLl8x29JhsDcHRekoDFUBcU3Y8Dgr5uA8n8DovMVwNqCORa4gjTnVSlbCQEVJ",
-	"eofkCX1Um+i5xVv8YQFmJcAYbeiTbHHJk33E3kSkOqkKPvp6MYVMMoVwZECm1FHd4oQgPhEFFFMwLKkp",
-	"sYHbZFLdz8eNd2MBrNFksDiZNExWIo1RYG9xcl25TBv1B2s1qnnM22o4PEsYOvwIkysW5cGUQqLSkAoD",
-	"M31Qp0VbyoQpVzJqzSKbOysUHrJVm9sROxKTysKEMymDIN491sfhTE9TbzHX+q4qYzGRaaHQzywrM4dj",
-	"MRlk3Jb/MYnFZEB2W/0xYYGTQQHOqMROhDR8H4PH4o1yma4cY2oTCS1rKssjPa3AFtzeDo+eBF5pEgxx",
-	"fItN9zaKCNBUdxdgrI+Hk+Ph8ZAbjRJQlioaRWfHw+MzbsxdxgFd74Se58CVr4H9y5SOteF73L38Oh0O",
-	"72GSn8YghzNOD4H8a3ncyUTR6O27OLJVUUizCtm5NDoBa8mIVRgeXLJ3Tzf+85+yJZbNVzwXw7N9yzR6",
-	"DdrM/UOW8FQ75wiZZDSFEbU0ytGPYJvFyYADgLt4bfsoac9V8fXc1s2cODgdnhzGIXnZVl6rKQ89EzIw",
-	"mJDWU4aH8S1qQ9O0cTSNsmXfjaBy4uB8eClaJ8NDH0FiEhjWCUulWbdIr2zTHj2aQqVkrTEBH0FdcDDt",
-	"GfkqCdZ9G9qCTwKLziXCuluLnalg/Rkh2aVz99zWkL+o6w/+u+LivHEwz/UI88WLgXw6PHleLfdU4AOE",
-	"ZczHF0Vl1UmqH3oBhm/nDBwBOiPR+Wvwc2/b+8Ovudyi8SePCtcOs8DzHhHmm/8l4BmXD89o3eLTlJOz",
-	"p23m5OJp409Pnzj+EVto33F/dD5sMiAjp6eza6W9UPDbmW8r9usRnyn8twjvZ84Agb3ZE1QbyjrE+4HM",
-	"rW5dM3APXHdNyrctBkoIF9lfeEidP1GzyyfG0+eOv2ePJz5Mty8zuLJz6+AL+yawfNu8P6w8of6Zgqp7",
-	"XfHMIbV1VbAntHx54nBBWIaq+b8cLF88+G/IUa3WQuM+7HvO2Q4+3MFq7XvpusZ0g+BV5e8/trB43s85",
-	"bajsuUb4qwHm+R36PXulfUvA6YzPJxLDP05q87UVTuvcl7Pes+PPTAtEf2KZpq9/A+K/Lm+ZXvbBgS1b",
-	"SiMLcMzdvn3Uf0qV0mVHYBNZUud0BysrCrkSBAipUEwGk1hM/kl/vprEnriyzHYqWpJmR3GEknlPz3l3",
-	"i9h9/+H3rklFnKz21+Fwy/GZCvHWHcoX1dyGc21zDdbf29b/3vN3Y/tXbmz/pRbQreZ8+xl3rj/psf9e",
-	"bb1Fw20uRd6+W7+jT2ZRJ47K5OHeYjQY5DqReaatG30z/GYYrd+t/xMAAP//",
-}
-
-// decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,
-// after base64-decoding and flate-decompressing the embedded blob.
-func decodeSpec() ([]byte, error) {
-	encoded := strings.Join(swaggerSpec, "")
-	compressed, err := base64.StdEncoding.DecodeString(encoded)
-	if err != nil {
-		return nil, fmt.Errorf("error base64 decoding spec: %w", err)
-	}
-	zr := flate.NewReader(bytes.NewReader(compressed))
-	var buf bytes.Buffer
-	if _, err := buf.ReadFrom(zr); err != nil {
-		return nil, fmt.Errorf("read flate: %w", err)
-	}
-	if err := zr.Close(); err != nil {
-		return nil, fmt.Errorf("close flate reader: %w", err)
-	}
-
-	return buf.Bytes(), nil
-}
-
-var rawSpec = decodeSpecCached()
-
-// a naive cache of the decoded OpenAPI spec
-func decodeSpecCached() func() ([]byte, error) {
-	data, err := decodeSpec()
-	return func() ([]byte, error) {
-		return data, err
-	}
-}
-
-// Constructs a synthetic filesystem for resolving external references when loading openapi specifications.
-func PathToRawSpec(pathToFile string) map[string]func() ([]byte, error) {
-	res := make(map[string]func() ([]byte, error))
-	if len(pathToFile) > 0 {
-		res[pathToFile] = rawSpec
-	}
-
-	return res
-}
-
-// GetSpec returns the OpenAPI specification corresponding to the generated
-// code in this file. External references in the spec are resolved through
-// PathToRawSpec; externally-referenced files must be embedded in their
-// corresponding Go packages (via the import-mapping feature). URL-based
-// external refs are not supported.
-func GetSpec() (swagger *openapi3.T, err error) {
-	resolvePath := PathToRawSpec("")
-
-	loader := openapi3.NewLoader()
-	loader.IsExternalRefsAllowed = true
-	loader.ReadFromURIFunc = func(loader *openapi3.Loader, url *url.URL) ([]byte, error) {
-		pathToFile := url.String()
-		pathToFile = path.Clean(pathToFile)
-		getSpec, ok := resolvePath[pathToFile]
-		if !ok {
-			err1 := fmt.Errorf("path not found: %s", pathToFile)
-			return nil, err1
-		}
-		return getSpec()
-	}
-	var specData []byte
-	specData, err = rawSpec()
-	if err != nil {
-		return
-	}
-	swagger, err = loader.LoadFromData(specData)
-	if err != nil {
-		return
-	}
-	return
-}
-
-// GetSpecJSON returns the raw JSON bytes of the embedded OpenAPI
-// specification: decompressed but not unmarshaled. External references
-// are not resolved here; the bytes are the spec exactly as embedded by
-// codegen. The result is cached at package init time, so repeated calls
-// are cheap.
-func GetSpecJSON() ([]byte, error) {
-	return rawSpec()
-}
-
-// GetSwagger returns the OpenAPI specification corresponding to the
-// generated code in this file.
-//
-// Deprecated: GetSwagger predates kin-openapi renaming openapi3.Swagger
-// to openapi3.T. Use [GetSpec] instead. This wrapper is retained for
-// backwards compatibility.
-func GetSwagger() (*openapi3.T, error) {
-	return GetSpec()
 }

@@ -15,6 +15,7 @@ package engine
 
 import (
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -58,6 +59,9 @@ const (
 	MaxKeyBytes         = 255
 	MaxFingerprintBytes = 256
 	MaxOwnerBytes       = 256
+	MinSecretBytes      = 22
+	MaxSecretBytes      = 256
+	MaxLeaseTokenBytes  = 256
 	MinLease            = 100 * time.Millisecond
 	MaxLease            = time.Hour
 	DefaultLease        = 30 * time.Second
@@ -98,9 +102,10 @@ func (r *Response) Size() int {
 
 // Record is everything a store knows about a key.
 type Record struct {
-	ID             ID
-	State          State
-	Fingerprint    string
+	ID          ID
+	State       State
+	Fingerprint string
+	// Owner is the label the claim gave; it grants nothing.
 	Owner          string
 	Attempt        int64
 	LeaseToken     string
@@ -121,7 +126,9 @@ type ClaimRequest struct {
 	ID          ID
 	Fingerprint string
 	Owner       string
-	Lease       time.Duration
+	// Secret is the caller's claim secret as sent; the service keeps only its hash.
+	Secret string
+	Lease  time.Duration
 	// Wait is how long to wait for a live holder to finish before reporting in progress.
 	Wait time.Duration
 	// Retention is how long a pending record is kept when its holder never comes back;
@@ -137,9 +144,12 @@ type Claim struct {
 	ID          ID
 	Fingerprint string
 	Owner       string
-	Lease       time.Duration
-	Retention   time.Duration
-	Token       string
+	// Secret is the hash of the claim secret (HashSecret), or empty. A claim with the
+	// live lease's secret gets that lease back; stores keep it and never answer it.
+	Secret    string
+	Lease     time.Duration
+	Retention time.Duration
+	Token     string
 }
 
 // ClaimResult is a claim's outcome and the record as the claim left it.
@@ -206,6 +216,16 @@ type unavailableError struct{ cause error }
 func (e *unavailableError) Error() string        { return "store unavailable: " + e.cause.Error() }
 func (e *unavailableError) Unwrap() []error      { return []error{ErrUnavailable, e.cause} }
 func (e *unavailableError) Is(target error) bool { return target == ErrUnavailable }
+
+// HashSecret returns what stores keep of a claim secret: its SHA-256, hex-encoded.
+// The empty secret stays empty, so that it matches nothing.
+func HashSecret(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
 
 // NewLeaseToken returns 128 random bits, hex-encoded.
 func NewLeaseToken() string {

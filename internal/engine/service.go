@@ -20,8 +20,8 @@ type Store interface {
 	// Release frees the key for a retry or records a terminal failure. Repeating the same
 	// release succeeds again.
 	Release(ctx context.Context, r Release) (Record, error)
-	// Extend renews the lease and returns its new expiry.
-	Extend(ctx context.Context, e Extension) (time.Time, error)
+	// Extend renews the lease and returns the record as it left it.
+	Extend(ctx context.Context, e Extension) (Record, error)
 	// Lookup returns the record, or ErrNotFound.
 	Lookup(ctx context.Context, id ID) (Record, error)
 	// Purge deletes the record, or returns ErrNotFound.
@@ -69,6 +69,7 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		ID:          r.ID,
 		Fingerprint: r.Fingerprint,
 		Owner:       r.Owner,
+		Secret:      HashSecret(r.Secret),
 		Lease:       r.Lease,
 		Retention:   cmp.Or(r.Retention, s.retention),
 		Token:       NewLeaseToken(),
@@ -133,7 +134,7 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 }
 
 // Extend renews a held lease.
-func (s *Service) Extend(ctx context.Context, e Extension) (time.Time, error) {
+func (s *Service) Extend(ctx context.Context, e Extension) (Record, error) {
 	return s.store.Extend(ctx, e)
 }
 

@@ -8,7 +8,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 
-	"github.com/idemd/idemd/internal/api"
 	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
 )
@@ -29,7 +28,7 @@ const noTenant = "-"
 
 // openPaths answer without a token: probes and scrapers carry none, and they reveal
 // nothing about any tenant's records.
-var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true}
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": true, "/openapi.yaml": true}
 
 // routeScopes is the scope each API route needs. Every route of the API is listed (a
 // test holds that); a route missing here would need a valid token of any scope.
@@ -143,7 +142,7 @@ func checkTenantResponse(c echo.Context, field string, r *engine.Response) error
 		return nil
 	}
 	if n := r.Size(); n > limit {
-		return &problem{status: http.StatusRequestEntityTooLarge, code: api.ProblemCodePayloadTooLarge,
+		return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
 			detail: fmt.Sprintf("%s is %d bytes (body and headers), over tenant %s's limit of %d", field, n, t.Name, limit)}
 	}
 	return nil

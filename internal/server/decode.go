@@ -30,17 +30,17 @@ func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) erro
 	ct := r.Header.Get("Content-Type")
 	media, _, err := mime.ParseMediaType(ct)
 	if err != nil || (media != "application/json" && !strings.HasSuffix(media, "+json")) {
-		return &problem{status: http.StatusUnsupportedMediaType, code: api.ProblemCodeUnsupportedMediaType,
+		return &problem{status: http.StatusUnsupportedMediaType, code: codeUnsupportedMediaType,
 			detail: fmt.Sprintf("Content-Type %q: send application/json", ct)}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return &problem{status: http.StatusRequestEntityTooLarge, code: api.ProblemCodePayloadTooLarge,
+			return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
 				detail: fmt.Sprintf("request body is over %d bytes", limit)}
 		}
-		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "reading the request body: " + err.Error()}
+		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "reading the request body: " + err.Error()}
 	}
 	return decodeBody(body, v)
 }
@@ -49,7 +49,7 @@ func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) erro
 func decodeBody(body []byte, v any) error {
 	// encoding/json would quietly turn invalid UTF-8 into U+FFFD, changing a key.
 	if !utf8.Valid(body) {
-		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "request body is not valid UTF-8"}
+		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "request body is not valid UTF-8"}
 	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
@@ -57,7 +57,7 @@ func decodeBody(body []byte, v any) error {
 		return jsonProblem(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "request body has data after the JSON object"}
+		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "request body has data after the JSON object"}
 	}
 	return nil
 }
@@ -68,11 +68,11 @@ func jsonProblem(err error) *problem {
 	var b64 base64.CorruptInputError
 	switch {
 	case errors.Is(err, io.EOF):
-		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "request body is empty; send a JSON object"}
+		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "request body is empty; send a JSON object"}
 	case errors.As(err, &syntax):
-		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err)}
+		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: fmt.Sprintf("malformed JSON at byte %d: %v", syntax.Offset, err)}
 	case errors.Is(err, io.ErrUnexpectedEOF):
-		return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: "malformed JSON: the body ends too early"}
+		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "malformed JSON: the body ends too early"}
 	case errors.As(err, &typ):
 		if typ.Field == "" {
 			return invalid("request body must be a JSON object, not %s", typ.Value)
@@ -85,7 +85,7 @@ func jsonProblem(err error) *problem {
 	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		return invalid("unknown field %s", field)
 	}
-	return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidJson, detail: err.Error()}
+	return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: err.Error()}
 }
 
 func jsonType(kind string) string {
@@ -120,7 +120,7 @@ func validToken(token string) error {
 	if token == "" {
 		return invalid("lease_token is required")
 	}
-	if len(token) > 256 {
+	if len(token) > engine.MaxLeaseTokenBytes {
 		return invalid("lease_token is %d bytes; lease tokens are short", len(token))
 	}
 	return nil
@@ -160,6 +160,12 @@ func (s *Server) claimRequest(tenant string, r api.ClaimRequest) (engine.ClaimRe
 	if req.Owner, err = optional("owner", r.Owner, engine.MaxOwnerBytes); err != nil {
 		return req, err
 	}
+	if req.Secret, err = optional("claim_secret", r.ClaimSecret, engine.MaxSecretBytes); err != nil {
+		return req, err
+	}
+	if r.ClaimSecret != nil && len(req.Secret) < engine.MinSecretBytes {
+		return req, invalid("claim_secret is %d bytes; it must be at least %d (128 random bits or more)", len(req.Secret), engine.MinSecretBytes)
+	}
 	if req.Lease, err = millis("lease_ms", r.LeaseMs, engine.MinLease, engine.MaxLease, engine.DefaultLease); err != nil {
 		return req, err
 	}
@@ -186,7 +192,7 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 		resp.Body = *r.Body
 	}
 	if n := resp.Size(); n > s.limits.MaxResponseBytes {
-		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: api.ProblemCodePayloadTooLarge,
+		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
 			detail: fmt.Sprintf("%s is %d bytes (body and headers), over the limit of %d", field, n, s.limits.MaxResponseBytes)}
 	}
 	return resp, nil

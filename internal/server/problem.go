@@ -14,12 +14,35 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 )
 
+// code is a problem's machine-readable reason. The contract lists these values and
+// tells clients to accept others, so new ones may be added.
+type code string
+
+// The problem codes.
+const (
+	codeInvalidRequest       code = "invalid_request"
+	codeInvalidJson          code = "invalid_json"
+	codeUnsupportedMediaType code = "unsupported_media_type"
+	codePayloadTooLarge      code = "payload_too_large"
+	codeNotFound             code = "not_found"
+	codeInProgress           code = "in_progress"
+	codeFingerprintMismatch  code = "fingerprint_mismatch"
+	codeLeaseLost            code = "lease_lost"
+	codeStoreUnavailable     code = "store_unavailable"
+	codeNotReplicated        code = "not_replicated"
+	codeMethodNotAllowed     code = "method_not_allowed"
+	codeInternal             code = "internal"
+	codeUnauthenticated      code = "unauthenticated"
+	codeForbidden            code = "forbidden"
+	codeRateLimited          code = "rate_limited"
+)
+
 // problem is an RFC 9457 problem detail on its way to the client. Handlers return it
 // (or a domain error) and the error handler renders it; handlers never write errors
 // themselves.
 type problem struct {
 	status     int
-	code       api.ProblemCode
+	code       code
 	detail     string
 	retryAfter time.Duration
 	cause      error
@@ -31,7 +54,7 @@ func (p *problem) Error() string { return string(p.code) + ": " + p.detail }
 func (p *problem) Unwrap() error { return p.cause }
 
 func invalid(format string, args ...any) *problem {
-	return &problem{status: http.StatusBadRequest, code: api.ProblemCodeInvalidRequest, detail: fmt.Sprintf(format, args...)}
+	return &problem{status: http.StatusBadRequest, code: codeInvalidRequest, detail: fmt.Sprintf(format, args...)}
 }
 
 // unavailableRetry is what a client is told to wait when the store is down.
@@ -49,54 +72,54 @@ func toProblem(err error) *problem {
 	var forbidden *auth.ForbiddenError
 	switch {
 	case errors.Is(err, auth.ErrMissingToken):
-		return &problem{status: http.StatusUnauthorized, code: api.ProblemCodeUnauthenticated, challenge: `Bearer realm="idemd"`,
+		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd"`,
 			detail: "send Authorization: Bearer <token>"}
 	case errors.Is(err, auth.ErrUnknownToken):
-		return &problem{status: http.StatusUnauthorized, code: api.ProblemCodeUnauthenticated, challenge: `Bearer realm="idemd", error="invalid_token"`,
+		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd", error="invalid_token"`,
 			detail: "the bearer token is not known"}
 	case errors.As(err, &forbidden):
-		return &problem{status: http.StatusForbidden, code: api.ProblemCodeForbidden,
+		return &problem{status: http.StatusForbidden, code: codeForbidden,
 			detail: fmt.Sprintf("this token does not have the %s scope, which this operation needs", forbidden.Need)}
 	case errors.As(err, &limited):
-		return &problem{status: http.StatusTooManyRequests, code: api.ProblemCodeRateLimited, retryAfter: limited.RetryAfter,
+		return &problem{status: http.StatusTooManyRequests, code: codeRateLimited, retryAfter: limited.RetryAfter,
 			detail: "the tenant is over its request rate"}
 	case errors.As(err, &busy):
-		return &problem{status: http.StatusConflict, code: api.ProblemCodeInProgress, retryAfter: max(busy.RetryAfter, 0),
+		return &problem{status: http.StatusConflict, code: codeInProgress, retryAfter: max(busy.RetryAfter, 0),
 			detail: "another caller holds a live lease on this key; retry after it runs out, or claim with wait_ms"}
 	case errors.Is(err, engine.ErrFingerprintMismatch):
-		return &problem{status: http.StatusUnprocessableEntity, code: api.ProblemCodeFingerprintMismatch,
+		return &problem{status: http.StatusUnprocessableEntity, code: codeFingerprintMismatch,
 			detail: "fingerprint: this key was first used with a different fingerprint (payload)"}
 	case errors.Is(err, engine.ErrLeaseLost):
-		return &problem{status: http.StatusConflict, code: api.ProblemCodeLeaseLost,
+		return &problem{status: http.StatusConflict, code: codeLeaseLost,
 			detail: "lease_token: not the key's current lease (released, finished, or taken over after expiry)"}
 	case errors.Is(err, engine.ErrNotFound):
-		return &problem{status: http.StatusNotFound, code: api.ProblemCodeNotFound, detail: "key: no record for this key"}
+		return &problem{status: http.StatusNotFound, code: codeNotFound, detail: "key: no record for this key"}
 	case errors.Is(err, engine.ErrNotReplicated):
-		return &problem{status: http.StatusServiceUnavailable, code: api.ProblemCodeNotReplicated, retryAfter: unavailableRetry, cause: err,
+		return &problem{status: http.StatusServiceUnavailable, code: codeNotReplicated, retryAfter: unavailableRetry, cause: err,
 			detail: "the write was not confirmed by enough replicas in time; it may or may not have taken effect"}
 	case errors.Is(err, engine.ErrUnavailable):
-		return &problem{status: http.StatusServiceUnavailable, code: api.ProblemCodeStoreUnavailable, retryAfter: unavailableRetry, cause: err,
+		return &problem{status: http.StatusServiceUnavailable, code: codeStoreUnavailable, retryAfter: unavailableRetry, cause: err,
 			detail: "the store is unavailable; nothing was acquired"}
 	case errors.As(err, &he):
 		switch he.Code {
 		case http.StatusNotFound:
-			return &problem{status: he.Code, code: api.ProblemCodeNotFound, detail: "no such endpoint"}
+			return &problem{status: he.Code, code: codeNotFound, detail: "no such endpoint"}
 		case http.StatusMethodNotAllowed:
-			return &problem{status: he.Code, code: api.ProblemCodeMethodNotAllowed, detail: "method not allowed on this endpoint"}
+			return &problem{status: he.Code, code: codeMethodNotAllowed, detail: "method not allowed on this endpoint"}
 		case http.StatusRequestEntityTooLarge:
-			return &problem{status: he.Code, code: api.ProblemCodePayloadTooLarge, detail: "request body too large"}
+			return &problem{status: he.Code, code: codePayloadTooLarge, detail: "request body too large"}
 		}
 		if he.Code >= 400 && he.Code < 500 {
-			return &problem{status: he.Code, code: api.ProblemCodeInvalidRequest, detail: fmt.Sprint(he.Message)}
+			return &problem{status: he.Code, code: codeInvalidRequest, detail: fmt.Sprint(he.Message)}
 		}
 	}
-	return &problem{status: http.StatusInternalServerError, code: api.ProblemCodeInternal, detail: "internal error", cause: err}
+	return &problem{status: http.StatusInternalServerError, code: codeInternal, detail: "internal error", cause: err}
 }
 
 func (s *Server) handleError(err error, c echo.Context) {
 	p := toProblem(err)
 	c.Set(outcomeKey, string(p.code))
-	if p.code == api.ProblemCodeStoreUnavailable || p.code == api.ProblemCodeNotReplicated {
+	if p.code == codeStoreUnavailable || p.code == codeNotReplicated {
 		s.metrics.storeErrors.WithLabelValues(endpointOf(c)).Inc()
 	}
 	if p.status >= 500 {
@@ -109,7 +132,7 @@ func (s *Server) handleError(err error, c echo.Context) {
 		Type:   "urn:idemd:problem:" + string(p.code),
 		Title:  http.StatusText(p.status),
 		Status: p.status,
-		Code:   p.code,
+		Code:   string(p.code),
 	}
 	if p.detail != "" {
 		body.Detail = &p.detail

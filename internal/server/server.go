@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	contract "github.com/idemd/idemd/api"
 	"github.com/idemd/idemd/internal/api"
 	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
@@ -24,7 +25,7 @@ type Engine interface {
 	Claim(ctx context.Context, r engine.ClaimRequest) (engine.ClaimResult, error)
 	Complete(ctx context.Context, c engine.Completion) (engine.Record, error)
 	Release(ctx context.Context, r engine.Release) (engine.Record, error)
-	Extend(ctx context.Context, e engine.Extension) (time.Time, error)
+	Extend(ctx context.Context, e engine.Extension) (engine.Record, error)
 	Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
@@ -134,17 +135,15 @@ func (s *Server) Claim(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	out := api.ClaimResponse{Outcome: api.ClaimResponseOutcome(res.Outcome), Attempt: res.Record.Attempt}
-	status := http.StatusOK
+	rec := res.Record
 	if res.Outcome == engine.OutcomeAcquired {
-		status = http.StatusCreated
-		out.LeaseToken = &res.Record.LeaseToken
-		out.LeaseExpiresAt = &res.Record.LeaseExpiresAt
-		out.Recovered = &res.Record.Recovered
-	} else {
-		out.Response = apiResponse(res.Record.Response)
+		return s.reply(c, http.StatusCreated, string(res.Outcome), api.ClaimAcquired{
+			Outcome: api.ClaimAcquiredOutcome(res.Outcome), LeaseToken: rec.LeaseToken, LeaseExpiresAt: rec.LeaseExpiresAt,
+			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt})
 	}
-	return s.reply(c, status, string(res.Outcome), out)
+	return s.reply(c, http.StatusOK, string(res.Outcome), api.ClaimFinished{
+		Outcome: api.ClaimFinishedOutcome(res.Outcome), Attempt: rec.Attempt,
+		Response: apiResponse(rec.Response), ExpiresAt: rec.ExpiresAt})
 }
 
 // Complete implements POST /v1/complete.
@@ -206,11 +205,11 @@ func (s *Server) Extend(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	exp, err := s.engine.Extend(c.Request().Context(), req)
+	rec, err := s.engine.Extend(c.Request().Context(), req)
 	if err != nil {
 		return err
 	}
-	return s.reply(c, http.StatusOK, "ok", api.ExtendResponse{LeaseExpiresAt: exp})
+	return s.reply(c, http.StatusOK, "ok", api.LeaseExtended{LeaseExpiresAt: rec.LeaseExpiresAt, ExpiresAt: rec.ExpiresAt})
 }
 
 // Lookup implements GET /v1/records/{key}.
@@ -235,6 +234,12 @@ func (s *Server) Purge(c echo.Context, key string) error {
 	}
 	c.Set(outcomeKey, "ok")
 	return c.NoContent(http.StatusNoContent)
+}
+
+// Openapi implements GET /openapi.yaml: the contract this daemon serves.
+func (s *Server) Openapi(c echo.Context) error {
+	c.Set(outcomeKey, "ok")
+	return c.Blob(http.StatusOK, "application/yaml", contract.OpenAPI)
 }
 
 // Healthz implements GET /healthz: the process is up.
@@ -268,10 +273,10 @@ func apiResponse(r *engine.Response) *api.StoredResponse {
 	return out
 }
 
-func apiRecord(r engine.Record) api.Record {
-	out := api.Record{
+func apiRecord(r engine.Record) api.KeyRecord {
+	out := api.KeyRecord{
 		Key:       r.ID.Key,
-		State:     api.RecordState(r.State),
+		State:     string(r.State),
 		Attempt:   r.Attempt,
 		CreatedAt: r.CreatedAt,
 		UpdatedAt: r.UpdatedAt,

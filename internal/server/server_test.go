@@ -198,12 +198,32 @@ func testContract(t *testing.T, d *daemon) {
 				t.Fatalf("retry_after_ms %d, want just under 20000", ms)
 			}
 		}},
-		{"same owner is re-entrant", func(t *testing.T, key string) {
-			tok := d.acquire(key, "owner", "worker-1")
-			if again := d.acquire(key, "owner", "worker-1"); again != tok {
-				t.Fatalf("re-entrant claim token %q, want %q", again, tok)
+		{"a resent claim with its claim_secret gets its lease back; an owner name grants nothing", func(t *testing.T, key string) {
+			secret := "0123456789abcdef0123456789abcdef"
+			tok := d.acquire(key, "owner", "worker-1", "claim_secret", secret)
+			if again := d.acquire(key, "owner", "worker-2", "claim_secret", secret); again != tok {
+				t.Fatalf("resent claim token %q, want %q", again, tok)
 			}
-			wantProblem(t, d.claim(map[string]any{"key": key, "owner": "worker-2"}), 409, "in_progress")
+			wantProblem(t, d.claim(map[string]any{"key": key, "owner": "worker-1"}), 409, "in_progress")
+			wantProblem(t, d.claim(map[string]any{"key": key, "owner": "worker-1", "claim_secret": "another-secret-of-32-characters!"}), 409, "in_progress")
+			if a := d.lookup(key); strings.Contains(string(a.raw), secret) || a.body["claim_secret"] != nil {
+				t.Fatalf("lookup shows the claim secret: %s", a.raw)
+			}
+		}},
+		{"claim answers carry expires_at and the fields of their status", func(t *testing.T, key string) {
+			a := d.claim(map[string]any{"key": key})
+			if a.status != 201 || a.str("outcome") != "acquired" || a.str("lease_token") == "" || a.str("lease_expires_at") == "" || a.str("expires_at") == "" || a.body["recovered"] != false || a.num("attempt") != 1 {
+				t.Fatalf("acquired: %d %s", a.status, a.raw)
+			}
+			x := d.post("/v1/extend", map[string]any{"key": key, "lease_token": a.str("lease_token"), "lease_ms": 1000})
+			if x.status != 200 || x.str("expires_at") == "" || x.str("lease_expires_at") == "" {
+				t.Fatalf("extend: %d %s", x.status, x.raw)
+			}
+			d.complete(key, a.str("lease_token"), 201, []byte("ok"))
+			f := d.claim(map[string]any{"key": key})
+			if f.status != 200 || f.str("outcome") != "completed" || f.str("expires_at") == "" || f.body["lease_token"] != nil || f.num("attempt") != 1 {
+				t.Fatalf("finished: %d %s", f.status, f.raw)
+			}
 		}},
 		{"completed key replays byte for byte with 200", func(t *testing.T, key string) {
 			tok := d.acquire(key, "fingerprint", "fp1")
@@ -337,6 +357,7 @@ func testBadInputChangesNothing(t *testing.T, d *daemon) {
 		{"wait_ms too large", "/v1/claim", "application/json", `{"key":"a","wait_ms":30001}`, 400, "invalid_request", "wait_ms"},
 		{"wait_ms negative", "/v1/claim", "application/json", `{"key":"a","wait_ms":-1}`, 400, "invalid_request", "wait_ms"},
 		{"fingerprint too long", "/v1/claim", "application/json", `{"key":"a","fingerprint":"` + strings.Repeat("f", 257) + `"}`, 400, "invalid_request", "fingerprint"},
+		{"claim_secret too short", "/v1/claim", "application/json", `{"key":"a","claim_secret":"short"}`, 400, "invalid_request", "claim_secret"},
 		{"owner too long", "/v1/claim", "application/json", `{"key":"a","owner":"` + strings.Repeat("o", 257) + `"}`, 400, "invalid_request", "owner"},
 		{"wrong content type", "/v1/claim", "text/plain", `{"key":"a"}`, 415, "unsupported_media_type", "Content-Type"},
 		{"no content type", "/v1/claim", "", `{"key":"a"}`, 415, "unsupported_media_type", "Content-Type"},

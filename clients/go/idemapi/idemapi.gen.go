@@ -14,105 +14,38 @@ import (
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/oapi-codegen/runtime"
 )
 
-// Defines values for ClaimResponseOutcome.
+// Defines values for ClaimAcquiredOutcome.
 const (
-	ClaimResponseOutcomeAcquired  ClaimResponseOutcome = "acquired"
-	ClaimResponseOutcomeCompleted ClaimResponseOutcome = "completed"
-	ClaimResponseOutcomeFailed    ClaimResponseOutcome = "failed"
+	Acquired ClaimAcquiredOutcome = "acquired"
 )
 
-// Valid indicates whether the value is a known member of the ClaimResponseOutcome enum.
-func (e ClaimResponseOutcome) Valid() bool {
+// Valid indicates whether the value is a known member of the ClaimAcquiredOutcome enum.
+func (e ClaimAcquiredOutcome) Valid() bool {
 	switch e {
-	case ClaimResponseOutcomeAcquired:
-		return true
-	case ClaimResponseOutcomeCompleted:
-		return true
-	case ClaimResponseOutcomeFailed:
+	case Acquired:
 		return true
 	default:
 		return false
 	}
 }
 
-// Defines values for ProblemCode.
+// Defines values for ClaimFinishedOutcome.
 const (
-	ProblemCodeFingerprintMismatch  ProblemCode = "fingerprint_mismatch"
-	ProblemCodeForbidden            ProblemCode = "forbidden"
-	ProblemCodeInProgress           ProblemCode = "in_progress"
-	ProblemCodeInternal             ProblemCode = "internal"
-	ProblemCodeInvalidJson          ProblemCode = "invalid_json"
-	ProblemCodeInvalidRequest       ProblemCode = "invalid_request"
-	ProblemCodeLeaseLost            ProblemCode = "lease_lost"
-	ProblemCodeMethodNotAllowed     ProblemCode = "method_not_allowed"
-	ProblemCodeNotFound             ProblemCode = "not_found"
-	ProblemCodeNotReplicated        ProblemCode = "not_replicated"
-	ProblemCodePayloadTooLarge      ProblemCode = "payload_too_large"
-	ProblemCodeRateLimited          ProblemCode = "rate_limited"
-	ProblemCodeStoreUnavailable     ProblemCode = "store_unavailable"
-	ProblemCodeUnauthenticated      ProblemCode = "unauthenticated"
-	ProblemCodeUnsupportedMediaType ProblemCode = "unsupported_media_type"
+	Completed ClaimFinishedOutcome = "completed"
+	Failed    ClaimFinishedOutcome = "failed"
 )
 
-// Valid indicates whether the value is a known member of the ProblemCode enum.
-func (e ProblemCode) Valid() bool {
+// Valid indicates whether the value is a known member of the ClaimFinishedOutcome enum.
+func (e ClaimFinishedOutcome) Valid() bool {
 	switch e {
-	case ProblemCodeFingerprintMismatch:
+	case Completed:
 		return true
-	case ProblemCodeForbidden:
-		return true
-	case ProblemCodeInProgress:
-		return true
-	case ProblemCodeInternal:
-		return true
-	case ProblemCodeInvalidJson:
-		return true
-	case ProblemCodeInvalidRequest:
-		return true
-	case ProblemCodeLeaseLost:
-		return true
-	case ProblemCodeMethodNotAllowed:
-		return true
-	case ProblemCodeNotFound:
-		return true
-	case ProblemCodeNotReplicated:
-		return true
-	case ProblemCodePayloadTooLarge:
-		return true
-	case ProblemCodeRateLimited:
-		return true
-	case ProblemCodeStoreUnavailable:
-		return true
-	case ProblemCodeUnauthenticated:
-		return true
-	case ProblemCodeUnsupportedMediaType:
-		return true
-	default:
-		return false
-	}
-}
-
-// Defines values for RecordState.
-const (
-	RecordStateCompleted RecordState = "completed"
-	RecordStateFailed    RecordState = "failed"
-	RecordStatePending   RecordState = "pending"
-	RecordStateReleased  RecordState = "released"
-)
-
-// Valid indicates whether the value is a known member of the RecordState enum.
-func (e RecordState) Valid() bool {
-	switch e {
-	case RecordStateCompleted:
-		return true
-	case RecordStateFailed:
-		return true
-	case RecordStatePending:
-		return true
-	case RecordStateReleased:
+	case Failed:
 		return true
 	default:
 		return false
@@ -137,60 +70,94 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// ClaimAcquired The caller holds the lease.
+type ClaimAcquired struct {
+	// Attempt How many times the key has been acquired, this time included.
+	Attempt int64 `json:"attempt"`
+
+	// ExpiresAt When the record is forgotten if nobody completes or releases it.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// LeaseExpiresAt When another caller may take the key over unless the lease is extended.
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+
+	// LeaseToken Proves the lease to complete, release and extend.
+	LeaseToken string               `json:"lease_token"`
+	Outcome    ClaimAcquiredOutcome `json:"outcome"`
+
+	// Recovered True when this claim took over from a holder whose lease had expired.
+	Recovered bool `json:"recovered"`
+}
+
+// ClaimAcquiredOutcome defines model for ClaimAcquired.Outcome.
+type ClaimAcquiredOutcome string
+
+// ClaimFinished The key is finished; its stored result is replayed.
+type ClaimFinished struct {
+	// Attempt The attempt that finished the key.
+	Attempt int64 `json:"attempt"`
+
+	// ExpiresAt When the record is forgotten; until then the result is replayed.
+	ExpiresAt time.Time `json:"expires_at"`
+
+	// Outcome completed for a stored result, failed for a terminal failure.
+	Outcome  ClaimFinishedOutcome `json:"outcome"`
+	Response *StoredResponse      `json:"response,omitempty"`
+}
+
+// ClaimFinishedOutcome completed for a stored result, failed for a terminal failure.
+type ClaimFinishedOutcome string
+
 // ClaimRequest defines model for ClaimRequest.
 type ClaimRequest struct {
-	// Fingerprint A digest of the request payload; a later claim with a different one is refused.
+	// ClaimSecret A secret of at least 128 random bits (22 to 256 bytes, for example 32 hex
+	// digits) that the caller makes for this one claim and sends again only when it
+	// resends the same claim after a timeout or a lost answer: a claim carrying the
+	// live lease's claim_secret gets that same lease back. The daemon keeps only its
+	// SHA-256 and never shows it. Without one, a resent claim answers `in_progress`
+	// until the lease runs out.
+	ClaimSecret *string `json:"claim_secret,omitempty"`
+
+	// Fingerprint A digest of the request payload, at most 256 bytes. A claim whose fingerprint
+	// differs from the one the key was first claimed with is refused
+	// (`fingerprint_mismatch`); no fingerprint is the empty one, which differs from
+	// every other.
 	Fingerprint *string `json:"fingerprint,omitempty"`
 
 	// Key The idempotency key, 1 to 255 bytes of UTF-8.
-	Key     string `json:"key"`
+	Key string `json:"key"`
+
+	// LeaseMs How long the lease lasts, in milliseconds. Absent means 30000.
 	LeaseMs *int64 `json:"lease_ms,omitempty"`
 
-	// Owner Who claims. A claim from the live holder's owner returns the same lease.
+	// Owner A label naming who claims (a host, a job), at most 256 bytes, shown by lookup
+	// to help operators. It grants nothing: use claim_secret to get a lease back.
 	Owner *string `json:"owner,omitempty"`
 
-	// WaitMs Wait up to this long for a holder to finish instead of answering 409.
+	// WaitMs Wait up to this long, in milliseconds, for a holder to finish instead of
+	// answering 409 at once. Absent means 0.
 	WaitMs *int64 `json:"wait_ms,omitempty"`
 }
 
-// ClaimResponse defines model for ClaimResponse.
-type ClaimResponse struct {
-	// Attempt How many times the key has been acquired.
-	Attempt        int64      `json:"attempt"`
-	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
-
-	// LeaseToken Present when acquired; proves the lease to complete, release and extend.
-	LeaseToken *string              `json:"lease_token,omitempty"`
-	Outcome    ClaimResponseOutcome `json:"outcome"`
-
-	// Recovered True when this claim took over from a holder whose lease had expired.
-	Recovered *bool           `json:"recovered,omitempty"`
-	Response  *StoredResponse `json:"response,omitempty"`
-}
-
-// ClaimResponseOutcome defines model for ClaimResponse.Outcome.
-type ClaimResponseOutcome string
-
 // CompleteRequest defines model for CompleteRequest.
 type CompleteRequest struct {
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
 	Key        string         `json:"key"`
 	LeaseToken string         `json:"lease_token"`
 	Response   StoredResponse `json:"response"`
 
-	// RetentionMs How long the result is kept, counted from now. Defaults to 24 hours.
+	// RetentionMs How long the result is kept, in milliseconds from now. Absent means 24 hours (or the daemon's --retention).
 	RetentionMs *int64 `json:"retention_ms,omitempty"`
 }
 
 // ExtendRequest defines model for ExtendRequest.
 type ExtendRequest struct {
-	Key        string `json:"key"`
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
+	Key string `json:"key"`
+
+	// LeaseMs The new lease, in milliseconds from now.
 	LeaseMs    int64  `json:"lease_ms"`
 	LeaseToken string `json:"lease_token"`
-}
-
-// ExtendResponse defines model for ExtendResponse.
-type ExtendResponse struct {
-	LeaseExpiresAt time.Time `json:"lease_expires_at"`
 }
 
 // Health defines model for Health.
@@ -198,50 +165,67 @@ type Health struct {
 	Status string `json:"status"`
 }
 
-// Problem defines model for Problem.
-type Problem struct {
-	Code         ProblemCode `json:"code"`
-	Detail       *string     `json:"detail,omitempty"`
-	Instance     *string     `json:"instance,omitempty"`
-	RetryAfterMs *int64      `json:"retry_after_ms,omitempty"`
-	Status       int         `json:"status"`
-	Title        string      `json:"title"`
-	Type         string      `json:"type"`
-}
-
-// ProblemCode defines model for Problem.Code.
-type ProblemCode string
-
-// Record defines model for Record.
-type Record struct {
+// KeyRecord defines model for KeyRecord.
+type KeyRecord struct {
 	Attempt   int64     `json:"attempt"`
 	CreatedAt time.Time `json:"created_at"`
 
 	// ExpiresAt When the record is forgotten.
-	ExpiresAt      time.Time       `json:"expires_at"`
-	Fingerprint    *string         `json:"fingerprint,omitempty"`
-	Key            string          `json:"key"`
-	LeaseExpiresAt *time.Time      `json:"lease_expires_at,omitempty"`
-	Owner          *string         `json:"owner,omitempty"`
-	Response       *StoredResponse `json:"response,omitempty"`
+	ExpiresAt      time.Time  `json:"expires_at"`
+	Fingerprint    *string    `json:"fingerprint,omitempty"`
+	Key            string     `json:"key"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 
-	// State released means the key was given back for a retry and is free to claim.
-	State     RecordState `json:"state"`
-	UpdatedAt time.Time   `json:"updated_at"`
+	// Owner The label the current or last claim gave; it grants nothing.
+	Owner    *string         `json:"owner,omitempty"`
+	Response *StoredResponse `json:"response,omitempty"`
+
+	// State pending, released, completed or failed (an open set: accept others).
+	// released means the key was given back for a retry and is free to claim.
+	State     string    `json:"state"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// RecordState released means the key was given back for a retry and is free to claim.
-type RecordState string
+// LeaseExtended defines model for LeaseExtended.
+type LeaseExtended struct {
+	// ExpiresAt When the record is forgotten if nobody completes or releases it.
+	ExpiresAt      time.Time `json:"expires_at"`
+	LeaseExpiresAt time.Time `json:"lease_expires_at"`
+}
+
+// Problem An RFC 9457 problem detail.
+type Problem struct {
+	// Code The machine-readable reason, an open set: clients must accept codes they do
+	// not know and treat them by status. Known codes: invalid_request,
+	// invalid_json, unsupported_media_type, payload_too_large, not_found,
+	// in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
+	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
+	// rate_limited.
+	Code string `json:"code"`
+
+	// Detail What went wrong, naming the member of the request at fault.
+	Detail   *string `json:"detail,omitempty"`
+	Instance *string `json:"instance,omitempty"`
+
+	// RetryAfterMs For in_progress, rate_limited and store_unavailable, how long to wait before trying again.
+	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
+	Status       int    `json:"status"`
+	Title        string `json:"title"`
+	Type         string `json:"type"`
+}
 
 // ReleaseRequest defines model for ReleaseRequest.
 type ReleaseRequest struct {
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
 	Key        string `json:"key"`
 	LeaseToken string `json:"lease_token"`
 
 	// Mode retry frees the key for the next claim; fail stores a terminal failure.
-	Mode        ReleaseRequestMode `json:"mode"`
-	Response    *StoredResponse    `json:"response,omitempty"`
-	RetentionMs *int64             `json:"retention_ms,omitempty"`
+	Mode     ReleaseRequestMode `json:"mode"`
+	Response *StoredResponse    `json:"response,omitempty"`
+
+	// RetentionMs How long a failure is kept, in milliseconds from now. Absent means 24 hours (or the daemon's --retention).
+	RetentionMs *int64 `json:"retention_ms,omitempty"`
 }
 
 // ReleaseRequestMode retry frees the key for the next claim; fail stores a terminal failure.
@@ -255,19 +239,19 @@ type StoredResponse struct {
 	Status  int                  `json:"status"`
 }
 
-// Forbidden defines model for Forbidden.
+// Forbidden An RFC 9457 problem detail.
 type Forbidden = Problem
 
-// InProgress defines model for InProgress.
+// InProgress An RFC 9457 problem detail.
 type InProgress = Problem
 
-// RateLimited defines model for RateLimited.
+// RateLimited An RFC 9457 problem detail.
 type RateLimited = Problem
 
-// Unauthenticated defines model for Unauthenticated.
+// Unauthenticated An RFC 9457 problem detail.
 type Unauthenticated = Problem
 
-// Unavailable defines model for Unavailable.
+// Unavailable An RFC 9457 problem detail.
 type Unavailable = Problem
 
 // ClaimJSONRequestBody defines body for Claim for application/json ContentType.
@@ -361,6 +345,11 @@ type ClientInterface interface {
 	// Corresponds with GET /healthz (the `Healthz` operationId).
 	Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// Openapi This contract, as the daemon serves it.
+	//
+	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
+	Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// Readyz The store is reachable and writable.
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
@@ -446,6 +435,21 @@ type ClientInterface interface {
 // Corresponds with GET /healthz (the `Healthz` operationId).
 func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHealthzRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// Openapi This contract, as the daemon serves it.
+//
+// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
+func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewOpenapiRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -655,6 +659,33 @@ func NewHealthzRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/healthz")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewOpenapiRequest constructs an http.Request for the Openapi method
+func NewOpenapiRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/openapi.yaml")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -976,14 +1007,21 @@ type ClientWithResponsesInterface interface {
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /healthz (the `Healthz` operationId).
-	HealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*HealthzResult, error)
+	HealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*HealthzResponse, error)
+
+	// OpenapiWithResponse This contract, as the daemon serves it.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
+	OpenapiWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenapiResponse, error)
 
 	// ReadyzWithResponse The store is reachable and writable.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
-	ReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ReadyzResult, error)
+	ReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ReadyzResponse, error)
 
 	// ClaimWithBodyWithResponse Claim an idempotency key.
 	//
@@ -994,7 +1032,7 @@ type ClientWithResponsesInterface interface {
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/claim (the `Claim` operationId).
-	ClaimWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ClaimResult, error)
+	ClaimWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ClaimResponse, error)
 
 	// ClaimWithResponse Claim an idempotency key.
 	//
@@ -1005,66 +1043,66 @@ type ClientWithResponsesInterface interface {
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/claim (the `Claim` operationId).
-	ClaimWithResponse(ctx context.Context, body ClaimJSONRequestBody, reqEditors ...RequestEditorFn) (*ClaimResult, error)
+	ClaimWithResponse(ctx context.Context, body ClaimJSONRequestBody, reqEditors ...RequestEditorFn) (*ClaimResponse, error)
 
 	// CompleteWithBodyWithResponse Store the result of a claimed key.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/complete (the `Complete` operationId).
-	CompleteWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CompleteResult, error)
+	CompleteWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CompleteResponse, error)
 
 	// CompleteWithResponse Store the result of a claimed key.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/complete (the `Complete` operationId).
-	CompleteWithResponse(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*CompleteResult, error)
+	CompleteWithResponse(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*CompleteResponse, error)
 
 	// ExtendWithBodyWithResponse Renew the lease on a claimed key.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/extend (the `Extend` operationId).
-	ExtendWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ExtendResult, error)
+	ExtendWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ExtendResponse, error)
 
 	// ExtendWithResponse Renew the lease on a claimed key.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/extend (the `Extend` operationId).
-	ExtendWithResponse(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*ExtendResult, error)
+	ExtendWithResponse(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*ExtendResponse, error)
 
 	// PurgeWithResponse Delete the record of a key (an operator's tool).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with DELETE /v1/records/{key} (the `Purge` operationId).
-	PurgeWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*PurgeResult, error)
+	PurgeWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*PurgeResponse, error)
 
 	// LookupWithResponse Show the record of a key.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with GET /v1/records/{key} (the `Lookup` operationId).
-	LookupWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*LookupResult, error)
+	LookupWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*LookupResponse, error)
 
 	// ReleaseWithBodyWithResponse Give a claimed key back, for a retry or as a terminal failure.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/release (the `Release` operationId).
-	ReleaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReleaseResult, error)
+	ReleaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReleaseResponse, error)
 
 	// ReleaseWithResponse Give a claimed key back, for a retry or as a terminal failure.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
 	// Corresponds with POST /v1/release (the `Release` operationId).
-	ReleaseWithResponse(ctx context.Context, body ReleaseJSONRequestBody, reqEditors ...RequestEditorFn) (*ReleaseResult, error)
+	ReleaseWithResponse(ctx context.Context, body ReleaseJSONRequestBody, reqEditors ...RequestEditorFn) (*ReleaseResponse, error)
 }
 
-type HealthzResult struct {
+type HealthzResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -1072,17 +1110,17 @@ type HealthzResult struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r HealthzResult) GetJSON200() *Health {
+func (r HealthzResponse) GetJSON200() *Health {
 	return r.JSON200
 }
 
 // GetBody returns the raw response body bytes
-func (r HealthzResult) GetBody() []byte {
+func (r HealthzResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r HealthzResult) Status() string {
+func (r HealthzResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1090,7 +1128,7 @@ func (r HealthzResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r HealthzResult) StatusCode() int {
+func (r HealthzResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1098,19 +1136,60 @@ func (r HealthzResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r HealthzResult) ContentType() string {
+func (r HealthzResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// ReadyzResult503Headers the declared response headers of an HTTP 503 response for Readyz
-type ReadyzResult503Headers struct {
+type OpenapiResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// YAML200 the response for an HTTP 200 `application/yaml` response
+	YAML200 *string
+}
+
+// GetYAML200 returns the response for an HTTP 200 `application/yaml` response
+func (r OpenapiResponse) GetYAML200() *string {
+	return r.YAML200
+}
+
+// GetBody returns the raw response body bytes
+func (r OpenapiResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r OpenapiResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r OpenapiResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r OpenapiResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ReadyzResponse503Headers the declared response headers of an HTTP 503 response for Readyz
+type ReadyzResponse503Headers struct {
 	RetryAfter *int
 }
 
-type ReadyzResult struct {
+type ReadyzResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
@@ -1118,26 +1197,26 @@ type ReadyzResult struct {
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ReadyzResult503Headers
+	Headers503 *ReadyzResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r ReadyzResult) GetJSON200() *Health {
+func (r ReadyzResponse) GetJSON200() *Health {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ReadyzResult) GetApplicationproblemJSON503() *Unavailable {
+func (r ReadyzResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
 // GetBody returns the raw response body bytes
-func (r ReadyzResult) GetBody() []byte {
+func (r ReadyzResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r ReadyzResult) Status() string {
+func (r ReadyzResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1145,7 +1224,7 @@ func (r ReadyzResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r ReadyzResult) StatusCode() int {
+func (r ReadyzResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1153,40 +1232,40 @@ func (r ReadyzResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r ReadyzResult) ContentType() string {
+func (r ReadyzResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// ClaimResult401Headers the declared response headers of an HTTP 401 response for Claim
-type ClaimResult401Headers struct {
+// ClaimResponse401Headers the declared response headers of an HTTP 401 response for Claim
+type ClaimResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
-// ClaimResult409Headers the declared response headers of an HTTP 409 response for Claim
-type ClaimResult409Headers struct {
+// ClaimResponse409Headers the declared response headers of an HTTP 409 response for Claim
+type ClaimResponse409Headers struct {
 	RetryAfter *int
 }
 
-// ClaimResult429Headers the declared response headers of an HTTP 429 response for Claim
-type ClaimResult429Headers struct {
+// ClaimResponse429Headers the declared response headers of an HTTP 429 response for Claim
+type ClaimResponse429Headers struct {
 	RetryAfter *int
 }
 
-// ClaimResult503Headers the declared response headers of an HTTP 503 response for Claim
-type ClaimResult503Headers struct {
+// ClaimResponse503Headers the declared response headers of an HTTP 503 response for Claim
+type ClaimResponse503Headers struct {
 	RetryAfter *int
 }
 
-type ClaimResult struct {
+type ClaimResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ClaimResponse
+	JSON200 *ClaimFinished
 	// JSON201 the response for an HTTP 201 `application/json` response
-	JSON201 *ClaimResponse
+	JSON201 *ClaimAcquired
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -1205,78 +1284,85 @@ type ClaimResult struct {
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
 	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ClaimResult401Headers
+	Headers401 *ClaimResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
-	Headers409 *ClaimResult409Headers
+	Headers409 *ClaimResponse409Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ClaimResult429Headers
+	Headers429 *ClaimResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ClaimResult503Headers
+	Headers503 *ClaimResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r ClaimResult) GetJSON200() *ClaimResponse {
+func (r ClaimResponse) GetJSON200() *ClaimFinished {
 	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r ClaimResult) GetJSON201() *ClaimResponse {
+func (r ClaimResponse) GetJSON201() *ClaimAcquired {
 	return r.JSON201
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON400() *Problem {
+func (r ClaimResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON401() *Unauthenticated {
+func (r ClaimResponse) GetApplicationproblemJSON401() *Unauthenticated {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON403() *Forbidden {
+func (r ClaimResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON409() *InProgress {
+func (r ClaimResponse) GetApplicationproblemJSON409() *InProgress {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON413() *Problem {
+func (r ClaimResponse) GetApplicationproblemJSON413() *Problem {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON415() *Problem {
+func (r ClaimResponse) GetApplicationproblemJSON415() *Problem {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON422() *Problem {
+func (r ClaimResponse) GetApplicationproblemJSON422() *Problem {
 	return r.ApplicationproblemJSON422
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON429() *RateLimited {
+func (r ClaimResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ClaimResult) GetApplicationproblemJSON503() *Unavailable {
+func (r ClaimResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ClaimResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
 // GetBody returns the raw response body bytes
-func (r ClaimResult) GetBody() []byte {
+func (r ClaimResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r ClaimResult) Status() string {
+func (r ClaimResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1284,7 +1370,7 @@ func (r ClaimResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r ClaimResult) StatusCode() int {
+func (r ClaimResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1292,33 +1378,33 @@ func (r ClaimResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r ClaimResult) ContentType() string {
+func (r ClaimResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// CompleteResult401Headers the declared response headers of an HTTP 401 response for Complete
-type CompleteResult401Headers struct {
+// CompleteResponse401Headers the declared response headers of an HTTP 401 response for Complete
+type CompleteResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
-// CompleteResult429Headers the declared response headers of an HTTP 429 response for Complete
-type CompleteResult429Headers struct {
+// CompleteResponse429Headers the declared response headers of an HTTP 429 response for Complete
+type CompleteResponse429Headers struct {
 	RetryAfter *int
 }
 
-// CompleteResult503Headers the declared response headers of an HTTP 503 response for Complete
-type CompleteResult503Headers struct {
+// CompleteResponse503Headers the declared response headers of an HTTP 503 response for Complete
+type CompleteResponse503Headers struct {
 	RetryAfter *int
 }
 
-type CompleteResult struct {
+type CompleteResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *Record
+	JSON200 *KeyRecord
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -1337,71 +1423,78 @@ type CompleteResult struct {
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
 	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *CompleteResult401Headers
+	Headers401 *CompleteResponse401Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *CompleteResult429Headers
+	Headers429 *CompleteResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *CompleteResult503Headers
+	Headers503 *CompleteResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r CompleteResult) GetJSON200() *Record {
+func (r CompleteResponse) GetJSON200() *KeyRecord {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON400() *Problem {
+func (r CompleteResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON401() *Unauthenticated {
+func (r CompleteResponse) GetApplicationproblemJSON401() *Unauthenticated {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON403() *Forbidden {
+func (r CompleteResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON404() *Problem {
+func (r CompleteResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON409() *Problem {
+func (r CompleteResponse) GetApplicationproblemJSON409() *Problem {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON413() *Problem {
+func (r CompleteResponse) GetApplicationproblemJSON413() *Problem {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON415() *Problem {
+func (r CompleteResponse) GetApplicationproblemJSON415() *Problem {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON429() *RateLimited {
+func (r CompleteResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r CompleteResult) GetApplicationproblemJSON503() *Unavailable {
+func (r CompleteResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r CompleteResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
 // GetBody returns the raw response body bytes
-func (r CompleteResult) GetBody() []byte {
+func (r CompleteResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r CompleteResult) Status() string {
+func (r CompleteResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1409,7 +1502,7 @@ func (r CompleteResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r CompleteResult) StatusCode() int {
+func (r CompleteResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1417,33 +1510,33 @@ func (r CompleteResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r CompleteResult) ContentType() string {
+func (r CompleteResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// ExtendResult401Headers the declared response headers of an HTTP 401 response for Extend
-type ExtendResult401Headers struct {
+// ExtendResponse401Headers the declared response headers of an HTTP 401 response for Extend
+type ExtendResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
-// ExtendResult429Headers the declared response headers of an HTTP 429 response for Extend
-type ExtendResult429Headers struct {
+// ExtendResponse429Headers the declared response headers of an HTTP 429 response for Extend
+type ExtendResponse429Headers struct {
 	RetryAfter *int
 }
 
-// ExtendResult503Headers the declared response headers of an HTTP 503 response for Extend
-type ExtendResult503Headers struct {
+// ExtendResponse503Headers the declared response headers of an HTTP 503 response for Extend
+type ExtendResponse503Headers struct {
 	RetryAfter *int
 }
 
-type ExtendResult struct {
+type ExtendResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ExtendResponse
+	JSON200 *LeaseExtended
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -1460,66 +1553,73 @@ type ExtendResult struct {
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
 	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ExtendResult401Headers
+	Headers401 *ExtendResponse401Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ExtendResult429Headers
+	Headers429 *ExtendResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ExtendResult503Headers
+	Headers503 *ExtendResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r ExtendResult) GetJSON200() *ExtendResponse {
+func (r ExtendResponse) GetJSON200() *LeaseExtended {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON400() *Problem {
+func (r ExtendResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON401() *Unauthenticated {
+func (r ExtendResponse) GetApplicationproblemJSON401() *Unauthenticated {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON403() *Forbidden {
+func (r ExtendResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON404() *Problem {
+func (r ExtendResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON409() *Problem {
+func (r ExtendResponse) GetApplicationproblemJSON409() *Problem {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON415() *Problem {
+func (r ExtendResponse) GetApplicationproblemJSON415() *Problem {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON429() *RateLimited {
+func (r ExtendResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ExtendResult) GetApplicationproblemJSON503() *Unavailable {
+func (r ExtendResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ExtendResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
 // GetBody returns the raw response body bytes
-func (r ExtendResult) GetBody() []byte {
+func (r ExtendResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r ExtendResult) Status() string {
+func (r ExtendResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1527,7 +1627,7 @@ func (r ExtendResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r ExtendResult) StatusCode() int {
+func (r ExtendResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1535,29 +1635,29 @@ func (r ExtendResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r ExtendResult) ContentType() string {
+func (r ExtendResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// PurgeResult401Headers the declared response headers of an HTTP 401 response for Purge
-type PurgeResult401Headers struct {
+// PurgeResponse401Headers the declared response headers of an HTTP 401 response for Purge
+type PurgeResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
-// PurgeResult429Headers the declared response headers of an HTTP 429 response for Purge
-type PurgeResult429Headers struct {
+// PurgeResponse429Headers the declared response headers of an HTTP 429 response for Purge
+type PurgeResponse429Headers struct {
 	RetryAfter *int
 }
 
-// PurgeResult503Headers the declared response headers of an HTTP 503 response for Purge
-type PurgeResult503Headers struct {
+// PurgeResponse503Headers the declared response headers of an HTTP 503 response for Purge
+type PurgeResponse503Headers struct {
 	RetryAfter *int
 }
 
-type PurgeResult struct {
+type PurgeResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
@@ -1572,51 +1672,58 @@ type PurgeResult struct {
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
 	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *PurgeResult401Headers
+	Headers401 *PurgeResponse401Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *PurgeResult429Headers
+	Headers429 *PurgeResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *PurgeResult503Headers
+	Headers503 *PurgeResponse503Headers
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r PurgeResult) GetApplicationproblemJSON400() *Problem {
+func (r PurgeResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r PurgeResult) GetApplicationproblemJSON401() *Unauthenticated {
+func (r PurgeResponse) GetApplicationproblemJSON401() *Unauthenticated {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r PurgeResult) GetApplicationproblemJSON403() *Forbidden {
+func (r PurgeResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r PurgeResult) GetApplicationproblemJSON404() *Problem {
+func (r PurgeResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r PurgeResult) GetApplicationproblemJSON429() *RateLimited {
+func (r PurgeResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r PurgeResult) GetApplicationproblemJSON503() *Unavailable {
+func (r PurgeResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r PurgeResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
 // GetBody returns the raw response body bytes
-func (r PurgeResult) GetBody() []byte {
+func (r PurgeResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r PurgeResult) Status() string {
+func (r PurgeResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1624,7 +1731,7 @@ func (r PurgeResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r PurgeResult) StatusCode() int {
+func (r PurgeResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1632,33 +1739,33 @@ func (r PurgeResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r PurgeResult) ContentType() string {
+func (r PurgeResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// LookupResult401Headers the declared response headers of an HTTP 401 response for Lookup
-type LookupResult401Headers struct {
+// LookupResponse401Headers the declared response headers of an HTTP 401 response for Lookup
+type LookupResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
-// LookupResult429Headers the declared response headers of an HTTP 429 response for Lookup
-type LookupResult429Headers struct {
+// LookupResponse429Headers the declared response headers of an HTTP 429 response for Lookup
+type LookupResponse429Headers struct {
 	RetryAfter *int
 }
 
-// LookupResult503Headers the declared response headers of an HTTP 503 response for Lookup
-type LookupResult503Headers struct {
+// LookupResponse503Headers the declared response headers of an HTTP 503 response for Lookup
+type LookupResponse503Headers struct {
 	RetryAfter *int
 }
 
-type LookupResult struct {
+type LookupResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *Record
+	JSON200 *KeyRecord
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -1671,56 +1778,63 @@ type LookupResult struct {
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
 	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *LookupResult401Headers
+	Headers401 *LookupResponse401Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *LookupResult429Headers
+	Headers429 *LookupResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *LookupResult503Headers
+	Headers503 *LookupResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r LookupResult) GetJSON200() *Record {
+func (r LookupResponse) GetJSON200() *KeyRecord {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r LookupResult) GetApplicationproblemJSON400() *Problem {
+func (r LookupResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r LookupResult) GetApplicationproblemJSON401() *Unauthenticated {
+func (r LookupResponse) GetApplicationproblemJSON401() *Unauthenticated {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r LookupResult) GetApplicationproblemJSON403() *Forbidden {
+func (r LookupResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r LookupResult) GetApplicationproblemJSON404() *Problem {
+func (r LookupResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r LookupResult) GetApplicationproblemJSON429() *RateLimited {
+func (r LookupResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r LookupResult) GetApplicationproblemJSON503() *Unavailable {
+func (r LookupResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r LookupResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
 // GetBody returns the raw response body bytes
-func (r LookupResult) GetBody() []byte {
+func (r LookupResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r LookupResult) Status() string {
+func (r LookupResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1728,7 +1842,7 @@ func (r LookupResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r LookupResult) StatusCode() int {
+func (r LookupResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1736,33 +1850,33 @@ func (r LookupResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r LookupResult) ContentType() string {
+func (r LookupResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
 	return ""
 }
 
-// ReleaseResult401Headers the declared response headers of an HTTP 401 response for Release
-type ReleaseResult401Headers struct {
+// ReleaseResponse401Headers the declared response headers of an HTTP 401 response for Release
+type ReleaseResponse401Headers struct {
 	WWWAuthenticate *string
 }
 
-// ReleaseResult429Headers the declared response headers of an HTTP 429 response for Release
-type ReleaseResult429Headers struct {
+// ReleaseResponse429Headers the declared response headers of an HTTP 429 response for Release
+type ReleaseResponse429Headers struct {
 	RetryAfter *int
 }
 
-// ReleaseResult503Headers the declared response headers of an HTTP 503 response for Release
-type ReleaseResult503Headers struct {
+// ReleaseResponse503Headers the declared response headers of an HTTP 503 response for Release
+type ReleaseResponse503Headers struct {
 	RetryAfter *int
 }
 
-type ReleaseResult struct {
+type ReleaseResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *Record
+	JSON200 *KeyRecord
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -1781,71 +1895,78 @@ type ReleaseResult struct {
 	ApplicationproblemJSON429 *RateLimited
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
 	// Headers401 the parsed response headers for an HTTP 401 response
-	Headers401 *ReleaseResult401Headers
+	Headers401 *ReleaseResponse401Headers
 	// Headers429 the parsed response headers for an HTTP 429 response
-	Headers429 *ReleaseResult429Headers
+	Headers429 *ReleaseResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ReleaseResult503Headers
+	Headers503 *ReleaseResponse503Headers
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r ReleaseResult) GetJSON200() *Record {
+func (r ReleaseResponse) GetJSON200() *KeyRecord {
 	return r.JSON200
 }
 
 // GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON400() *Problem {
+func (r ReleaseResponse) GetApplicationproblemJSON400() *Problem {
 	return r.ApplicationproblemJSON400
 }
 
 // GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON401() *Unauthenticated {
+func (r ReleaseResponse) GetApplicationproblemJSON401() *Unauthenticated {
 	return r.ApplicationproblemJSON401
 }
 
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON403() *Forbidden {
+func (r ReleaseResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
 }
 
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON404() *Problem {
+func (r ReleaseResponse) GetApplicationproblemJSON404() *Problem {
 	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON409() *Problem {
+func (r ReleaseResponse) GetApplicationproblemJSON409() *Problem {
 	return r.ApplicationproblemJSON409
 }
 
 // GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON413() *Problem {
+func (r ReleaseResponse) GetApplicationproblemJSON413() *Problem {
 	return r.ApplicationproblemJSON413
 }
 
 // GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON415() *Problem {
+func (r ReleaseResponse) GetApplicationproblemJSON415() *Problem {
 	return r.ApplicationproblemJSON415
 }
 
 // GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON429() *RateLimited {
+func (r ReleaseResponse) GetApplicationproblemJSON429() *RateLimited {
 	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ReleaseResult) GetApplicationproblemJSON503() *Unavailable {
+func (r ReleaseResponse) GetApplicationproblemJSON503() *Unavailable {
 	return r.ApplicationproblemJSON503
 }
 
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ReleaseResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
 // GetBody returns the raw response body bytes
-func (r ReleaseResult) GetBody() []byte {
+func (r ReleaseResponse) GetBody() []byte {
 	return r.Body
 }
 
 // Status returns HTTPResponse.Status
-func (r ReleaseResult) Status() string {
+func (r ReleaseResponse) Status() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Status
 	}
@@ -1853,7 +1974,7 @@ func (r ReleaseResult) Status() string {
 }
 
 // StatusCode returns HTTPResponse.StatusCode
-func (r ReleaseResult) StatusCode() int {
+func (r ReleaseResponse) StatusCode() int {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.StatusCode
 	}
@@ -1861,7 +1982,7 @@ func (r ReleaseResult) StatusCode() int {
 }
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r ReleaseResult) ContentType() string {
+func (r ReleaseResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -1873,12 +1994,25 @@ func (r ReleaseResult) ContentType() string {
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /healthz (the `Healthz` operationId).
-func (c *ClientWithResponses) HealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*HealthzResult, error) {
+func (c *ClientWithResponses) HealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*HealthzResponse, error) {
 	rsp, err := c.Healthz(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseHealthzResult(rsp)
+	return ParseHealthzResponse(rsp)
+}
+
+// OpenapiWithResponse This contract, as the daemon serves it.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
+func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenapiResponse, error) {
+	rsp, err := c.Openapi(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseOpenapiResponse(rsp)
 }
 
 // ReadyzWithResponse The store is reachable and writable.
@@ -1886,12 +2020,12 @@ func (c *ClientWithResponses) HealthzWithResponse(ctx context.Context, reqEditor
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /readyz (the `Readyz` operationId).
-func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ReadyzResult, error) {
+func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ReadyzResponse, error) {
 	rsp, err := c.Readyz(ctx, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseReadyzResult(rsp)
+	return ParseReadyzResponse(rsp)
 }
 
 // ClaimWithBodyWithResponse Claim an idempotency key.
@@ -1903,12 +2037,12 @@ func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/claim (the `Claim` operationId).
-func (c *ClientWithResponses) ClaimWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ClaimResult, error) {
+func (c *ClientWithResponses) ClaimWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ClaimResponse, error) {
 	rsp, err := c.ClaimWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseClaimResult(rsp)
+	return ParseClaimResponse(rsp)
 }
 
 // ClaimWithResponse Claim an idempotency key.
@@ -1920,12 +2054,12 @@ func (c *ClientWithResponses) ClaimWithBodyWithResponse(ctx context.Context, con
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/claim (the `Claim` operationId).
-func (c *ClientWithResponses) ClaimWithResponse(ctx context.Context, body ClaimJSONRequestBody, reqEditors ...RequestEditorFn) (*ClaimResult, error) {
+func (c *ClientWithResponses) ClaimWithResponse(ctx context.Context, body ClaimJSONRequestBody, reqEditors ...RequestEditorFn) (*ClaimResponse, error) {
 	rsp, err := c.Claim(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseClaimResult(rsp)
+	return ParseClaimResponse(rsp)
 }
 
 // CompleteWithBodyWithResponse Store the result of a claimed key.
@@ -1933,12 +2067,12 @@ func (c *ClientWithResponses) ClaimWithResponse(ctx context.Context, body ClaimJ
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/complete (the `Complete` operationId).
-func (c *ClientWithResponses) CompleteWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CompleteResult, error) {
+func (c *ClientWithResponses) CompleteWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CompleteResponse, error) {
 	rsp, err := c.CompleteWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseCompleteResult(rsp)
+	return ParseCompleteResponse(rsp)
 }
 
 // CompleteWithResponse Store the result of a claimed key.
@@ -1946,12 +2080,12 @@ func (c *ClientWithResponses) CompleteWithBodyWithResponse(ctx context.Context, 
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/complete (the `Complete` operationId).
-func (c *ClientWithResponses) CompleteWithResponse(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*CompleteResult, error) {
+func (c *ClientWithResponses) CompleteWithResponse(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*CompleteResponse, error) {
 	rsp, err := c.Complete(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseCompleteResult(rsp)
+	return ParseCompleteResponse(rsp)
 }
 
 // ExtendWithBodyWithResponse Renew the lease on a claimed key.
@@ -1959,12 +2093,12 @@ func (c *ClientWithResponses) CompleteWithResponse(ctx context.Context, body Com
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/extend (the `Extend` operationId).
-func (c *ClientWithResponses) ExtendWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ExtendResult, error) {
+func (c *ClientWithResponses) ExtendWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ExtendResponse, error) {
 	rsp, err := c.ExtendWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseExtendResult(rsp)
+	return ParseExtendResponse(rsp)
 }
 
 // ExtendWithResponse Renew the lease on a claimed key.
@@ -1972,12 +2106,12 @@ func (c *ClientWithResponses) ExtendWithBodyWithResponse(ctx context.Context, co
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/extend (the `Extend` operationId).
-func (c *ClientWithResponses) ExtendWithResponse(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*ExtendResult, error) {
+func (c *ClientWithResponses) ExtendWithResponse(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*ExtendResponse, error) {
 	rsp, err := c.Extend(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseExtendResult(rsp)
+	return ParseExtendResponse(rsp)
 }
 
 // PurgeWithResponse Delete the record of a key (an operator's tool).
@@ -1985,12 +2119,12 @@ func (c *ClientWithResponses) ExtendWithResponse(ctx context.Context, body Exten
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with DELETE /v1/records/{key} (the `Purge` operationId).
-func (c *ClientWithResponses) PurgeWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*PurgeResult, error) {
+func (c *ClientWithResponses) PurgeWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*PurgeResponse, error) {
 	rsp, err := c.Purge(ctx, key, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParsePurgeResult(rsp)
+	return ParsePurgeResponse(rsp)
 }
 
 // LookupWithResponse Show the record of a key.
@@ -1998,12 +2132,12 @@ func (c *ClientWithResponses) PurgeWithResponse(ctx context.Context, key string,
 // Returns a wrapper object for the known response body format(s).
 //
 // Corresponds with GET /v1/records/{key} (the `Lookup` operationId).
-func (c *ClientWithResponses) LookupWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*LookupResult, error) {
+func (c *ClientWithResponses) LookupWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*LookupResponse, error) {
 	rsp, err := c.Lookup(ctx, key, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseLookupResult(rsp)
+	return ParseLookupResponse(rsp)
 }
 
 // ReleaseWithBodyWithResponse Give a claimed key back, for a retry or as a terminal failure.
@@ -2011,12 +2145,12 @@ func (c *ClientWithResponses) LookupWithResponse(ctx context.Context, key string
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/release (the `Release` operationId).
-func (c *ClientWithResponses) ReleaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReleaseResult, error) {
+func (c *ClientWithResponses) ReleaseWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ReleaseResponse, error) {
 	rsp, err := c.ReleaseWithBody(ctx, contentType, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseReleaseResult(rsp)
+	return ParseReleaseResponse(rsp)
 }
 
 // ReleaseWithResponse Give a claimed key back, for a retry or as a terminal failure.
@@ -2024,23 +2158,23 @@ func (c *ClientWithResponses) ReleaseWithBodyWithResponse(ctx context.Context, c
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //
 // Corresponds with POST /v1/release (the `Release` operationId).
-func (c *ClientWithResponses) ReleaseWithResponse(ctx context.Context, body ReleaseJSONRequestBody, reqEditors ...RequestEditorFn) (*ReleaseResult, error) {
+func (c *ClientWithResponses) ReleaseWithResponse(ctx context.Context, body ReleaseJSONRequestBody, reqEditors ...RequestEditorFn) (*ReleaseResponse, error) {
 	rsp, err := c.Release(ctx, body, reqEditors...)
 	if err != nil {
 		return nil, err
 	}
-	return ParseReleaseResult(rsp)
+	return ParseReleaseResponse(rsp)
 }
 
-// ParseHealthzResult parses an HTTP response from a HealthzWithResponse call
-func ParseHealthzResult(rsp *http.Response) (*HealthzResult, error) {
+// ParseHealthzResponse parses an HTTP response from a HealthzWithResponse call
+func ParseHealthzResponse(rsp *http.Response) (*HealthzResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &HealthzResult{
+	response := &HealthzResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -2058,15 +2192,41 @@ func ParseHealthzResult(rsp *http.Response) (*HealthzResult, error) {
 	return response, nil
 }
 
-// ParseReadyzResult parses an HTTP response from a ReadyzWithResponse call
-func ParseReadyzResult(rsp *http.Response) (*ReadyzResult, error) {
+// ParseOpenapiResponse parses an HTTP response from a OpenapiWithResponse call
+func ParseOpenapiResponse(rsp *http.Response) (*OpenapiResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &ReadyzResult{
+	response := &OpenapiResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "yaml") && rsp.StatusCode == 200:
+		var dest string
+		if err := yaml.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.YAML200 = &dest
+
+	}
+
+	return response, nil
+}
+
+// ParseReadyzResponse parses an HTTP response from a ReadyzWithResponse call
+func ParseReadyzResponse(rsp *http.Response) (*ReadyzResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ReadyzResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -2090,7 +2250,7 @@ func ParseReadyzResult(rsp *http.Response) (*ReadyzResult, error) {
 
 	switch {
 	case rsp.StatusCode == 503:
-		var headers ReadyzResult503Headers
+		var headers ReadyzResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2104,29 +2264,29 @@ func ParseReadyzResult(rsp *http.Response) (*ReadyzResult, error) {
 	return response, nil
 }
 
-// ParseClaimResult parses an HTTP response from a ClaimWithResponse call
-func ParseClaimResult(rsp *http.Response) (*ClaimResult, error) {
+// ParseClaimResponse parses an HTTP response from a ClaimWithResponse call
+func ParseClaimResponse(rsp *http.Response) (*ClaimResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &ClaimResult{
+	response := &ClaimResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ClaimResponse
+		var dest ClaimFinished
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
-		var dest ClaimResponse
+		var dest ClaimAcquired
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2195,11 +2355,18 @@ func ParseClaimResult(rsp *http.Response) (*ClaimResult, error) {
 		}
 		response.ApplicationproblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
 	}
 
 	switch {
 	case rsp.StatusCode == 401:
-		var headers ClaimResult401Headers
+		var headers ClaimResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -2209,7 +2376,7 @@ func ParseClaimResult(rsp *http.Response) (*ClaimResult, error) {
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 409:
-		var headers ClaimResult409Headers
+		var headers ClaimResponse409Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2219,7 +2386,7 @@ func ParseClaimResult(rsp *http.Response) (*ClaimResult, error) {
 		}
 		response.Headers409 = &headers
 	case rsp.StatusCode == 429:
-		var headers ClaimResult429Headers
+		var headers ClaimResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2229,7 +2396,7 @@ func ParseClaimResult(rsp *http.Response) (*ClaimResult, error) {
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers ClaimResult503Headers
+		var headers ClaimResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2243,22 +2410,22 @@ func ParseClaimResult(rsp *http.Response) (*ClaimResult, error) {
 	return response, nil
 }
 
-// ParseCompleteResult parses an HTTP response from a CompleteWithResponse call
-func ParseCompleteResult(rsp *http.Response) (*CompleteResult, error) {
+// ParseCompleteResponse parses an HTTP response from a CompleteWithResponse call
+func ParseCompleteResponse(rsp *http.Response) (*CompleteResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &CompleteResult{
+	response := &CompleteResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Record
+		var dest KeyRecord
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2327,11 +2494,18 @@ func ParseCompleteResult(rsp *http.Response) (*CompleteResult, error) {
 		}
 		response.ApplicationproblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
 	}
 
 	switch {
 	case rsp.StatusCode == 401:
-		var headers CompleteResult401Headers
+		var headers CompleteResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -2341,7 +2515,7 @@ func ParseCompleteResult(rsp *http.Response) (*CompleteResult, error) {
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 429:
-		var headers CompleteResult429Headers
+		var headers CompleteResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2351,7 +2525,7 @@ func ParseCompleteResult(rsp *http.Response) (*CompleteResult, error) {
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers CompleteResult503Headers
+		var headers CompleteResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2365,22 +2539,22 @@ func ParseCompleteResult(rsp *http.Response) (*CompleteResult, error) {
 	return response, nil
 }
 
-// ParseExtendResult parses an HTTP response from a ExtendWithResponse call
-func ParseExtendResult(rsp *http.Response) (*ExtendResult, error) {
+// ParseExtendResponse parses an HTTP response from a ExtendWithResponse call
+func ParseExtendResponse(rsp *http.Response) (*ExtendResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &ExtendResult{
+	response := &ExtendResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ExtendResponse
+		var dest LeaseExtended
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2442,11 +2616,18 @@ func ParseExtendResult(rsp *http.Response) (*ExtendResult, error) {
 		}
 		response.ApplicationproblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
 	}
 
 	switch {
 	case rsp.StatusCode == 401:
-		var headers ExtendResult401Headers
+		var headers ExtendResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -2456,7 +2637,7 @@ func ParseExtendResult(rsp *http.Response) (*ExtendResult, error) {
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 429:
-		var headers ExtendResult429Headers
+		var headers ExtendResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2466,7 +2647,7 @@ func ParseExtendResult(rsp *http.Response) (*ExtendResult, error) {
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers ExtendResult503Headers
+		var headers ExtendResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2480,15 +2661,15 @@ func ParseExtendResult(rsp *http.Response) (*ExtendResult, error) {
 	return response, nil
 }
 
-// ParsePurgeResult parses an HTTP response from a PurgeWithResponse call
-func ParsePurgeResult(rsp *http.Response) (*PurgeResult, error) {
+// ParsePurgeResponse parses an HTTP response from a PurgeWithResponse call
+func ParsePurgeResponse(rsp *http.Response) (*PurgeResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &PurgeResult{
+	response := &PurgeResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
@@ -2539,11 +2720,18 @@ func ParsePurgeResult(rsp *http.Response) (*PurgeResult, error) {
 		}
 		response.ApplicationproblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
 	}
 
 	switch {
 	case rsp.StatusCode == 401:
-		var headers PurgeResult401Headers
+		var headers PurgeResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -2553,7 +2741,7 @@ func ParsePurgeResult(rsp *http.Response) (*PurgeResult, error) {
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 429:
-		var headers PurgeResult429Headers
+		var headers PurgeResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2563,7 +2751,7 @@ func ParsePurgeResult(rsp *http.Response) (*PurgeResult, error) {
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers PurgeResult503Headers
+		var headers PurgeResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2577,22 +2765,22 @@ func ParsePurgeResult(rsp *http.Response) (*PurgeResult, error) {
 	return response, nil
 }
 
-// ParseLookupResult parses an HTTP response from a LookupWithResponse call
-func ParseLookupResult(rsp *http.Response) (*LookupResult, error) {
+// ParseLookupResponse parses an HTTP response from a LookupWithResponse call
+func ParseLookupResponse(rsp *http.Response) (*LookupResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &LookupResult{
+	response := &LookupResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Record
+		var dest KeyRecord
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2640,11 +2828,18 @@ func ParseLookupResult(rsp *http.Response) (*LookupResult, error) {
 		}
 		response.ApplicationproblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
 	}
 
 	switch {
 	case rsp.StatusCode == 401:
-		var headers LookupResult401Headers
+		var headers LookupResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -2654,7 +2849,7 @@ func ParseLookupResult(rsp *http.Response) (*LookupResult, error) {
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 429:
-		var headers LookupResult429Headers
+		var headers LookupResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2664,7 +2859,7 @@ func ParseLookupResult(rsp *http.Response) (*LookupResult, error) {
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers LookupResult503Headers
+		var headers LookupResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2678,22 +2873,22 @@ func ParseLookupResult(rsp *http.Response) (*LookupResult, error) {
 	return response, nil
 }
 
-// ParseReleaseResult parses an HTTP response from a ReleaseWithResponse call
-func ParseReleaseResult(rsp *http.Response) (*ReleaseResult, error) {
+// ParseReleaseResponse parses an HTTP response from a ReleaseWithResponse call
+func ParseReleaseResponse(rsp *http.Response) (*ReleaseResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
 	defer func() { _ = rsp.Body.Close() }()
 	if err != nil {
 		return nil, err
 	}
 
-	response := &ReleaseResult{
+	response := &ReleaseResponse{
 		Body:         bodyBytes,
 		HTTPResponse: rsp,
 	}
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest Record
+		var dest KeyRecord
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
@@ -2762,11 +2957,18 @@ func ParseReleaseResult(rsp *http.Response) (*ReleaseResult, error) {
 		}
 		response.ApplicationproblemJSON503 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
 	}
 
 	switch {
 	case rsp.StatusCode == 401:
-		var headers ReleaseResult401Headers
+		var headers ReleaseResponse401Headers
 		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
 			var value string
 			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
@@ -2776,7 +2978,7 @@ func ParseReleaseResult(rsp *http.Response) (*ReleaseResult, error) {
 		}
 		response.Headers401 = &headers
 	case rsp.StatusCode == 429:
-		var headers ReleaseResult429Headers
+		var headers ReleaseResponse429Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
@@ -2786,7 +2988,7 @@ func ParseReleaseResult(rsp *http.Response) (*ReleaseResult, error) {
 		}
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
-		var headers ReleaseResult503Headers
+		var headers ReleaseResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

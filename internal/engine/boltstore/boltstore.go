@@ -155,6 +155,7 @@ type stored struct {
 	State       engine.State        `json:"st"`
 	Fingerprint string              `json:"fp,omitempty"`
 	Owner       string              `json:"ow,omitempty"`
+	Secret      string              `json:"cs,omitempty"`
 	Attempt     int64               `json:"at"`
 	Token       string              `json:"tok"`
 	LeaseExpiry int64               `json:"lx"`
@@ -364,7 +365,7 @@ func decideClaim(r *stored, c engine.Claim, now int64) claimDecision {
 	}
 	if r == nil {
 		w := &stored{Key: c.ID.Key, Tenant: c.ID.Tenant, State: engine.StatePending, Fingerprint: c.Fingerprint,
-			Owner: c.Owner, Attempt: 1, Token: c.Token, LeaseExpiry: now + lease,
+			Owner: c.Owner, Secret: c.Secret, Attempt: 1, Token: c.Token, LeaseExpiry: now + lease,
 			Created: now, Updated: now, Expires: now + max(ms(c.Retention), lease)}
 		d := acquired(w)
 		d.write = w
@@ -374,14 +375,15 @@ func decideClaim(r *stored, c engine.Claim, now int64) claimDecision {
 	case r.State == engine.StatePending && r.Token == c.Token:
 		// The same claim run again finds its own token and answers as before.
 		return acquired(r)
-	case r.Fingerprint != "" && c.Fingerprint != "" && r.Fingerprint != c.Fingerprint:
+	case r.Fingerprint != c.Fingerprint:
+		// Fingerprints compare exactly: no fingerprint is one of its own, not a wildcard.
 		return claimDecision{decided: true, refusal: engine.ErrFingerprintMismatch}
 	case r.State == engine.StateCompleted:
 		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeCompleted, Record: r.record(true)}}
 	case r.State == engine.StateFailed:
 		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeFailed, Record: r.record(true)}}
 	case r.State == engine.StatePending && r.LeaseExpiry > now:
-		if c.Owner != "" && c.Owner == r.Owner {
+		if c.Secret != "" && c.Secret == r.Secret {
 			return acquired(r)
 		}
 		return claimDecision{decided: true, res: engine.ClaimResult{Record: r.record(false)},
@@ -390,10 +392,7 @@ func decideClaim(r *stored, c engine.Claim, now int64) claimDecision {
 	// Released for a retry, or pending under an expired lease: take it.
 	w := *r
 	w.Recovered = r.State == engine.StatePending
-	if w.Fingerprint == "" {
-		w.Fingerprint = c.Fingerprint
-	}
-	w.State, w.Owner, w.Attempt, w.Token = engine.StatePending, c.Owner, r.Attempt+1, c.Token
+	w.State, w.Owner, w.Secret, w.Attempt, w.Token = engine.StatePending, c.Owner, c.Secret, r.Attempt+1, c.Token
 	w.LeaseExpiry, w.Updated = now+lease, now
 	w.Expires = max(r.Expires, now+max(ms(c.Retention), lease))
 	d := acquired(&w)
@@ -497,8 +496,8 @@ func (s *Store) Release(ctx context.Context, rel engine.Release) (engine.Record,
 }
 
 // Extend implements engine.Store.
-func (s *Store) Extend(ctx context.Context, e engine.Extension) (time.Time, error) {
-	var until time.Time
+func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
+	var rec engine.Record
 	err := s.update(ctx, e.ID, func(t *txn, rk []byte) error {
 		r, err := t.holder(rk, e.LeaseToken)
 		if err != nil {
@@ -510,10 +509,10 @@ func (s *Store) Extend(ctx context.Context, e engine.Extension) (time.Time, erro
 		old := r.Expires
 		r.LeaseExpiry = t.now + ms(e.Lease)
 		r.Expires = max(r.Expires, r.LeaseExpiry)
-		until = msTime(r.LeaseExpiry)
+		rec = r.record(false)
 		return t.put(rk, r, old)
 	})
-	return until, err
+	return rec, err
 }
 
 // Lookup implements engine.Store. It reads without writing, so an expired record is

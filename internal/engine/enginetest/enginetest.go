@@ -27,7 +27,8 @@ func Run(t *testing.T, newStore NewStore) {
 	}{
 		{"first claim acquires attempt 1", testFirstClaim},
 		{"second claim is in progress with retry-after", testInProgress},
-		{"claim by the same owner is re-entrant", testReentrant},
+		{"claim with the live lease's secret gets it back, an owner name grants nothing", testReentrant},
+		{"an empty fingerprint matches only an empty one", testEmptyFingerprint},
 		{"resent claim with the same token acquires again", testResentClaim},
 		{"claim after complete replays the response byte for byte", testReplay},
 		{"claim after fail replays the failure", testFailReplay},
@@ -151,16 +152,35 @@ func testInProgress(t *testing.T, s engine.Store) {
 
 func testReentrant(t *testing.T, s engine.Store) {
 	id := newID()
-	first := mustAcquire(t, s, claim(id, func(c *engine.Claim) { c.Owner = "worker-7" }))
-	res, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Owner = "worker-7" }))
+	secret := engine.HashSecret("secret-of-the-first-claim-0001")
+	first := mustAcquire(t, s, claim(id, func(c *engine.Claim) { c.Owner = "worker-7"; c.Secret = secret }))
+	res, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Owner = "worker-7"; c.Secret = secret }))
 	if err != nil || res.Outcome != engine.OutcomeAcquired {
 		t.Fatalf("re-entrant claim: %v %v", res.Outcome, err)
 	}
 	if res.Record.LeaseToken != first.LeaseToken || res.Record.Attempt != 1 {
 		t.Fatalf("re-entrant claim got token %q attempt %d, want %q attempt 1", res.Record.LeaseToken, res.Record.Attempt, first.LeaseToken)
 	}
-	if _, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Owner = "worker-8" })); !errors.Is(err, engine.ErrInProgress) {
-		t.Fatalf("claim by another owner: %v, want in progress", err)
+	// The same owner name with another secret, or with none, is another claimer.
+	for _, other := range []string{engine.HashSecret("secret-of-another-claim-0002"), ""} {
+		if _, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Owner = "worker-7"; c.Secret = other })); !errors.Is(err, engine.ErrInProgress) {
+			t.Fatalf("claim by the same owner name with secret %q: %v, want in progress", other, err)
+		}
+	}
+}
+
+func testEmptyFingerprint(t *testing.T, s engine.Store) {
+	for _, tc := range []struct{ first, second string }{{"", "fp"}, {"fp", ""}} {
+		id := newID()
+		c := claim(id, func(c *engine.Claim) { c.Fingerprint = tc.first })
+		mustAcquire(t, s, c)
+		if _, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Fingerprint = tc.second })); !errors.Is(err, engine.ErrFingerprintMismatch) {
+			t.Fatalf("pending key claimed with %q, then %q: %v, want fingerprint mismatch", tc.first, tc.second, err)
+		}
+		complete(t, s, id, c.Token, response("done"))
+		if _, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Fingerprint = tc.second })); !errors.Is(err, engine.ErrFingerprintMismatch) {
+			t.Fatalf("completed key claimed with %q, then %q: %v, want fingerprint mismatch", tc.first, tc.second, err)
+		}
 	}
 }
 
@@ -180,15 +200,13 @@ func testReplay(t *testing.T, s engine.Store) {
 	mustAcquire(t, s, c)
 	body := "\x00\xff binary \r\n body"
 	complete(t, s, id, c.Token, response(body))
-	for _, fp := range []string{"fp", ""} {
-		res, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Fingerprint = fp }))
-		if err != nil || res.Outcome != engine.OutcomeCompleted {
-			t.Fatalf("claim after complete (fingerprint %q): %v %v", fp, res.Outcome, err)
-		}
-		want := response(body)
-		if got := res.Record.Response; got == nil || got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || !reflect.DeepEqual(got.Headers, want.Headers) {
-			t.Fatalf("replayed %+v, want %+v", got, want)
-		}
+	res, err := s.Claim(ctx(t), claim(id, func(c *engine.Claim) { c.Fingerprint = "fp" }))
+	if err != nil || res.Outcome != engine.OutcomeCompleted {
+		t.Fatalf("claim after complete: %v %v", res.Outcome, err)
+	}
+	want := response(body)
+	if got := res.Record.Response; got == nil || got.Status != want.Status || !bytes.Equal(got.Body, want.Body) || !reflect.DeepEqual(got.Headers, want.Headers) {
+		t.Fatalf("replayed %+v, want %+v", got, want)
 	}
 }
 
@@ -316,12 +334,16 @@ func testExtend(t *testing.T, s engine.Store) {
 	id := newID()
 	c := claim(id, func(c *engine.Claim) { c.Lease = time.Second })
 	rec := mustAcquire(t, s, c)
-	exp, err := s.Extend(ctx(t), engine.Extension{ID: id, LeaseToken: c.Token, Lease: time.Minute})
+	ext, err := s.Extend(ctx(t), engine.Extension{ID: id, LeaseToken: c.Token, Lease: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
+	exp := ext.LeaseExpiresAt
 	if exp.Before(rec.LeaseExpiresAt.Add(50 * time.Second)) {
 		t.Fatalf("extended lease ends %s, want about a minute after %s", exp, rec.LeaseExpiresAt)
+	}
+	if ext.ExpiresAt.Before(exp) || ext.State != engine.StatePending || ext.ID != id {
+		t.Fatalf("extend answered record %+v, want it pending and kept at least as long as its lease", ext)
 	}
 	got, err := s.Lookup(ctx(t), id)
 	if err != nil || !got.LeaseExpiresAt.Equal(exp) {

@@ -73,7 +73,7 @@ func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10)
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	rep, err := s.run(ctx, claimScript, c.ID,
-		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant)
+		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret)
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
@@ -126,12 +126,12 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 }
 
 // Extend implements engine.Store.
-func (s *Store) Extend(ctx context.Context, e engine.Extension) (time.Time, error) {
+func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
 	rep, err := s.run(ctx, extendScript, e.ID, e.LeaseToken, ms(e.Lease))
 	if err != nil {
-		return time.Time{}, err
+		return engine.Record{}, err
 	}
-	return rep.record.LeaseExpiresAt, rep.transitionErr()
+	return rep.record, rep.transitionErr()
 }
 
 // Lookup implements engine.Store.
