@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
@@ -47,8 +48,13 @@ type Main struct {
 	AuthFile         string
 	TLSCert          string
 	TLSKey           string
+	ShowVersion      bool
 
 	Logger *slog.Logger
+	// Tracing, when set, makes a span of each request (main sets it from OTEL_*).
+	Tracing trace.TracerProvider
+	// env names the flags set by environment variables, for errors about them.
+	env fromEnv
 	// keyring is the auth file in force, nil when the daemon runs open; cert is the TLS
 	// certificate in force. Reload replaces both.
 	keyring *auth.Keyring
@@ -65,8 +71,8 @@ func NewMain() *Main {
 	return &Main{Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
 }
 
-// ParseFlags reads the command line.
-func (m *Main) ParseFlags(args []string) error {
+// ParseFlags reads the command line and the IDEMD_* environment variables (env.go).
+func (m *Main) ParseFlags(args []string) (err error) {
 	fs := flag.NewFlagSet("idemd", flag.ContinueOnError)
 	fs.StringVar(&m.Listen, "listen", ":8080", "address to serve HTTP on")
 	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
@@ -84,9 +90,11 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
-	if err := fs.Parse(args); err != nil {
+	fs.BoolVar(&m.ShowVersion, "version", false, "print the version and exit")
+	if m.env, err = parseWithEnv(fs, args); err != nil || m.ShowVersion {
 		return err
 	}
+	defer func() { err = m.env.explain(err) }()
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
@@ -202,7 +210,7 @@ func (m *Main) Open() (err error) {
 		return err
 	}
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	if c, ok := m.store.(prometheus.Collector); ok {
 		registry.MustRegister(c)
 	}
@@ -210,6 +218,7 @@ func (m *Main) Open() (err error) {
 		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes},
 		Logger:   m.Logger,
 		Registry: registry,
+		Tracing:  m.Tracing,
 
 		BodyTimeout:  m.BodyTimeout,
 		WriteTimeout: m.WriteTimeout,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 func startMain(t *testing.T, args ...string) (*Main, context.CancelFunc, chan error) {
@@ -77,21 +78,15 @@ func TestGracefulShutdown(t *testing.T) {
 		inflight <- answer{code: resp.StatusCode, retryAfter: resp.Header.Get("Retry-After")}
 	}()
 	// Wait until the daemon counts the waiter, so shutdown finds it in flight.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, 10*time.Second, "the daemon to count the waiting claim", func() bool {
 		resp, err := http.Get(base + "/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(b), "idemd_claim_waiters 1\n") {
-				break
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting claim never arrived")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(b), "idemd_claim_waiters 1\n")
+	})
 	stop()
 	if a := <-inflight; a.err != nil || a.code != http.StatusConflict || a.retryAfter == "" {
 		t.Fatalf("waiting claim during shutdown: %d, Retry-After %q, %v; want 409 with Retry-After", a.code, a.retryAfter, a.err)

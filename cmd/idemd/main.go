@@ -29,18 +29,39 @@ func main() {
 		fmt.Fprintln(os.Stderr, "idemd:", err)
 		os.Exit(2)
 	}
+	if m.ShowVersion {
+		fmt.Println(buildOf())
+		return
+	}
 	// Process-wide, so set once here rather than by each Run.
 	redisstore.SetLogger(m.Logger)
+	tracer, err := tracing(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemd:", err)
+		os.Exit(2)
+	}
+	if tracer != nil {
+		m.Tracing = tracer
+		m.Logger.Info("tracing requests to OTLP")
+	}
 	if err := m.Open(); err != nil {
-		m.Logger.Error("idemd did not start", "err", err)
+		m.Logger.Error("idemd stopped", "err", m.env.explain(err))
 		os.Exit(1)
 	}
-	err := m.Run(ctx)
+	err = m.Run(ctx)
 	if cerr := m.Close(); cerr != nil {
 		m.Logger.Warn("idemd stopped untidily", "err", cerr)
 	}
+	if tracer != nil {
+		// Send the spans still batched, within a bound of their own.
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if ferr := tracer.Shutdown(flush); ferr != nil {
+			m.Logger.Warn("sending the last spans", "err", ferr)
+		}
+		cancel()
+	}
 	if err != nil {
-		m.Logger.Error("idemd stopped", "err", err)
+		m.Logger.Error("idemd stopped", "err", m.env.explain(err))
 		os.Exit(1)
 	}
 }

@@ -58,13 +58,13 @@ type Service struct {
 	stopOnce    sync.Once
 }
 
+// An Option changes a Service's default.
+type Option func(*Service)
+
 // DefaultStoreTimeout bounds each store call when WithStoreTimeout does not say. It is
 // well under the SDK's 10 s request timeout, so that a client hears 503 from the
 // daemon rather than timing out on its own and learning nothing.
 const DefaultStoreTimeout = 2 * time.Second
-
-// Option tunes a Service at construction.
-type Option func(*Service)
 
 // WithStoreTimeout bounds every store call (each round of a waiting claim is one
 // call): past it the call fails with a *StoreTimeoutError, which is ErrUnavailable.
@@ -74,6 +74,12 @@ func WithStoreTimeout(d time.Duration) Option {
 			s.storeTimeout = d
 		}
 	}
+}
+
+// Recheck sets how long a waiting claim trusts notifications alone before it claims
+// again; one second by default. A lost notification delays a waiter by at most this.
+func Recheck(d time.Duration) Option {
+	return func(s *Service) { s.recheck = d }
 }
 
 // NewService returns a Service over store. retention is how long a pending record is

@@ -16,6 +16,7 @@ import (
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // metricsText is the daemon's /metrics page.
@@ -235,15 +236,11 @@ func TestCallerHangingUpIsNotAStoreOutage(t *testing.T) {
 	if err := <-sent; err == nil {
 		t.Fatal("the cancelled claim got an answer")
 	}
-	deadline := time.Now().Add(10 * time.Second)
 	var text string
-	for {
+	wait.For(t, 10*time.Second, "the hung-up claim to be counted", func() bool {
 		text = d.metricsText()
-		if strings.Contains(text, `idemd_requests_total{endpoint="POST /v1/claim",outcome="client_closed_request"`) || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return strings.Contains(text, `idemd_requests_total{endpoint="POST /v1/claim",outcome="client_closed_request"`)
+	})
 	g.open()
 	if !strings.Contains(text, `idemd_requests_total{endpoint="POST /v1/claim",outcome="client_closed_request",tenant="default"} 1`) {
 		t.Errorf("the hung-up claim is not counted as client_closed_request:\n%s", grepLines(text, "idemd_requests_total"))

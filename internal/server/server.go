@@ -14,6 +14,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	contract "github.com/idemd/idemd/api"
 	"github.com/idemd/idemd/internal/api"
@@ -47,6 +48,8 @@ type Config struct {
 	// first byte, so that a claim's wait is not cut short. Zero means DefaultTimeout.
 	BodyTimeout  time.Duration
 	WriteTimeout time.Duration
+	// Tracing, when set, makes a span of each request (tracing.go); nil traces nothing.
+	Tracing trace.TracerProvider
 }
 
 // DefaultTimeout is the default body and write timeout: a client slower than that on
@@ -100,7 +103,7 @@ func New(eng Engine, cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.instrument, s.deadlines, s.authenticate)
+	e.Use(tracing(cfg.Tracing, s.endpointOf), s.instrument, s.deadlines, s.authenticate)
 	api.RegisterHandlers(e, s)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
@@ -174,6 +177,9 @@ func (s *Server) Claim(c echo.Context) error {
 	}
 	rec := res.Record
 	if res.Outcome == engine.OutcomeAcquired {
+		if rec.Recovered {
+			s.metrics.takeovers.WithLabelValues(tenantLabel(c)).Inc()
+		}
 		return s.reply(c, http.StatusCreated, string(res.Outcome), api.ClaimAcquired{
 			Outcome: api.ClaimAcquiredOutcome(res.Outcome), LeaseToken: rec.LeaseToken, LeaseExpiresAt: rec.LeaseExpiresAt,
 			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt})

@@ -18,9 +18,11 @@ import (
 	"github.com/idemd/idemd/internal/engine/lintest"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	srv := testredis.Start(t)
 	enginetest.Run(t, func(t *testing.T) engine.Store {
 		s, err := redisstore.Open(srv.URL())
@@ -65,6 +67,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 // TestLookupWhenOutOfMemory fills a Redis that refuses writes when full (noeviction):
 // claims then fail as unavailable, while lookups, marked no-writes, still answer.
 func TestLookupWhenOutOfMemory(t *testing.T) {
+	t.Parallel()
 	srv := testredis.Start(t, "--maxmemory", "4mb", "--maxmemory-policy", "noeviction")
 	s, err := redisstore.Open(srv.URL())
 	if err != nil {
@@ -101,6 +104,7 @@ func TestLookupWhenOutOfMemory(t *testing.T) {
 }
 
 func TestLinearizable(t *testing.T) {
+	t.Parallel()
 	srv := testredis.Start(t)
 	s, err := redisstore.Open(srv.URL())
 	if err != nil {
@@ -178,6 +182,7 @@ func memoryPerRecord(b *testing.B, size int, config ...string) {
 // TestSentinel runs the conformance suite through Sentinel, with and without a
 // replica acknowledging every write.
 func TestSentinel(t *testing.T) {
+	t.Parallel()
 	s := testredis.StartSentinel(t)
 	for name, opts := range map[string]redisstore.Options{
 		"plain":             {},
@@ -199,6 +204,7 @@ func TestSentinel(t *testing.T) {
 // fail as unavailable until Sentinel promotes the replica, then work again without
 // reopening the store, and a completion made before the kill is still there.
 func TestSentinelFailover(t *testing.T) {
+	t.Parallel()
 	sen := testredis.StartSentinel(t)
 	s, err := redisstore.Open(sen.URL())
 	if err != nil {
@@ -222,26 +228,21 @@ func TestSentinelFailover(t *testing.T) {
 	sen.Master.Stop()
 
 	sawUnavailable := false
-	deadline := time.Now().Add(60 * time.Second)
-	for i := 0; ; i++ {
+	i := 0
+	wait.For(t, 60*time.Second, "a claim to succeed after the master was killed", func() bool {
+		i++
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
 		_, err := s.Claim(cctx, engine.Claim{ID: engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("after-%d", i)},
 			Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
-		cancel()
-		if err == nil {
-			break
-		}
 		// A call that outlives its own context returns that context's error: the
 		// caller's deadline, which the daemon's service turns into a store timeout.
-		if !errors.Is(err, engine.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+		if err != nil && !errors.Is(err, engine.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("claim during the failover: %v, want unavailable or the call's deadline", err)
 		}
-		sawUnavailable = true
-		if time.Now().After(deadline) {
-			t.Fatalf("no claim succeeded within 60s of killing the master: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		sawUnavailable = sawUnavailable || err != nil
+		return err == nil
+	})
 	if !sawUnavailable {
 		t.Fatal("no call failed while the master was down")
 	}
@@ -297,16 +298,10 @@ func (c *tracingClient) MasterFor(ctx context.Context, key string) (*redis.Clien
 func TestWrappedClientWithReplicaAcks(t *testing.T) {
 	master := testredis.Start(t)
 	testredis.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if reply, err := master.Command("WAIT", "1", "100"); err == nil && reply == ":1" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the replica did not attach within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the replica to attach", func() bool {
+		reply, err := master.Command("WAIT", "1", "100")
+		return err == nil && reply == ":1"
+	})
 	for _, tc := range []struct {
 		acks    int
 		wantErr error
@@ -320,7 +315,7 @@ func TestWrappedClientWithReplicaAcks(t *testing.T) {
 			t.Fatal(err)
 		}
 		client := &tracingClient{Client: adapted}
-		s := redisstore.New(client, redisstore.Options{ReplicaAcks: tc.acks, ReplicaTimeout: 100 * time.Millisecond})
+		s := redisstore.New(client, redisstore.Options{ReplicaAcks: tc.acks, ReplicaTimeout: 2 * time.Second})
 		id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("wrapped-%d", tc.acks)}
 		_, err = s.Claim(t.Context(), engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
 		if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
