@@ -230,6 +230,11 @@ func (m *Main) Open() (err error) {
 	if m.listener, err = net.Listen("tcp", m.Listen); err != nil {
 		return err
 	}
+	if m.TLSCert == "" {
+		// Requests net/http refuses itself get problem+json too (not under TLS, where
+		// the listener sees only ciphertext).
+		m.listener = server.Listener(m.listener)
+	}
 	m.httpServer = &http.Server{
 		Handler:           server.New(service, cfg),
 		ReadHeaderTimeout: 10 * time.Second,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"io"
 	"net"
@@ -180,5 +181,25 @@ func TestStartErrorsComeFromOpen(t *testing.T) {
 				t.Errorf("Close after a failed Open: %v", err)
 			}
 		})
+	}
+}
+
+// TestMalformedPathIsAProblem: the daemon answers a path it cannot unescape with
+// problem+json, not net/http's plain text.
+func TestMalformedPathIsAProblem(t *testing.T) {
+	m, _, _ := startMain(t, "--data-dir", t.TempDir())
+	conn, err := net.Dial("tcp", m.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, _ = io.WriteString(conn, "GET /v1/records/%zz HTTP/1.1\r\nHost: idemd\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(body), `"code":"invalid_request"`) {
+		t.Fatalf("GET /v1/records/%%zz: %d %q %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 	}
 }

@@ -1,18 +1,22 @@
 package server_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 	"github.com/idemd/idemd/internal/testredis"
@@ -264,4 +268,55 @@ func grepLines(text, substr string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestUnparsableRequestsGetAProblem: requests net/http refuses before any handler,
+// such as a path with a malformed percent-escape, are bad input like any other and
+// are answered with problem+json, on a daemon serving through server.Listener.
+func TestUnparsableRequestsGetAProblem(t *testing.T) {
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	hs := httptest.NewUnstartedServer(server.New(engine.NewService(store, time.Hour), server.Config{}))
+	hs.Listener = server.Listener(hs.Listener)
+	hs.Start()
+	t.Cleanup(hs.Close)
+	for _, tc := range []struct{ request, detail string }{
+		{"GET /v1/records/%zz HTTP/1.1\r\nHost: idemd\r\n\r\n", "percent-escape"},
+		{"DELETE /v1/records/a%2 HTTP/1.1\r\nHost: idemd\r\n\r\n", "percent-escape"},
+		{"GET /v1/records/k HTTP/1.1\r\n\r\n", "Host"},
+		{"GET /v1/records/k HTTP/1.1\r\nHost: idemd\r\nBad Header\r\n\r\n", "header"},
+	} {
+		conn, err := net.Dial("tcp", hs.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.WriteString(conn, tc.request)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		conn.Close()
+		a := answer{status: resp.StatusCode, header: resp.Header, raw: body}
+		if err := json.Unmarshal(body, &a.body); err != nil {
+			t.Errorf("%q: %d %q is not problem+json", tc.request, resp.StatusCode, body)
+			continue
+		}
+		wantProblem(t, a, http.StatusBadRequest, "invalid_request")
+		if !strings.Contains(a.str("detail"), tc.detail) {
+			t.Errorf("%q: detail %q does not mention %s", tc.request, a.str("detail"), tc.detail)
+		}
+	}
+	// Answers from handlers pass through untouched.
+	resp, err := http.Get(hs.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("healthz through the listener: %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
 }
