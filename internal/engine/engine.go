@@ -126,7 +126,7 @@ type Record struct {
 }
 
 // Caps are what a tenant may store, below the daemon's own limits; a zero field means
-// no cap of the tenant's own. The Service applies them, the stores never see them.
+// no cap of the tenant's own. The Service applies them; stores ignore them.
 type Caps struct {
 	// MaxResponseBytes bounds a stored response (Response.Size).
 	MaxResponseBytes int
