@@ -180,7 +180,7 @@ class AsyncClient:
         except IdemdError as release_err:
             err.add_note(f"and releasing the key failed: {release_err}")
 
-    async def _keep_alive(self, held: AsyncLease, lease: float, work: asyncio.Future[Response]) -> None:
+    async def _keep_alive(self, held: AsyncLease, lease: float, work: asyncio.Future[Any]) -> None:
         while True:
             await asyncio.sleep(max(lease / 3, 0.01))
             try:
