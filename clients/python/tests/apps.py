@@ -4,6 +4,7 @@ real HTTP and expect the same answers from each."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections import Counter
@@ -28,6 +29,7 @@ class Orders:
         self.gate = threading.Event()
         self.block = False
         self.stream_gate = threading.Event()
+        self.quiet_done = threading.Event()
 
     def run(self, path: str) -> int:
         with self.lock:
@@ -78,8 +80,26 @@ def starlette_app(state: Orders) -> Starlette:
         state.run("big")
         return StarletteResponse(BIG, 200, media_type="text/plain")
 
+    async def slow(request: Request) -> StarletteResponse:
+        state.run("slow")
+        await asyncio.sleep(20)  # cancelled when the lease is lost
+        return StarletteResponse(b"too late", 201)
+
+    async def quiet(scope: Any, receive: Any, send: Any) -> None:
+        """A handler that notices its client is gone and returns without answering."""
+        state.run("quiet")
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        state.quiet_done.set()
+
+    class Quiet:  # a class, so that Starlette routes to it as a plain ASGI app
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            await quiet(scope, receive, send)
+
     return Starlette(
         routes=[
+            Route("/slow", slow, methods=["POST"]),
+            Route("/quiet", Quiet(), methods=["POST"]),
             Route("/orders", orders, methods=["POST", "GET"]),
             Route("/boom", boom, methods=["POST"]),
             Route("/stream", stream, methods=["POST"]),
@@ -121,6 +141,12 @@ def flask_app(state: Orders) -> Any:
     def big() -> Any:
         state.run("big")
         return flask.Response(BIG, 200, mimetype="text/plain")
+
+    @app.post("/slow")
+    def slow() -> Any:
+        state.run("slow")
+        flask.request.environ["idemd.lease"].lost.wait(20)
+        return flask.Response(b"too late", 201)
 
     return app.wsgi_app
 
@@ -196,6 +222,14 @@ def _django_big(request: Any) -> Any:
     return HttpResponse(BIG, content_type="text/plain")
 
 
+def _django_slow(request: Any) -> Any:
+    from django.http import HttpResponse
+
+    _dstate().run("slow")
+    request.META["idemd.lease"].lost.wait(20)
+    return HttpResponse(b"too late", status=201)
+
+
 def _urls() -> list[Any]:
     from django.urls import path
     from django.views.decorators.csrf import csrf_exempt
@@ -205,6 +239,7 @@ def _urls() -> list[Any]:
         path("boom", csrf_exempt(_django_boom)),
         path("stream", csrf_exempt(_django_stream)),
         path("big", csrf_exempt(_django_big)),
+        path("slow", csrf_exempt(_django_slow)),
     ]
 
 

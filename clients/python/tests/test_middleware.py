@@ -38,6 +38,7 @@ http = httpx.Client(timeout=60, headers={"Connection": "close"})
 class Served:
     url: str
     state: Orders
+    framework: str
     incidents: list[str] = field(default_factory=list)
 
     def expect_incidents(self, kinds: list[str]) -> None:
@@ -114,7 +115,7 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
     servers: list[_Uvicorn | _Werkzeug] = []
 
     def start(idemd_url: str = daemon.url, retries: int = 3, **options: Any) -> Served:
-        served = Served("", Orders())
+        served = Served("", Orders(), framework)
 
         def on_incident(_: Any, incident: Incident) -> None:
             served.incidents.append(incident.kind)
@@ -386,6 +387,56 @@ def test_an_answer_too_large_to_store(serve: ServeFn) -> None:
     assert again.headers["idempotent-replayed"] == "true"
     assert s.state.runs["big"] == 1
     s.expect_incidents(["result_not_stored"])
+
+
+def test_lease_lost_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> None:
+    """R12: the key is purged while the handler runs, so the next renewal finds the lease
+    gone. ASGI cancels the handler and answers 409 lease_lost; WSGI cannot stop it, so it
+    tells the handler through environ["idemd.lease"] and the handler's answer goes out.
+    Either way nothing is stored and the incident is reported."""
+    s = serve(lease=0.3)
+    key = fresh_key("lost")
+    admin = idemd.Client(daemon.url)
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(s.post, "/slow", key=key)
+        wait_until("the handler to run", lambda: s.state.runs["slow"] == 1)
+        admin.purge(idemd.middleware_key("user-1", key))
+        r = first.result()
+    if s.framework == "starlette":
+        assert (r.status_code, r.json()["code"]) == (409, "lease_lost")
+        assert r.headers["retry-after"] == "1"
+    else:
+        assert (r.status_code, r.content) == (201, b"too late")
+    s.expect_incidents(["lease_lost"])
+    with pytest.raises(idemd.NotFound):
+        admin.lookup(idemd.middleware_key("user-1", key))
+
+
+def test_asgi_client_gone_before_an_answer(daemon: Daemon) -> None:
+    """R5: the client goes away and the handler returns without answering: nothing ran to
+    completion, so the key is released for the retry, never stored as an empty 200."""
+    state = Orders()
+    app = starlette_app(state)
+    app.add_middleware(asgi.IdempotencyMiddleware, client=idemd.AsyncClient(daemon.url), scope=_asgi_user)
+    server = _Uvicorn(app)
+    key = fresh_key("gone")
+    try:
+        body = b"{}"
+        request = (
+            f"POST /quiet HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nX-User: user-1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode() + body
+        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as conn:
+            conn.sendall(request)
+            wait_until("the handler to run", lambda: state.runs["quiet"] == 1)
+        wait_until("the handler to see the client gone", state.quiet_done.is_set)
+        admin = idemd.Client(daemon.url)
+        wait_until(
+            "the key to be released",
+            lambda: admin.lookup(idemd.middleware_key("user-1", key)).state == "released",
+        )
+    finally:
+        server.stop()
 
 
 def test_construction_needs_a_scope_and_refuses_unsafe_headers(daemon: Daemon) -> None:

@@ -21,6 +21,8 @@ from ._errors import (
     Unavailable,
 )
 from ._keys import message_key
+from ._middleware import Incident
+from ._middleware import idemd_key as middleware_key
 from ._types import Claim, Outcome, Record, ReleaseMode, Response, Result
 from ._wire import new_secret
 
@@ -33,6 +35,7 @@ __all__ = [
     "FingerprintMismatch",
     "IdemdError",
     "InProgress",
+    "Incident",
     "Lease",
     "LeaseLost",
     "NotFound",
@@ -45,5 +48,6 @@ __all__ = [
     "Result",
     "Unavailable",
     "message_key",
+    "middleware_key",
     "new_secret",
 ]
