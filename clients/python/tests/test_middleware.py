@@ -24,7 +24,7 @@ from werkzeug.serving import make_server
 
 import idemd
 from idemd import asgi, wsgi
-from idemd._middleware import Incident
+from idemd._middleware import Incident, fingerprint
 
 FRAMEWORKS = ["starlette", "flask", "django"]
 
@@ -437,6 +437,21 @@ def test_asgi_client_gone_before_an_answer(daemon: Daemon) -> None:
         )
     finally:
         server.stop()
+
+
+def test_a_record_it_cannot_replay(serve: ServeFn, daemon: Daemon) -> None:
+    """P3: a finished record without an answer (not written by a middleware) is 502
+    stored_response_invalid, never an empty success, and the handler does not run."""
+    s = serve()
+    key = fresh_key("invalid")
+    digest = fingerprint("POST", b"/orders", b"", b"application/json", None, b'{"item":"book","qty":1}')
+    c = idemd.Client(daemon.url)
+    ikey = idemd.middleware_key("user-1", key)
+    c.release(ikey, c.claim(ikey, fingerprint=digest).token, "fail")
+    r = s.post(key=key)
+    assert (r.status_code, r.json()["code"]) == (502, "stored_response_invalid")
+    assert s.state.runs["orders"] == 0
+    s.expect_incidents(["replay_invalid"])
 
 
 def test_construction_needs_a_scope_and_refuses_unsafe_headers(daemon: Daemon) -> None:

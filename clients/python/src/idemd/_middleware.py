@@ -303,19 +303,22 @@ NOT_STORED = Response(
             "type": "about:blank",
             "title": "Response not stored",
             "status": 409,
-            "detail": "the request with this Idempotency-Key ran, but its answer could not be stored; "
-            "do not resend it, look the result up",
+            "detail": "the request with this Idempotency-Key was processed, but its response could not be "
+            "kept; do not send it again",
             "code": "response_not_stored",
         }
     ).encode(),
 )
 
 
-def replay(stored: Response) -> Answer:
+def replay(stored: Response | None) -> Answer:
     """The answer for a stored response (P1-P3)."""
-    if not 200 <= stored.status <= 599:
+    if stored is None or not 200 <= stored.status <= 599:
         return problem(
-            502, "stored_response_invalid", "Stored response invalid", f"the stored status {stored.status}"
+            502,
+            "stored_response_invalid",
+            "Stored response cannot be replayed",
+            "the answer stored for this Idempotency-Key cannot be replayed",
         )
     headers = [
         (name.lower(), value)

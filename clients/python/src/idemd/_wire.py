@@ -141,7 +141,7 @@ def claim(parsed: ClaimAcquired | ClaimFinished) -> Claim:
         outcome=parsed.outcome,
         attempt=parsed.attempt,
         expires_at=parsed.expires_at,
-        response=from_stored(parsed.response) or Response(),
+        response=from_stored(parsed.response),
     )
 
 

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from ._async_client import AsyncClient, AsyncLease, stop
-from ._errors import IdemdError, Problem
+from ._errors import IdemdError, LeaseLost, Problem
 from ._middleware import (
     NOT_STORED,
     Answer,
@@ -122,7 +122,7 @@ class IdempotencyMiddleware:
                 problem(
                     500,
                     "idempotency_scope_missing",
-                    "Idempotency scope missing",
+                    "Request scope unknown",
                     "the service could not tell whose request this is",
                 ),
             )
@@ -166,7 +166,7 @@ class IdempotencyMiddleware:
                 o.incident(scope, kind, ikey, err)
             return
         if claim.outcome != "acquired":  # C2
-            answer = replay(claim.response or NOT_STORED)
+            answer = replay(claim.response)
             await _answer(send, answer)
             if answer.status == 502:
                 o.incident(scope, "replay_invalid", ikey)
@@ -253,6 +253,9 @@ class IdempotencyMiddleware:
             try:
                 await asyncio.shield(self.client.complete(held.key, held.token, recorder.response()))
                 return
+            except LeaseLost as err:
+                o.incident(scope, "lease_lost", held.key, err)
+                return
             except Problem as err:
                 if err.status not in (400, 413):  # R13
                     o.incident(scope, "complete_failed", held.key, err)
@@ -263,9 +266,9 @@ class IdempotencyMiddleware:
         # R10: the handler ran but its answer cannot be replayed; say so to later requests.
         try:
             await asyncio.shield(self.client.release(held.key, held.token, "fail", NOT_STORED))
-            o.incident(scope, "result_not_stored", held.key)
         except IdemdError as err:
-            o.incident(scope, "result_not_stored", held.key, err)
+            o.incident(scope, "release_failed", held.key, err)
+        o.incident(scope, "result_not_stored", held.key)
 
     async def _release(self, scope: Scope, held: AsyncLease) -> None:
         try:

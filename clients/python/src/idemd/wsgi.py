@@ -26,7 +26,7 @@ from typing import Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._client import Client, Lease
-from ._errors import IdemdError, Problem
+from ._errors import IdemdError, LeaseLost, Problem
 from ._middleware import (
     NOT_STORED,
     Answer,
@@ -42,6 +42,7 @@ from ._middleware import (
     refusal,
     replay,
 )
+from ._types import ReleaseMode, Response
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType] | tuple[None, None, None]
 
@@ -117,7 +118,7 @@ class IdempotencyMiddleware:
                 problem(
                     500,
                     "idempotency_scope_missing",
-                    "Idempotency scope missing",
+                    "Request scope unknown",
                     "the service could not tell whose request this is",
                 ),
             )
@@ -158,7 +159,7 @@ class IdempotencyMiddleware:
                 o.incident(environ, kind, ikey, err)
             return _answer(start_response, answer)
         if claim.outcome != "acquired":  # C2
-            answer = replay(claim.response or NOT_STORED)
+            answer = replay(claim.response)
             if answer.status == 502:
                 o.incident(environ, "replay_invalid", ikey)
             return _answer(start_response, answer)
@@ -329,6 +330,9 @@ class _Leased:
             try:
                 self._mw.client.complete(held.key, held.token, self._recorder.response())
                 return
+            except LeaseLost as err:
+                o.incident(self._environ, "lease_lost", held.key, err)
+                return
             except Problem as err:
                 if err.status not in (400, 413):  # R13
                     o.incident(self._environ, "complete_failed", held.key, err)
@@ -339,7 +343,7 @@ class _Leased:
         self._release("fail", NOT_STORED)  # R10
         o.incident(self._environ, "result_not_stored", held.key)
 
-    def _release(self, mode: Any, response: Any) -> None:
+    def _release(self, mode: ReleaseMode, response: Response | None) -> None:
         try:
             self._mw.client.release(self._held.key, self._held.token, mode, response)
         except IdemdError as err:  # R14
