@@ -29,11 +29,12 @@ func buildStamped(t *testing.T, version, commit string) string {
 	return bin
 }
 
-// daemonEnv is the test process's environment without any IDEMD_ variable, plus vars.
+// daemonEnv is the test process's environment without any IDEMD_ or OTEL_ variable,
+// which would configure the daemon, plus vars.
 func daemonEnv(vars ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, envPrefix) {
+		if !strings.HasPrefix(kv, envPrefix) && !strings.HasPrefix(kv, "OTEL_") {
 			env = append(env, kv)
 		}
 	}
