@@ -151,7 +151,8 @@ class _ErrorPage(http.server.BaseHTTPRequestHandler):
     """Something in front of idemd that answers with its own error pages."""
 
     def do_POST(self) -> None:
-        status = 502 if "gateway" in self.headers.get("Authorization", "") else 418
+        auth = self.headers.get("Authorization", "")
+        status = 502 if "gateway" in auth else 200 if "success" in auth else 418
         self.send_response(status)
         self.send_header("Content-Type", "text/html")
         self.send_header("Retry-After", "7")
@@ -174,6 +175,9 @@ def test_an_answer_that_is_not_idemds(
     assert type(other.value) is idemd.Problem
     assert other.value.status == 418
     assert "not idemd" in other.value.detail
+    with pytest.raises(idemd.Problem) as page:
+        idemd.Client(url, token="success").claim("k")
+    assert page.value.title == "unexpected answer"
 
 
 def test_token_and_unknown_codes(own_daemon: Callable[..., Daemon], tmp_path: Path) -> None:

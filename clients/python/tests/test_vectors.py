@@ -66,3 +66,24 @@ def test_header(v: dict[str, Any]) -> None:
         assert parse_key(lines) is None
     else:
         assert parse_key(lines) == v["key"]
+
+
+@pytest.mark.parametrize(
+    ("environ", "path", "query"),
+    [
+        ({"REQUEST_URI": "/orders/%61?b=1&a=2"}, b"/orders/%61", b"b=1&a=2"),
+        ({"RAW_URI": "/orders"}, b"/orders", b""),
+        ({"REQUEST_URI": "http://host:8080/orders?x"}, b"/orders", b"x"),
+        (
+            {"SCRIPT_NAME": "/api", "PATH_INFO": "/orders/\u00c3\u00a9 x", "QUERY_STRING": "q=%20"},
+            b"/api/orders/%C3%A9%20x",
+            b"q=%20",
+        ),
+    ],
+)
+def test_wsgi_request_target(environ: dict[str, str], path: bytes, query: bytes) -> None:
+    """The path and the query as sent, from what a WSGI server offers (docs/middleware.md,
+    The fingerprint: REQUEST_URI, else SCRIPT_NAME and PATH_INFO encoded again)."""
+    from idemd.wsgi import _target
+
+    assert _target(environ) == (path, query)

@@ -14,7 +14,14 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 
 from . import _wire
-from ._client import DEFAULT_LEASE, api_client, default_owner, json_response, transport_failure
+from ._client import (
+    DEFAULT_LEASE,
+    api_client,
+    default_owner,
+    json_response,
+    transport_failure,
+    unexpected_answer,
+)
 from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent
 from ._keys import KeySpec, key_for
 from ._transport import AsyncRetryTransport, extra_time
@@ -76,6 +83,8 @@ class AsyncClient:
                 return await fn(client=self._api, **kwargs)
         except httpx.HTTPError as err:
             raise transport_failure(err) from err
+        except (ValueError, KeyError, TypeError) as err:
+            raise unexpected_answer(err) from err
 
     async def claim(
         self,

@@ -14,7 +14,7 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 
 from . import _wire
-from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent, Unavailable
+from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent, Problem, Unavailable
 from ._keys import KeySpec, key_for
 from ._transport import RetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
@@ -57,6 +57,12 @@ def api_client(
 
 def default_owner() -> str:
     return "py-" + _wire.new_secret()[:16]
+
+
+def unexpected_answer(err: Exception) -> Problem:
+    """A success status whose body is not the answer the contract describes: something
+    other than idemd answered (a proxy's page), or a daemon of another version."""
+    return Problem(0, title="unexpected answer", detail=f"{type(err).__name__}: {err}")
 
 
 def transport_failure(err: httpx.HTTPError) -> Unavailable:
@@ -105,6 +111,8 @@ class Client:
                 return fn(client=self._api, **kwargs)
         except httpx.HTTPError as err:
             raise transport_failure(err) from err
+        except (ValueError, KeyError, TypeError) as err:
+            raise unexpected_answer(err) from err
 
     def claim(
         self,

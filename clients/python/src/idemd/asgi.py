@@ -22,6 +22,7 @@ from ._errors import IdemdError, LeaseLost, Problem
 from ._middleware import (
     NOT_STORED,
     Answer,
+    Incident,
     InvalidKey,
     Options,
     Recorder,
@@ -71,7 +72,7 @@ class IdempotencyMiddleware:
         max_stored_bytes: int = 1 << 20,
         store_status: Callable[[int], bool] = default_store_status,
         fail_open: bool = False,
-        on_incident: Callable[[Scope, Any], None] | None = None,
+        on_incident: Callable[[Scope, Incident], None] | None = None,
     ) -> None:
         self.app = app
         self.client = client

@@ -22,7 +22,6 @@ import threading
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
-from typing import Any
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._client import Client, Lease
@@ -30,6 +29,7 @@ from ._errors import IdemdError, LeaseLost, Problem
 from ._middleware import (
     NOT_STORED,
     Answer,
+    Incident,
     InvalidKey,
     Options,
     Recorder,
@@ -68,7 +68,7 @@ class IdempotencyMiddleware:
         max_stored_bytes: int = 1 << 20,
         store_status: Callable[[int], bool] = default_store_status,
         fail_open: bool = False,
-        on_incident: Callable[[WSGIEnvironment, Any], None] | None = None,
+        on_incident: Callable[[WSGIEnvironment, Incident], None] | None = None,
     ) -> None:
         self.app = app
         self.client = client
@@ -202,10 +202,10 @@ def _target(environ: WSGIEnvironment) -> tuple[bytes, bytes]:
             raw = b"/" + raw.split(b"://", 1)[-1].partition(b"/")[2]
         path, _, query = raw.partition(b"?")
         return path, query
-    path = urllib.parse.quote(
-        environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""), safe="/;=,:@!$&'()*+~"
-    )
-    return path.encode("latin-1"), environ.get("QUERY_STRING", "").encode("latin-1")
+    # PEP 3333 gives the decoded path's bytes as latin-1 characters.
+    decoded = (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1")
+    path = urllib.parse.quote(decoded, safe="/;=,:@!$&'()*+~")
+    return path.encode("ascii"), environ.get("QUERY_STRING", "").encode("latin-1")
 
 
 def _answer(start_response: StartResponse, answer: Answer) -> list[bytes]:
