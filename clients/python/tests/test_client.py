@@ -6,6 +6,7 @@ import asyncio
 import datetime
 import hashlib
 import http.server
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -257,3 +258,25 @@ def test_message_key_matches_go() -> None:
     )
     assert idemd.message_key("ab", "c") != idemd.message_key("a", "bc")
     assert len(idemd.message_key("x" * 10000)) <= 255
+
+
+def test_timeout_bounds_a_call_to_a_silent_server() -> None:
+    """A server that takes the connection and never answers: the call gives up after its
+    timeout (resends included) with Unavailable."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        c = idemd.Client(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5, retries=1)
+        with pytest.raises(idemd.Unavailable) as down:
+            c.claim("k")
+    assert isinstance(down.value.__cause__, httpx.TimeoutException)
+
+
+def test_a_waiting_claim_gets_its_wait_on_top_of_the_timeout(daemon: Daemon) -> None:
+    """timeout=1 with wait=2: the daemon answers after the wait, and the client waits
+    for that answer instead of giving up after 1 s."""
+    key = fresh_key("wait-timeout")
+    holder = idemd.Client(daemon.url)
+    holder.claim(key)
+    with pytest.raises(idemd.InProgress):
+        idemd.Client(daemon.url, timeout=1, retries=0).claim(key, wait=2)
