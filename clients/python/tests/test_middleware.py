@@ -290,6 +290,12 @@ def test_refuses_keys_it_cannot_read(serve: ServeFn) -> None:
     for bad in ("a b", '"unterminated', '"k";p=1', "k" * 256, "a,b"):
         r = s.post(key=bad)
         assert (r.status_code, r.json()["code"]) == (400, "invalid_idempotency_key"), bad
+    two_lines = http.post(
+        s.url + "/orders",
+        content=b"{}",
+        headers=[("Idempotency-Key", "same"), ("Idempotency-Key", "same"), ("X-User", "user-1")],
+    )
+    assert (two_lines.status_code, two_lines.json()["code"]) == (400, "invalid_idempotency_key")
     big = s.post(key=fresh_key("big"), body="x" * 101)
     assert (big.status_code, big.json()["code"]) == (413, "payload_too_large")
     assert s.state.runs["orders"] == 0
