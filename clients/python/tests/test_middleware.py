@@ -395,6 +395,35 @@ def test_an_answer_too_large_to_store(serve: ServeFn) -> None:
     s.expect_incidents(["result_not_stored"])
 
 
+def test_an_answer_idemd_refuses_to_store(serve: ServeFn, own_daemon: Callable[..., Daemon]) -> None:
+    """R10, the other half: the answer fits max_stored_bytes but not the daemon's
+    --max-response-bytes; the client still gets it, and 409 response_not_stored is kept."""
+    d = own_daemon("--max-response-bytes", "1000")
+    s = serve(idemd_url=d.url, max_stored_bytes=1 << 20)
+    key = fresh_key("refused-big")
+    first = s.post("/big", key=key)
+    assert (first.status_code, first.content) == (200, BIG)
+    again = s.post("/big", key=key)
+    assert (again.status_code, again.json()["code"]) == (409, "response_not_stored")
+    assert s.state.runs["big"] == 1
+    s.expect_incidents(["result_not_stored"])
+
+
+def test_idemd_lost_while_the_handler_runs(serve: ServeFn, own_daemon: Callable[..., Daemon]) -> None:
+    """R13: idemd goes away while the handler runs; the client still gets its answer and
+    the incident says the result was not stored."""
+    d = own_daemon()
+    s = serve(idemd_url=d.url, retries=0)
+    s.state.block = True
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(s.post, key=fresh_key("idemd-lost"))
+        wait_until("the handler to run", lambda: s.state.runs["orders"] == 1)
+        d.kill()
+        s.state.gate.set()
+        assert first.result().status_code == 201
+    s.expect_incidents(["complete_failed"])
+
+
 def test_lease_lost_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> None:
     """R12: the key is purged while the handler runs, so the next renewal finds the lease
     gone. ASGI cancels the handler and answers 409 lease_lost; WSGI cannot stop it, so it
