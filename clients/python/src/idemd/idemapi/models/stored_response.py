@@ -18,9 +18,11 @@ T = TypeVar("T", bound="StoredResponse")
 class StoredResponse:
     """
     Attributes:
-        status (int):
-        headers (StoredResponseHeaders | Unset):
-        body (str | Unset): The body, base64-encoded.
+        status (int): A final HTTP status; a 1xx cannot be replayed as an answer.
+        headers (StoredResponseHeaders | Unset): Header names are RFC 9110 tokens and values hold no CR, LF, NUL or
+            other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer,
+            Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
+        body (str | Unset): The body, base64-encoded. A 204 or 304 response has none.
     """
 
     status: int

@@ -11,6 +11,12 @@ T = TypeVar("T", bound="StoredResponseHeaders")
 
 @_attrs_define
 class StoredResponseHeaders:
+    """Header names are RFC 9110 tokens and values hold no CR, LF, NUL or other control characters. Hop-by-hop and framing
+    headers (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade, Content-Length) are refused: the
+    server replaying the response sets them.
+
+    """
+
     additional_properties: dict[str, list[str]] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
