@@ -1,0 +1,67 @@
+import assert from "node:assert/strict";
+import { readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { after, before, test } from "node:test";
+import { fileURLToPath } from "node:url";
+import { consume, runOnce } from "../examples/readme.js";
+import { IdemClient } from "../src/index.js";
+import { Daemon, freshKey } from "./daemon.js";
+
+let daemon: Daemon;
+before(async () => {
+  daemon = await Daemon.start();
+});
+after(async () => {
+  await daemon.stop();
+});
+
+test("the README's run example sends once and replays", async () => {
+  const sent: string[] = [];
+  const sendEmail = async (to: string) => {
+    sent.push(to);
+    return { messageId: `m-${sent.length}` };
+  };
+  assert.deepEqual(await runOnce(daemon.url, sendEmail), { value: { messageId: "m-1" }, replayed: false });
+  assert.deepEqual(await runOnce(daemon.url, sendEmail), { value: { messageId: "m-1" }, replayed: true });
+  assert.deepEqual(sent, ["user-42@example.org"]);
+});
+
+test("the README's queue example handles a redelivered message once", async () => {
+  const client = new IdemClient({ baseUrl: daemon.url });
+  const message = { topic: "orders", partition: 0, id: freshKey("message") };
+  let handled = 0;
+  const handle = async () => {
+    handled++;
+  };
+  assert.equal(await consume(client, message, handle), true);
+  assert.equal(await consume(client, message, handle), false);
+  assert.equal(handled, 1);
+});
+
+test("the README shows the examples' code", () => {
+  const here = dirname(fileURLToPath(import.meta.url));
+  // Compiled to dist/test; the sources are two and four levels up.
+  const source = readFileSync(join(here, "..", "..", "examples", "readme.ts"), "utf8");
+  const readme = readFileSync(join(here, "..", "..", "..", "..", "README.md"), "utf8");
+  const section = readme.slice(readme.indexOf("## From TypeScript"));
+  const blocks = [...section.slice(0, section.indexOf("\n## ", 3)).matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1]);
+  const regions = [...source.matchAll(/\/\/ #region readme-[\w-]+\n([\s\S]*?)\s*\/\/ #endregion/g)].map((m) =>
+    dedent(m[1] ?? ""),
+  );
+  assert.ok(blocks.length > 0, "no ts blocks in the README's From TypeScript section");
+  for (const block of blocks) {
+    const lines = (block ?? "").split("\n").filter((l) => l.trim() !== "" && !l.startsWith("import "));
+    for (const line of lines) {
+      assert.ok(
+        regions.some((r) => r.split("\n").includes(line)),
+        `README line not cut from examples/readme.ts: ${JSON.stringify(line)}`,
+      );
+    }
+  }
+});
+
+function dedent(text: string): string {
+  const lines = text.split("\n");
+  const indent = Math.min(...lines.filter((l) => l.trim() !== "").map((l) => l.length - l.trimStart().length));
+  return lines.map((l) => l.slice(indent)).join("\n");
+}
