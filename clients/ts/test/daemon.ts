@@ -52,7 +52,7 @@ export class Daemon {
 
   /** Kills the daemon by its PID, waits for it to exit, and removes its data. */
   async stop(): Promise<void> {
-    if (this.#process.exitCode === null && this.#process.pid !== undefined) {
+    if (this.#process.exitCode === null && this.#process.signalCode === null && this.#process.pid !== undefined) {
       process.kill(this.#process.pid, "SIGKILL");
       await this.#exited;
     }
