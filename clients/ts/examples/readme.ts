@@ -1,7 +1,30 @@
 // The README's "From TypeScript" snippets are cut from the regions below (between
 // `#region readme-NAME` and `#endregion`); test/examples.test.ts runs these functions
 // against a real idemd and checks that the README still shows the same code.
+import express, { type RequestHandler } from "express";
+import { idempotency } from "../src/express.js";
 import { IdemClient, messageKey } from "../src/index.js";
+
+// What the service's authentication sets, whose user the middleware scopes keys to.
+declare global {
+  namespace Express {
+    interface Request {
+      user?: { id: string };
+    }
+  }
+}
+
+/** An Express app whose POST /orders runs at most once per Idempotency-Key and user. */
+export function expressApp(client: IdemClient, authenticate: RequestHandler, createOrder: RequestHandler) {
+  const app = express();
+  // #region readme-express
+  app.use(authenticate); // sets req.user
+  app.use(idempotency(client, { scope: (req) => req.user?.id }));
+  app.use(express.json());
+  app.post("/orders", createOrder);
+  // #endregion
+  return app;
+}
 
 export interface Email {
   to: string;
