@@ -114,6 +114,13 @@ export async function startApp(
       case "slow-fail":
         await gate;
         return json(500, { failed: true });
+      case "switch": {
+        // R9: the answer is a 101; there is nothing to replay.
+        const res = raw();
+        res.writeHead(101, { connection: "upgrade", upgrade: "example" });
+        res.end();
+        return;
+      }
       case "big":
         return json(200, { big: "x".repeat(4000) });
       case "hints":

@@ -193,6 +193,67 @@ for (const framework of frameworks) {
       assert.equal((await retry).status, 200);
     });
 
+    test("R6: a client that goes away after the status still gets its result stored", async () => {
+      const key = freshKey("gone-late");
+      const { headers, body } = json(key, {});
+      await new Promise<void>((resolve, reject) => {
+        const req = httpRequest(`${app.url}/stream`, { method: "POST", headers }, (res) => {
+          res.once("data", () => {
+            req.destroy();
+            resolve();
+          });
+        });
+        req.on("error", () => undefined);
+        req.on("close", () => resolve());
+        req.end(body, () => undefined);
+        req.on("timeout", reject);
+      });
+      app.open();
+      await waitFor("the result to be stored", async () => {
+        const record = await client.lookup(idemdKey("user-1", key));
+        return record.state === "completed";
+      });
+      const again = await send(`${app.url}/stream`, json(key, {}));
+      assert.equal(again.body, "first second");
+      assert.equal(again.headers["idempotent-replayed"], "true");
+      assert.equal(app.runs.get(`stream ${key}`), 1);
+    });
+
+    test("R9: a 101 stores 409 response_not_stored, with an incident", async () => {
+      const key = freshKey("switch");
+      const { headers, body } = json(key, {});
+      const req = httpRequest(`${app.url}/switch`, { method: "POST", headers });
+      req.on("upgrade", (_res, socket) => socket.destroy());
+      req.on("error", () => undefined);
+      req.end(body);
+      await waitFor("the key to be failed", async () => {
+        const record = await client.lookup(idemdKey("user-1", key)).catch(() => undefined);
+        return record?.state === "failed";
+      });
+      const record = await client.lookup(idemdKey("user-1", key));
+      assert.equal(record.response?.status, 409);
+      assert.equal(JSON.parse(Buffer.from(record.response?.body ?? []).toString()).code, "response_not_stored");
+      assert.ok(app.incidents.some((i) => i.kind === "result_not_stored" && i.idemdKey === idemdKey("user-1", key)));
+    });
+
+    test("M7: a body the client never finishes sending claims nothing and runs nothing", async () => {
+      const key = freshKey("cut");
+      const { headers } = json(key, {});
+      await new Promise<void>((resolve) => {
+        const req = httpRequest(`${app.url}/orders`, {
+          method: "POST",
+          headers: { ...headers, "content-length": "100" },
+        });
+        req.on("error", () => undefined);
+        req.on("close", () => resolve());
+        req.write('{"a":', () => req.destroy());
+      });
+      // A request after it on another connection has run to its end.
+      assert.equal((await send(`${app.url}/orders`, json(freshKey("after-cut"), {}))).status, 201);
+      assert.equal(app.runs.get(`orders ${key}`), undefined);
+      await assert.rejects(client.lookup(idemdKey("user-1", key)), NotFoundError);
+    });
+
     test("R8: informational answers pass through and the final status is the one stored", async () => {
       const key = freshKey("hints");
       assert.equal((await send(`${app.url}/hints`, json(key, {}))).status, 201);
@@ -403,6 +464,32 @@ describe("options", () => {
       }
     } finally {
       await authed.stop();
+    }
+  });
+
+  test("R10: idemd refusing to store a result (413) stores 409 response_not_stored instead", async () => {
+    const small = await Daemon.start("--max-response-bytes", "1000");
+    try {
+      for (const framework of frameworks) {
+        const app = await startApp(framework, new IdemClient({ baseUrl: small.url }), client);
+        try {
+          const key = freshKey("refused-result");
+          const first = await send(`${app.url}/big`, json(key, {}));
+          assert.equal(first.status, 200, framework);
+          assert.equal(JSON.parse(first.body).big.length, 4000);
+          const retry = await send(`${app.url}/big`, json(key, {}));
+          assert.equal(retry.status, 409);
+          assert.equal(JSON.parse(retry.body).code, "response_not_stored");
+          assert.deepEqual(
+            app.incidents.map((i) => i.kind),
+            ["result_not_stored"],
+          );
+        } finally {
+          await app.close();
+        }
+      }
+    } finally {
+      await small.stop();
     }
   });
 
