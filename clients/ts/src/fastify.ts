@@ -48,7 +48,8 @@ const plugin: FastifyPluginAsync<FastifyIdempotencyOptions> = async (app, option
     }
     const decision = await guard.decide(request, request.raw, request.raw.url ?? "", read.key, read.body);
     if ("answer" in decision) {
-      await send(reply, decision.answer);
+      // Not awaited: the incident is reported as soon as the answer is written.
+      send(reply, decision.answer);
       guard.report(request, decision.incident);
       return reply;
     }

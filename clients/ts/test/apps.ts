@@ -59,7 +59,8 @@ export async function startApp(
   };
   const guardOptions = {
     scope,
-    leaseMs: 600,
+    // Short, so that R12 sees a renewal soon; long enough for a loaded machine.
+    leaseMs: 1200,
     onIncident: (_req: unknown, incident: Incident) => {
       incidents.push(incident);
     },

@@ -233,7 +233,10 @@ for (const framework of frameworks) {
       const record = await client.lookup(idemdKey("user-1", key));
       assert.equal(record.response?.status, 409);
       assert.equal(JSON.parse(Buffer.from(record.response?.body ?? []).toString()).code, "response_not_stored");
-      assert.ok(app.incidents.some((i) => i.kind === "result_not_stored" && i.idemdKey === idemdKey("user-1", key)));
+      // The incident follows the release that stored the failure.
+      await waitFor("the result_not_stored incident", () =>
+        app.incidents.some((i) => i.kind === "result_not_stored" && i.idemdKey === idemdKey("user-1", key)),
+      );
     });
 
     test("M7: a body the client never finishes sending claims nothing and runs nothing", async () => {

@@ -1,5 +1,6 @@
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import {
   FailedError,
   IdemClient,
@@ -97,17 +98,19 @@ describe("run", () => {
 
   test("the lease is renewed while fn runs: after three leases another caller still finds it held", async () => {
     const key = freshKey("run-renew");
-    const leaseMs = 300;
+    // Long enough that a renewal every leaseMs/3 keeps it on a loaded machine.
+    const leaseMs = 900;
     const other = new IdemClient({ baseUrl: daemon.url });
     const result = await client.run(
       key,
       async () => {
         const start = Date.now();
         let checks = 0;
-        // Bounded: a claim every few milliseconds for three leases' time.
-        while (Date.now() - start < 3 * leaseMs && checks < 10_000) {
+        // Bounded: a claim every 50 ms (paced, not to starve the renewals) for three leases.
+        while (Date.now() - start < 3 * leaseMs && checks < 1000) {
           await assert.rejects(other.claim(key), InProgressError);
           checks++;
+          await sleep(50);
         }
         return checks;
       },
