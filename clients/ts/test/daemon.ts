@@ -35,6 +35,13 @@ export class Daemon {
       logs += chunk.toString();
     });
     const daemon = new Daemon(`http://127.0.0.1:${port}`, child, dataDir);
+    // A test process that ends without its after hooks (a cancelled test) still stops
+    // the daemons it started.
+    process.once("exit", () => {
+      if (child.exitCode === null && child.signalCode === null && child.pid !== undefined) {
+        process.kill(child.pid, "SIGKILL");
+      }
+    });
     const deadline = Date.now() + 20_000;
     while (Date.now() < deadline) {
       if (child.exitCode !== null) throw new Error(`idemd exited with ${child.exitCode}:\n${logs}`);
