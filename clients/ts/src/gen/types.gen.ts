@@ -92,12 +92,18 @@ export type ClaimFinished = {
 };
 
 export type StoredResponse = {
+    /**
+     * A final HTTP status; a 1xx cannot be replayed as an answer.
+     */
     status: number;
+    /**
+     * Header names are RFC 9110 tokens and values hold no CR, LF, NUL or other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
+     */
     headers?: {
         [key: string]: Array<string>;
     };
     /**
-     * The body, base64-encoded.
+     * The body, base64-encoded. A 204 or 304 response has none.
      */
     body?: string;
 };
@@ -198,7 +204,8 @@ export type Problem = {
      * invalid_json, unsupported_media_type, payload_too_large, not_found,
      * in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
      * not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
-     * rate_limited.
+     * rate_limited, request_timeout (the body did not arrive within the daemon's
+     * --body-timeout).
      *
      */
     code: string;
