@@ -15,11 +15,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"time"
 
+	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/internal/appbench"
 )
 
@@ -33,7 +35,15 @@ func main() {
 		fs.StringVar(&cfg.Listen, "listen", "127.0.0.1:0", "address to serve on")
 		fs.StringVar(&cfg.RedisURL, "redis", "", "Redis URL (direct)")
 		fs.StringVar(&cfg.IdemdURL, "idemd", "", "idemd URL (idemd)")
+		cache := fs.Bool("sdk-replay-cache", true, "keep the SDK's replay cache on (idemd)")
+		plainHTTP := fs.Bool("sdk-plain-http-client", false, "give the SDK a bare &http.Client{}, 2 idle connections per host (idemd)")
 		_ = fs.Parse(os.Args[2:])
+		if !*cache {
+			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithReplayCache(0, 0))
+		}
+		if *plainHTTP {
+			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithHTTPClient(&http.Client{}))
+		}
 		if err := appbench.ServeApp(ctx, cfg); err != nil {
 			fmt.Fprintln(os.Stderr, "app:", err)
 			os.Exit(1)
@@ -49,7 +59,9 @@ func main() {
 	configs := flag.String("configs", "a,b,c,d", "configurations to run")
 	flag.StringVar(&cfg.Idemd, "idemd", "", "idemd binary (default: build ./cmd/idemd)")
 	flag.StringVar(&cfg.RedisServer, "redis-server", "redis-server", "redis-server binary")
+	appFlags := flag.String("app-flags", "", "flags for every app process, space-separated (e.g. -sdk-replay-cache=false)")
 	flag.Parse()
+	cfg.AppFlags = strings.Fields(*appFlags)
 	cfg.Configs = strings.Split(*configs, ",")
 	self, err := os.Executable()
 	if err != nil {

@@ -40,6 +40,9 @@ type AppConfig struct {
 	Listen   string
 	RedisURL string // ModeDirect
 	IdemdURL string // ModeIdemd
+	// SDKOptions are added to the idem client's options (ModeIdemd), to measure the
+	// SDK's settings one by one.
+	SDKOptions []idem.Option
 }
 
 // ServeApp serves the benchmark's handler in the given mode until ctx ends. Besides
@@ -61,7 +64,7 @@ func ServeApp(ctx context.Context, cfg AppConfig) error {
 		defer client.Close()
 		h = DirectMiddleware(client, 30*time.Second, 24*time.Hour)(orders)
 	case ModeIdemd:
-		client, err := idem.New(cfg.IdemdURL)
+		client, err := idem.New(cfg.IdemdURL, cfg.SDKOptions...)
 		if err != nil {
 			return err
 		}

@@ -35,6 +35,8 @@ type Config struct {
 	// AppCommand starts one app process: the command and its leading arguments, to
 	// which the bench appends -mode, -listen, -redis and -idemd.
 	AppCommand []string
+	// AppFlags are passed to every app process (see cmd/idemd-appbench app -h).
+	AppFlags []string
 	// Idemd is the idemd binary; empty builds ./cmd/idemd from the module in the
 	// working directory.
 	Idemd string
@@ -157,6 +159,7 @@ func Run(ctx context.Context, cfg Config) error {
 			idemdURL = "http://" + c.idemd.addr
 		}
 		argv := append(slices.Clone(cfg.AppCommand), "-mode", c.mode, "-listen", addr, "-redis", redisURL, "-idemd", idemdURL)
+		argv = append(argv, cfg.AppFlags...)
 		if c.app, err = start("app "+c.name, nil, argv...); err != nil {
 			return err
 		}
