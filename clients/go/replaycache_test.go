@@ -3,6 +3,8 @@ package idem_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -155,5 +157,57 @@ func TestReplayCacheAndPurge(t *testing.T) {
 	before := runs.Load()
 	if res, err := fresh.Do(ctx, key, "fp", countingWork(&runs)); err != nil || res.Replayed || runs.Load() != before+1 {
 		t.Fatalf("Do after its own purge: %+v %v, want a new run", res, err)
+	}
+}
+
+// TestReplayCacheStorm: several clients, each with its cache, call Do on a few keys
+// at once; every key runs exactly once and every caller gets its one result.
+func TestReplayCacheStorm(t *testing.T) {
+	ctx := t.Context()
+	clients := make([]*idem.Client, 4)
+	for i := range clients {
+		clients[i] = newClient(t)
+	}
+	const keys, callsPerKey = 8, 24
+	prefix := freshKey("storm")
+	runs := make([]atomic.Int64, keys)
+	results := make([][]string, keys)
+	for k := range results {
+		results[k] = make([]string, callsPerKey)
+	}
+	errs := make(chan error, keys*callsPerKey)
+	var wg sync.WaitGroup
+	for k := range keys {
+		for i := range callsPerKey {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				key := fmt.Sprintf("%s-%d", prefix, k)
+				res, err := clients[i%len(clients)].Do(ctx, key, "fp", func(context.Context) (idem.Response, error) {
+					n := runs[k].Add(1)
+					return idem.Response{Status: 201, Body: fmt.Appendf(nil, "%d-%d", k, n)}, nil
+				}, idem.DoOptions{Wait: 20 * time.Second})
+				if err != nil {
+					errs <- err
+					return
+				}
+				results[k][i] = string(res.Body)
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for k := range keys {
+		if n := runs[k].Load(); n != 1 {
+			t.Errorf("key %d ran %d times", k, n)
+		}
+		for i, r := range results[k] {
+			if want := fmt.Sprintf("%d-1", k); r != want {
+				t.Errorf("key %d, call %d got %q, want %q", k, i, r, want)
+			}
+		}
 	}
 }
