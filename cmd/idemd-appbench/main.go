@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -37,7 +38,20 @@ func main() {
 		fs.StringVar(&cfg.IdemdURL, "idemd", "", "idemd URL (idemd)")
 		cache := fs.Bool("sdk-replay-cache", true, "keep the SDK's replay cache on (idemd)")
 		plainHTTP := fs.Bool("sdk-plain-http-client", false, "give the SDK a bare &http.Client{}, 2 idle connections per host (idemd)")
+		cpuProfile := fs.String("cpuprofile", "", "write the app's CPU profile to this file")
 		_ = fs.Parse(os.Args[2:])
+		if *cpuProfile != "" {
+			f, err := os.Create(*cpuProfile)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "app:", err)
+				os.Exit(1)
+			}
+			if err := pprof.StartCPUProfile(f); err != nil {
+				fmt.Fprintln(os.Stderr, "app:", err)
+				os.Exit(1)
+			}
+			defer pprof.StopCPUProfile()
+		}
 		if !*cache {
 			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithReplayCache(0, 0))
 		}

@@ -76,13 +76,21 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer os.RemoveAll(dir)
 	var started []*process
+	// Stopped with SIGINT, so that an app writes its profile; SIGKILL after 5 s.
 	defer func() {
 		for _, p := range started {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			_, _ = p.cmd.Process.Wait()
+			_ = p.cmd.Process.Signal(syscall.SIGINT)
+			exited := make(chan struct{})
+			go func() { _, _ = p.cmd.Process.Wait(); close(exited) }()
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				_ = p.cmd.Process.Signal(syscall.SIGKILL)
+				<-exited
+			}
 		}
 	}()
-	start := func(name string, ready func(addr string) error, argv ...string) (*process, error) {
+	start := func(name string, argv ...string) (*process, error) {
 		p := &process{name: name, cmd: exec.Command(argv[0], argv[1:]...)}
 		p.cmd.Stdout, p.cmd.Stderr = &p.logs, &p.logs
 		if err := p.cmd.Start(); err != nil {
@@ -105,7 +113,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	_, redisPort, _ := net.SplitHostPort(redisAddr)
-	redisProc, err := start("redis-server", nil, cfg.RedisServer, "--port", redisPort, "--bind", "127.0.0.1",
+	redisProc, err := start("redis-server", cfg.RedisServer, "--port", redisPort, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no")
 	if err != nil {
 		return err
@@ -121,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
-		p, err := start(name, nil, append([]string{cfg.Idemd, "--listen", addr, "--log-level", "warn"}, args...)...)
+		p, err := start(name, append([]string{cfg.Idemd, "--listen", addr, "--log-level", "warn"}, args...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -160,7 +168,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		argv := append(slices.Clone(cfg.AppCommand), "-mode", c.mode, "-listen", addr, "-redis", redisURL, "-idemd", idemdURL)
 		argv = append(argv, cfg.AppFlags...)
-		if c.app, err = start("app "+c.name, nil, argv...); err != nil {
+		if c.app, err = start("app "+c.name, argv...); err != nil {
 			return err
 		}
 		c.app.addr = addr
