@@ -1,11 +1,12 @@
 module github.com/idemd/idemd
 
-go 1.26.0
+go 1.26.8
 
 tool github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
 
 require (
 	github.com/anishathalye/porcupine v1.3.1
+	github.com/idemd/idemd/clients/go v0.0.0-00010101000000-000000000000
 	github.com/labstack/echo/v4 v4.16.0
 	github.com/oapi-codegen/runtime v1.8.0
 	github.com/prometheus/client_golang v1.25.0
@@ -51,3 +52,7 @@ require (
 	golang.org/x/tools v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// cmd/idemctl is built on the Go client, which lives in this repository as a module
+// of its own.
+replace github.com/idemd/idemd/clients/go => ./clients/go

@@ -93,6 +93,21 @@ func ExampleClient_Once() {
 	// handled 1 time(s)
 }
 
+type userKey struct{}
+
+// authenticate stands for the service's own authentication: it puts the caller's
+// user ID in the request's context.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		user := r.Header.Get("X-Demo-User") // a real service checks a token or a session
+		if user == "" {
+			http.Error(w, "who are you?", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), userKey{}, user)))
+	})
+}
+
 func ExampleMiddleware() {
 	client, _ := idem.New(daemonURL)
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -101,8 +116,15 @@ func ExampleMiddleware() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprint(w, `{"id":42}`)
 	})
-	// net/http: wrap the handler. Echo: e.Use(echo.WrapMiddleware(idem.Middleware(client))).
-	srv := httptest.NewServer(idem.Middleware(client)(createOrder))
+	// The scope says whose request it is: here the user that authentication in front of
+	// the middleware put in the request's context. Keys are kept per scope, so that one
+	// user never gets another's answer.
+	scope := idem.WithScope(func(r *http.Request) string {
+		user, _ := r.Context().Value(userKey{}).(string)
+		return user
+	})
+	// net/http: wrap the handler. Echo: e.Use(echo.WrapMiddleware(idem.Middleware(client, scope))).
+	srv := httptest.NewServer(authenticate(idem.Middleware(client, scope)(createOrder)))
 	defer srv.Close()
 
 	key := freshKey("order")
@@ -110,6 +132,7 @@ func ExampleMiddleware() {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"book"}`))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("X-Demo-User", "user-42")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			panic(err)

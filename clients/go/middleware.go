@@ -1,41 +1,97 @@
 package idem
 
 import (
+	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"mime"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // The headers of the Idempotency-Key draft (draft-ietf-httpapi-idempotency-key-header).
 const (
 	HeaderIdempotencyKey = "Idempotency-Key"
-	// HeaderReplayed marks an answer replayed from the stored first one.
+	// HeaderReplayed marks an answer replayed from the stored first one. It is Stripe's
+	// convention; the draft defines no replay marker.
 	HeaderReplayed = "Idempotent-Replayed"
 )
 
+// IncidentKind names a case where the middleware could not keep its promise, or could
+// not protect a request. The values are stable and meant for metric labels.
+type IncidentKind string
+
+// The incident kinds, as docs/middleware.md lists them.
+const (
+	// IncidentUnavailable: idemd could not be reached; the request got 503.
+	IncidentUnavailable IncidentKind = "unavailable"
+	// IncidentFailOpen: idemd could not be reached; the handler ran unprotected.
+	IncidentFailOpen IncidentKind = "fail_open"
+	// IncidentIdemdRefused: idemd answered an error (401, 403, 429, …); the request
+	// got 503 and the handler did not run.
+	IncidentIdemdRefused IncidentKind = "idemd_refused"
+	// IncidentScopeMissing: the scope function gave nothing; the request got 500.
+	IncidentScopeMissing IncidentKind = "scope_missing"
+	// IncidentResultNotStored: the handler ran but its answer could not be stored (too
+	// large, a hijacked connection, a protocol switch); a response_not_stored failure
+	// was stored instead.
+	IncidentResultNotStored IncidentKind = "result_not_stored"
+	// IncidentCompleteFailed: the handler ran but storing its result failed; once the
+	// lease runs out a retry runs the handler again.
+	IncidentCompleteFailed IncidentKind = "complete_failed"
+	// IncidentReleaseFailed: the key could not be freed after a failure; retries get
+	// 409 until the lease runs out.
+	IncidentReleaseFailed IncidentKind = "release_failed"
+	// IncidentLeaseLost: the lease was lost while the handler ran, so another request
+	// may have run the same operation.
+	IncidentLeaseLost IncidentKind = "lease_lost"
+	// IncidentReplayInvalid: a stored answer could not be replayed.
+	IncidentReplayInvalid IncidentKind = "replay_invalid"
+)
+
+// Incident is what the incident hook receives.
+type Incident struct {
+	Kind IncidentKind
+	// IdemdKey is the key in idemd (see MiddlewareKey), empty when none was derived.
+	IdemdKey string
+	// Err is the cause, when there is one.
+	Err error
+}
+
 type middlewareSettings struct {
-	methods    []string
-	required   bool
-	wait       time.Duration
-	lease      time.Duration
-	failOpen   bool
-	headers    []string
-	maxBody    int64
-	onFailOpen func(r *http.Request, err error)
+	scope       func(*http.Request) string
+	methods     []string
+	required    bool
+	wait        time.Duration
+	lease       time.Duration
+	failOpen    bool
+	headers     []string
+	maxBody     int64
+	maxStored   int
+	storeStatus func(int) bool
+	onFailOpen  func(r *http.Request, err error)
+	onIncident  func(r *http.Request, inc Incident)
 }
 
 // MiddlewareOption configures Middleware.
 type MiddlewareOption func(*middlewareSettings)
+
+// WithScope is required: it names whose request r is, usually the authenticated user
+// or account ID from the authentication that runs before the middleware. Keys are
+// kept per scope, so that one user never gets another's answer. A request for which
+// it returns "" (or invalid UTF-8) is refused with 500. Only a service whose answers
+// are not private may return a constant.
+func WithScope(scope func(r *http.Request) string) MiddlewareOption {
+	return func(s *middlewareSettings) { s.scope = scope }
+}
 
 // WithMethods sets the methods the middleware applies to (default POST and PATCH).
 func WithMethods(methods ...string) MiddlewareOption {
@@ -55,7 +111,8 @@ func WithWait(d time.Duration) MiddlewareOption { return func(s *middlewareSetti
 func WithLease(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.lease = d } }
 
 // WithStoredHeaders sets the response headers stored and replayed (default
-// Content-Type and Location). Set-Cookie is never stored.
+// Content-Type and Location); names are compared without regard to case. Set-Cookie,
+// hop-by-hop and framing headers are never stored: naming one panics.
 func WithStoredHeaders(names ...string) MiddlewareOption {
 	return func(s *middlewareSettings) { s.headers = names }
 }
@@ -64,47 +121,98 @@ func WithStoredHeaders(names ...string) MiddlewareOption {
 // (default 10 MiB); a larger one is refused with 413.
 func WithMaxBody(n int64) MiddlewareOption { return func(s *middlewareSettings) { s.maxBody = n } }
 
-// WithFailOpen lets requests through, unprotected, when idemd cannot be reached;
-// report is called for each (it may be nil). The default is to answer 503.
+// WithMaxStoredBytes bounds the result stored, its body plus its stored header names
+// and values (default 1 MiB, idemd's default --max-response-bytes). A larger result
+// still reaches its client; a retry gets 409 response_not_stored.
+func WithMaxStoredBytes(n int) MiddlewareOption {
+	return func(s *middlewareSettings) { s.maxStored = n }
+}
+
+// WithStoredStatuses decides which final statuses are results to store. The default
+// stores 2xx, 3xx and 402, and frees the key after any other 4xx: such answers mean
+// the operation did not run (Stripe keeps a result only once the endpoint started),
+// so the client may fix its request, or wait, and retry with the same key. 5xx always
+// frees the key. A handler that has side effects before answering a 4xx adds it here.
+func WithStoredStatuses(store func(status int) bool) MiddlewareOption {
+	return func(s *middlewareSettings) { s.storeStatus = store }
+}
+
+// WithFailOpen lets requests through, unprotected, while idemd cannot be reached (no
+// answer, a proxy's 502/503/504, or idemd's store unavailable); report is called for
+// each (it may be nil). An error answered by idemd (401, 403, 429, …) never lets a
+// request through. The default is to answer 503.
 func WithFailOpen(report func(r *http.Request, err error)) MiddlewareOption {
 	return func(s *middlewareSettings) { s.failOpen, s.onFailOpen = true, report }
 }
 
+// WithIncidentHook calls hook, after the answer is written, for every case where the
+// middleware could not keep its promise or could not protect a request: count them by
+// Incident.Kind.
+func WithIncidentHook(hook func(r *http.Request, inc Incident)) MiddlewareOption {
+	return func(s *middlewareSettings) { s.onIncident = hook }
+}
+
+// neverStored are the response headers no stored answer carries: cookies belong to
+// the first caller, hop-by-hop and framing headers to one connection, and the server
+// writes Date and Content-Length itself.
+var neverStored = []string{
+	"set-cookie", "set-cookie2",
+	"connection", "keep-alive", "proxy-connection", "proxy-authenticate", "proxy-authorization",
+	"te", "trailer", "transfer-encoding", "upgrade",
+	"content-length", "date", "idempotent-replayed",
+}
+
+func defaultStoreStatus(status int) bool {
+	return (status >= 200 && status < 400) || status == http.StatusPaymentRequired
+}
+
 // Middleware makes handlers idempotent by the Idempotency-Key request header, as the
-// IETF draft describes. For POST and PATCH (see WithMethods) carrying the header:
+// IETF draft describes, and as docs/middleware.md specifies row by row for every
+// language. For POST and PATCH (see WithMethods) carrying the header:
 //
-//   - the first request runs the handler; its status, stored headers and body are kept
-//     and every later request with the key gets them back byte for byte, marked
-//     Idempotent-Replayed: true;
+//   - the key is kept per scope (WithScope, required) in a namespace of its own (see
+//     MiddlewareKey), so that users never share answers and no client can name the
+//     keys the service's own code uses with Do and Once;
+//   - the first request runs the handler; a result (2xx, 3xx, 402, see
+//     WithStoredStatuses) is stored with its allow-listed headers, and every later
+//     request with the key gets it back byte for byte, marked Idempotent-Replayed;
 //   - a duplicate that arrives while the first runs gets 409 with Retry-After (or
 //     waits, WithWait);
-//   - the key reused with a different request (method, path or body; JSON bodies are
-//     compared after canonicalisation, so key order and spacing do not matter) gets
-//     422;
-//   - a 5xx answer or a panic frees the key, so that a retry runs the handler again;
+//   - the key reused with a different request (method, path, query, media type or
+//     body; see Fingerprint) gets 422;
+//   - any other 4xx, a 5xx, a panic, or a client that went away before the handler
+//     answered frees the key, so that a retry runs the handler again;
 //   - when idemd cannot be reached the answer is 503 (WithFailOpen to let requests
-//     through instead).
+//     through instead); when idemd answers an error, 503 and never fail-open.
 //
-// A response that cannot be stored (larger than the daemon's --max-response-bytes, or
-// idemd unreachable when the handler finishes) is still sent to its client; its key
-// stays held until the lease runs out, and a retry after that runs the handler again.
+// Cases where the middleware cannot keep its promise reach WithIncidentHook.
 //
-// Echo users wrap it: e.Use(echo.WrapMiddleware(idem.Middleware(client))).
+// Middleware panics without WithScope, or when WithStoredHeaders names a header that
+// is never stored.
+//
+// Echo users wrap it: e.Use(echo.WrapMiddleware(idem.Middleware(client, idem.WithScope(...)))).
 func Middleware(c *Client, opts ...MiddlewareOption) func(http.Handler) http.Handler {
 	s := middlewareSettings{
-		methods: []string{http.MethodPost, http.MethodPatch},
-		lease:   30 * time.Second,
-		headers: []string{"Content-Type", "Location"},
-		maxBody: 10 << 20,
+		methods:     []string{http.MethodPost, http.MethodPatch},
+		lease:       30 * time.Second,
+		headers:     []string{"Content-Type", "Location"},
+		maxBody:     10 << 20,
+		maxStored:   1 << 20,
+		storeStatus: defaultStoreStatus,
 	}
 	for _, o := range opts {
 		o(&s)
 	}
+	if s.scope == nil {
+		panic("idem.Middleware: WithScope is required: keys must be kept per user or account, or one user gets another's answers")
+	}
 	stored := make([]string, 0, len(s.headers))
 	for _, h := range s.headers {
-		if h = http.CanonicalHeaderKey(h); h != "Set-Cookie" {
-			stored = append(stored, h)
+		h = asciiLower(strings.TrimSpace(h))
+		if slices.Contains(neverStored, h) {
+			panic(fmt.Sprintf("idem.Middleware: WithStoredHeaders(%q): that header is never stored", h))
 		}
+		stored = append(stored, h)
 	}
 	s.headers = stored
 	return func(next http.Handler) http.Handler {
@@ -118,18 +226,34 @@ type middleware struct {
 	next http.Handler
 }
 
+func (m *middleware) incident(r *http.Request, kind IncidentKind, key string, err error) {
+	if m.s.onIncident != nil {
+		m.s.onIncident(r, Incident{Kind: kind, IdemdKey: key, Err: err})
+	}
+}
+
 func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !slices.Contains(m.s.methods, r.Method) {
 		m.next.ServeHTTP(w, r)
 		return
 	}
-	key := r.Header.Get(HeaderIdempotencyKey)
-	if key == "" {
-		if m.s.required {
-			writeProblem(w, http.StatusBadRequest, "missing_idempotency_key", "Idempotency-Key is required", "this endpoint needs an Idempotency-Key header", 0)
-			return
-		}
+	key, err := parseKeyHeader(r.Header.Values(HeaderIdempotencyKey))
+	switch {
+	case errors.Is(err, errNoKey) && m.s.required:
+		writeProblem(w, http.StatusBadRequest, "missing_idempotency_key", "Idempotency-Key is required", "this endpoint needs an Idempotency-Key header", 0)
+		return
+	case errors.Is(err, errNoKey):
 		m.next.ServeHTTP(w, r)
+		return
+	case err != nil:
+		writeProblem(w, http.StatusBadRequest, "invalid_idempotency_key", "Invalid Idempotency-Key", err.Error(), 0)
+		return
+	}
+	scope := m.s.scope(r)
+	if scope == "" || !utf8.ValidString(scope) {
+		writeProblem(w, http.StatusInternalServerError, "idempotency_scope_missing", "Request scope unknown",
+			"the service could not tell whose request this is; it was not run", 0)
+		m.incident(r, IncidentScopeMissing, "", nil)
 		return
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, m.s.maxBody))
@@ -145,70 +269,182 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
-	cl, err := m.c.Claim(r.Context(), key, ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait})
+	idemdKey := MiddlewareKey(scope, key)
+	// The claim outlives a client that goes away meanwhile, so that a lease it took is
+	// known and can be given back rather than left to run out.
+	cl, err := m.c.Claim(context.WithoutCancel(r.Context()), idemdKey,
+		ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait})
 	if err != nil {
-		m.refuse(w, r, err)
+		m.refuse(w, r, idemdKey, err)
 		return
 	}
 	switch cl.Outcome {
 	case Completed, Failed:
-		replay(w, cl.Response)
+		m.replay(w, r, idemdKey, cl.Response)
 		return
 	}
-
-	rec := &recorder{ResponseWriter: w, header: m.s.headers}
-	_, err = m.c.run(r.Context(), key, cl.Token, m.s.lease, func(ctx context.Context) (Response, error) {
-		m.next.ServeHTTP(rec, r.WithContext(ctx))
-		resp := rec.response()
-		if resp.Status >= 500 {
-			return resp, fmt.Errorf("handler answered %d", resp.Status)
-		}
-		return resp, nil
-	})
-	if err != nil && !rec.wrote {
-		// The handler never answered (its lease was lost before it did).
-		writeProblem(w, http.StatusConflict, "lease_lost", "Request taken over", err.Error(), 0)
+	if r.Context().Err() != nil {
+		// The client left while the claim waited: nothing ran.
+		m.release(r, idemdKey, cl.Token)
+		return
 	}
+	m.run(w, r, idemdKey, cl.Token)
 }
 
 // refuse answers a claim that did not acquire.
-func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, err error) {
+func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, key string, err error) {
+	retry := time.Second
 	var p *Problem
+	if errors.As(err, &p) && p.RetryAfter > 0 {
+		retry = p.RetryAfter
+	}
 	switch {
 	case errors.Is(err, ErrInProgress):
-		retry := time.Second
-		if errors.As(err, &p) && p.RetryAfter > 0 {
-			retry = p.RetryAfter
-		}
 		writeProblem(w, http.StatusConflict, "in_progress", "Request in progress",
 			"a request with this Idempotency-Key is being processed", retry)
 	case errors.Is(err, ErrFingerprintMismatch):
 		writeProblem(w, http.StatusUnprocessableEntity, "fingerprint_mismatch", "Idempotency-Key reused",
 			"this Idempotency-Key was used with a different request", 0)
-	case errors.As(err, &p) && p.Status == http.StatusBadRequest:
-		writeProblem(w, http.StatusBadRequest, "invalid_idempotency_key", "Invalid Idempotency-Key", p.Detail, 0)
-	case m.s.failOpen:
+	case errors.Is(err, ErrUnavailable) && m.s.failOpen:
 		if m.s.onFailOpen != nil {
 			m.s.onFailOpen(r, err)
 		}
 		m.next.ServeHTTP(w, r)
-	default:
+		m.incident(r, IncidentFailOpen, key, err)
+	case errors.Is(err, ErrUnavailable):
 		writeProblem(w, http.StatusServiceUnavailable, "idempotency_unavailable", "Idempotency service unavailable",
-			"the request was not run: its Idempotency-Key could not be checked", time.Second)
+			"the request was not run: its Idempotency-Key could not be checked", retry)
+		m.incident(r, IncidentUnavailable, key, err)
+	default:
+		// An answer, not an outage: it holds for every retry, so failing open on it
+		// would run the operation again and again.
+		writeProblem(w, http.StatusServiceUnavailable, "idempotency_unavailable", "Idempotency service unavailable",
+			"the request was not run: its Idempotency-Key could not be checked", retry)
+		m.incident(r, IncidentIdemdRefused, key, err)
 	}
 }
 
-func replay(w http.ResponseWriter, r *Response) {
-	if r == nil {
-		r = &Response{Status: http.StatusOK}
+// run runs the handler under the lease and finishes the key according to its answer.
+func (m *middleware) run(w http.ResponseWriter, r *http.Request, key, token string) {
+	rec := &recorder{ResponseWriter: w, allowed: m.s.headers, limit: m.s.maxStored}
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	// Renewals go on while the handler runs, even after its client has gone.
+	stop := m.c.keepAlive(context.WithoutCancel(r.Context()), cancel, key, token, m.s.lease)
+	finished := false
+	defer func() {
+		stop()
+		if !finished {
+			// The handler panicked: free the key, then let the panic go on.
+			m.release(r, key, token)
+		}
+	}()
+	m.next.ServeHTTP(rec, r.WithContext(ctx))
+	finished = true
+	stop()
+
+	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseLost) {
+		if !rec.wrote && !rec.hijacked {
+			writeProblem(w, http.StatusConflict, "lease_lost", "Request taken over",
+				"another request with this Idempotency-Key took over while this one ran", time.Second)
+		}
+		m.incident(r, IncidentLeaseLost, key, cause)
+		return
 	}
-	for k, vs := range r.Header {
-		w.Header()[k] = slices.Clone(vs)
+	if !rec.wrote && !rec.hijacked && r.Context().Err() == nil {
+		// net/http answers 200 with no body for a handler that wrote nothing.
+		rec.snapshot(http.StatusOK)
+	}
+	switch {
+	case rec.hijacked || rec.status == http.StatusSwitchingProtocols:
+		m.notStored(r, key, token, errors.New("the connection was taken over; there is no answer to store"))
+	case !rec.wrote:
+		// The client went away and the handler stopped without answering: nothing ran.
+		m.release(r, key, token)
+	case rec.status >= 500 || !m.s.storeStatus(rec.status):
+		m.release(r, key, token)
+	case rec.tooLarge:
+		m.notStored(r, key, token, fmt.Errorf("the answer is over %d bytes", m.s.maxStored))
+	default:
+		m.complete(r, key, token, rec)
+	}
+}
+
+// finishContext is for the calls that finish a key: they must happen even when the
+// client has gone.
+func (m *middleware) finishContext(r *http.Request) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(r.Context()), m.c.timeout)
+}
+
+func (m *middleware) complete(r *http.Request, key, token string, rec *recorder) {
+	ctx, cancel := m.finishContext(r)
+	defer cancel()
+	err := m.c.Complete(ctx, key, token, Response{Status: rec.status, Header: rec.kept, Body: rec.body.Bytes()})
+	var p *Problem
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrLeaseLost):
+		m.incident(r, IncidentLeaseLost, key, err)
+	case errors.As(err, &p) && (p.Status == http.StatusRequestEntityTooLarge || p.Status == http.StatusBadRequest):
+		// idemd will not keep this answer (over its size limit, or headers it refuses).
+		m.notStored(r, key, token, err)
+	default:
+		m.incident(r, IncidentCompleteFailed, key, err)
+	}
+}
+
+// release frees the key for a retry.
+func (m *middleware) release(r *http.Request, key, token string) {
+	ctx, cancel := m.finishContext(r)
+	defer cancel()
+	if err := m.c.Release(ctx, key, token, Retry, nil); err != nil {
+		m.incident(r, IncidentReleaseFailed, key, err)
+	}
+}
+
+// notStored keeps at most once for an answer that cannot be replayed: it stores a
+// failure telling later requests that the operation ran and its answer is gone.
+func (m *middleware) notStored(r *http.Request, key, token string, cause error) {
+	ctx, cancel := m.finishContext(r)
+	defer cancel()
+	body, _ := json.Marshal(problemBody(http.StatusConflict, "response_not_stored", "Response not stored",
+		"the request with this Idempotency-Key was processed, but its response could not be kept; do not send it again"))
+	failure := &Response{Status: http.StatusConflict, Header: http.Header{"content-type": {"application/problem+json"}}, Body: body}
+	if err := m.c.Release(ctx, key, token, Fail, failure); err != nil {
+		m.incident(r, IncidentReleaseFailed, key, err)
+	}
+	m.incident(r, IncidentResultNotStored, key, cause)
+}
+
+// replay writes a stored answer, without any header that is never stored, whatever
+// wrote the record.
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, key string, resp *Response) {
+	if resp == nil || resp.Status < 200 || resp.Status > 599 {
+		writeProblem(w, http.StatusBadGateway, "stored_response_invalid", "Stored response cannot be replayed",
+			"the answer stored for this Idempotency-Key cannot be replayed", 0)
+		status := 0
+		if resp != nil {
+			status = resp.Status
+		}
+		m.incident(r, IncidentReplayInvalid, key, fmt.Errorf("stored status %d", status))
+		return
+	}
+	for name, values := range resp.Header {
+		if slices.Contains(neverStored, asciiLower(name)) {
+			continue
+		}
+		for _, v := range values {
+			w.Header().Add(name, v)
+		}
 	}
 	w.Header().Set(HeaderReplayed, "true")
-	w.Header().Set("Content-Length", strconv.Itoa(len(r.Body)))
-	w.WriteHeader(r.Status)
-	_, _ = w.Write(r.Body)
+	w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.Status)
+	_, _ = w.Write(resp.Body)
+}
+
+func problemBody(status int, code, title, detail string) map[string]any {
+	return map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code}
 }
 
 func writeProblem(w http.ResponseWriter, status int, code, title, detail string, retryAfter time.Duration) {
@@ -217,81 +453,89 @@ func writeProblem(w http.ResponseWriter, status int, code, title, detail string,
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"type": "about:blank", "title": title, "status": status, "detail": detail, "code": code})
+	_ = json.NewEncoder(w).Encode(problemBody(status, code, title, detail))
 }
 
-// Fingerprint is the digest the middleware claims with: SHA-256 over the method, the
-// path and the body, a JSON body canonicalised first (object keys sorted, spacing
-// dropped, numbers kept as written).
-func Fingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s\n%s\n", r.Method, r.URL.EscapedPath())
-	h.Write(canonicalBody(r.Header.Get("Content-Type"), body))
-	return hex.EncodeToString(h.Sum(nil))
-}
-
-func canonicalBody(contentType string, body []byte) []byte {
-	mt, _, _ := mime.ParseMediaType(contentType)
-	if mt != "application/json" && !(len(mt) > 5 && mt[len(mt)-5:] == "+json") {
-		return body
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
-		return body
-	}
-	// Anything after the value, even a stray bracket, keeps the body as it is: two
-	// bodies that differ must not share a fingerprint.
-	if _, err := dec.Token(); err != io.EOF {
-		return body
-	}
-	// encoding/json writes map keys sorted and no insignificant spaces.
-	out, err := json.Marshal(v)
-	if err != nil {
-		return body
-	}
-	return out
-}
-
-// recorder passes the handler's answer through and keeps a copy to store.
+// recorder passes the handler's answer through, flushes and all, and keeps a copy of
+// its final status, its allow-listed headers and as much of its body as may be stored.
 type recorder struct {
 	http.ResponseWriter
-	header []string
-	status int
-	body   bytes.Buffer
-	kept   http.Header
-	wrote  bool
+	allowed  []string
+	limit    int
+	status   int
+	kept     http.Header
+	body     bytes.Buffer
+	size     int
+	wrote    bool
+	tooLarge bool
+	hijacked bool
 }
 
 func (rec *recorder) WriteHeader(status int) {
-	if rec.wrote {
+	if rec.wrote || rec.hijacked {
+		rec.ResponseWriter.WriteHeader(status) // net/http reports the superfluous call
 		return
 	}
+	if status >= 100 && status < 200 && status != http.StatusSwitchingProtocols {
+		// An informational answer (100, 103 Early Hints): the final one follows.
+		rec.ResponseWriter.WriteHeader(status)
+		return
+	}
+	rec.snapshot(status)
+	rec.ResponseWriter.WriteHeader(status)
+}
+
+// snapshot records the final status and the stored headers as they are now.
+func (rec *recorder) snapshot(status int) {
 	rec.wrote, rec.status = true, status
 	rec.kept = http.Header{}
-	for _, k := range rec.header {
-		if vs := rec.ResponseWriter.Header().Values(k); len(vs) > 0 {
-			rec.kept[k] = slices.Clone(vs)
+	for name, values := range rec.ResponseWriter.Header() {
+		lower := asciiLower(name)
+		if len(values) == 0 || !slices.Contains(rec.allowed, lower) {
+			continue
+		}
+		rec.kept[lower] = append(rec.kept[lower], values...)
+		for _, v := range values {
+			rec.size += len(lower) + len(v)
 		}
 	}
-	rec.ResponseWriter.WriteHeader(status)
+	rec.tooLarge = rec.size > rec.limit
 }
 
 func (rec *recorder) Write(b []byte) (int, error) {
 	if !rec.wrote {
 		rec.WriteHeader(http.StatusOK)
 	}
-	rec.body.Write(b)
+	if !rec.tooLarge {
+		if rec.size+len(rec.body.Bytes())+len(b) > rec.limit {
+			rec.tooLarge = true
+			rec.body = bytes.Buffer{}
+		} else {
+			rec.body.Write(b)
+		}
+	}
 	return rec.ResponseWriter.Write(b)
 }
 
-// Unwrap lets http.ResponseController reach the real writer.
-func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }
+// Flush makes the recorder an http.Flusher, so that streaming handlers still stream.
+func (rec *recorder) Flush() { _ = rec.FlushError() }
 
-func (rec *recorder) response() Response {
+// FlushError is what http.ResponseController calls to flush.
+func (rec *recorder) FlushError() error {
 	if !rec.wrote {
 		rec.WriteHeader(http.StatusOK)
 	}
-	return Response{Status: rec.status, Header: rec.kept, Body: bytes.Clone(rec.body.Bytes())}
+	return http.NewResponseController(rec.ResponseWriter).Flush()
 }
+
+// Hijack hands the connection over; the answer that follows cannot be stored.
+func (rec *recorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, buf, err := http.NewResponseController(rec.ResponseWriter).Hijack()
+	if err == nil {
+		rec.hijacked = true
+	}
+	return conn, buf, err
+}
+
+// Unwrap lets http.ResponseController reach the real writer for everything else.
+func (rec *recorder) Unwrap() http.ResponseWriter { return rec.ResponseWriter }

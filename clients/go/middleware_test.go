@@ -1,11 +1,18 @@
 package idem_test
 
 import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,10 +20,14 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
+// The tests below run the middleware over real HTTP in front of a real idemd; the
+// rows they check are those of docs/middleware.md.
+
 // orders is a real handler behind the middleware: it counts its runs and answers
-// with the count, a Location and a cookie.
+// with the count, the caller, a Location and a cookie.
 type orders struct {
 	runs   atomic.Int32
 	status func(run int32) int
@@ -42,7 +53,7 @@ func (o *orders) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Set-Cookie", "session=secret")
 	w.Header().Set("X-Not-Stored", "x")
 	w.WriteHeader(status)
-	fmt.Fprintf(w, `{"run":%d,"request":%q}`, n, body)
+	fmt.Fprintf(w, `{"run":%d,"user":%q,"request":%q}`, n, r.Header.Get("X-User"), body)
 }
 
 type reply struct {
@@ -51,26 +62,78 @@ type reply struct {
 	body   string
 }
 
-func send(t *testing.T, url, method, key, contentType, body string) reply {
+func (r reply) replayed() bool { return r.header.Get("Idempotent-Replayed") == "true" }
+
+func (r reply) problemCode() string {
+	var p struct{ Code string }
+	_ = json.Unmarshal([]byte(r.body), &p)
+	return p.Code
+}
+
+// call is one request to a service behind the middleware. user stands for the
+// authentication in front of the middleware: the scope is read from X-User.
+type call struct {
+	method, path, user, key, contentType, body string
+	keyLines                                   []string
+}
+
+func (c call) send(t *testing.T, ctx context.Context, url string) (reply, error) {
 	t.Helper()
-	req, err := http.NewRequest(method, url+"/orders", strings.NewReader(body))
-	if err != nil {
-		t.Error(err)
-		return reply{}
+	method, path, user, contentType := c.method, c.path, c.user, c.contentType
+	if method == "" {
+		method = http.MethodPost
 	}
-	if key != "" {
-		req.Header.Set("Idempotency-Key", key)
+	if path == "" {
+		path = "/orders"
+	}
+	if user == "" {
+		user = "alice"
+	}
+	if contentType == "" {
+		contentType = "application/json"
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url+path, strings.NewReader(c.body))
+	if err != nil {
+		return reply{}, err
+	}
+	if c.key != "" {
+		req.Header.Set("Idempotency-Key", c.key)
+	}
+	for _, l := range c.keyLines {
+		req.Header.Add("Idempotency-Key", l)
+	}
+	if user != "-" {
+		req.Header.Set("X-User", user)
 	}
 	req.Header.Set("Content-Type", contentType)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := noRedirects.Do(req)
 	if err != nil {
-		t.Error(err)
-		return reply{}
+		return reply{}, err
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, string(b)}
+	b, err := io.ReadAll(resp.Body)
+	return reply{resp.StatusCode, resp.Header, string(b)}, err
 }
+
+// noRedirects shows a redirect as it is answered.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+func (c call) do(t *testing.T, url string) reply {
+	t.Helper()
+	r, err := c.send(t, t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func send(t *testing.T, url, method, key, contentType, body string) reply {
+	t.Helper()
+	return call{method: method, key: key, contentType: contentType, body: body}.do(t, url)
+}
+
+// byUser is the scope of the tests: the user the request says it is.
+func byUser(r *http.Request) string { return r.Header.Get("X-User") }
 
 func serve(t *testing.T, h http.Handler, opts ...idem.MiddlewareOption) string {
 	t.Helper()
@@ -79,9 +142,51 @@ func serve(t *testing.T, h http.Handler, opts ...idem.MiddlewareOption) string {
 
 func serveWith(t *testing.T, c *idem.Client, h http.Handler, opts ...idem.MiddlewareOption) string {
 	t.Helper()
-	hs := httptest.NewServer(idem.Middleware(c, opts...)(h))
+	hs := httptest.NewServer(idem.Middleware(c, append([]idem.MiddlewareOption{idem.WithScope(byUser)}, opts...)...)(h))
 	t.Cleanup(hs.Close)
 	return hs.URL
+}
+
+// incidents records what the incident hook reports.
+type incidents struct {
+	mu   sync.Mutex
+	seen []idem.Incident
+}
+
+func (l *incidents) option() idem.MiddlewareOption {
+	return idem.WithIncidentHook(func(_ *http.Request, inc idem.Incident) {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		l.seen = append(l.seen, inc)
+	})
+}
+
+func (l *incidents) count(kind idem.IncidentKind) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, inc := range l.seen {
+		if inc.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+func (l *incidents) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return fmt.Sprint(l.seen)
+}
+
+func mustPanic(t *testing.T, what string, f func()) {
+	t.Helper()
+	defer func() {
+		if recover() == nil {
+			t.Errorf("%s did not panic", what)
+		}
+	}()
+	f()
 }
 
 func TestMiddlewareReplaysByteForByte(t *testing.T) {
@@ -89,7 +194,7 @@ func TestMiddlewareReplaysByteForByte(t *testing.T) {
 	url := serve(t, h)
 	key := freshKey("mw-replay")
 	first := send(t, url, "POST", key, "application/json", `{"item":"book","qty":1}`)
-	if first.status != 201 || first.header.Get("Idempotent-Replayed") != "" || first.header.Get("Set-Cookie") == "" {
+	if first.status != 201 || first.replayed() || first.header.Get("Set-Cookie") == "" {
 		t.Fatalf("first request: %+v", first)
 	}
 	second := send(t, url, "POST", key, "application/json", `{"item":"book","qty":1}`)
@@ -98,14 +203,14 @@ func TestMiddlewareReplaysByteForByte(t *testing.T) {
 		second.header.Get("Content-Type") != first.header.Get("Content-Type") {
 		t.Fatalf("replay differs:\nfirst  %+v\nsecond %+v", first, second)
 	}
-	if second.header.Get("Idempotent-Replayed") != "true" {
+	if !second.replayed() {
 		t.Fatalf("replay not marked: %v", second.header)
 	}
 	if second.header.Get("Set-Cookie") != "" || second.header.Get("X-Not-Stored") != "" {
 		t.Fatalf("replay carries headers that must not be stored: %v", second.header)
 	}
-	// The same JSON with other key order and spacing is the same request.
-	third := send(t, url, "POST", key, "application/json", "{ \"qty\": 1,\n \"item\": \"book\" }")
+	// The same JSON with other key order, spacing and number spelling is the same request.
+	third := send(t, url, "POST", key, "application/json", "{ \"qty\": 1.0,\n \"item\": \"b\\u006fok\" }")
 	if third.status != 201 || third.body != first.body {
 		t.Fatalf("reordered JSON: %+v", third)
 	}
@@ -117,14 +222,29 @@ func TestMiddlewareReplaysByteForByte(t *testing.T) {
 func TestMiddlewareRefusesAChangedRequest(t *testing.T) {
 	h := &orders{}
 	url := serve(t, h)
-	key := freshKey("mw-changed")
-	send(t, url, "POST", key, "application/json", `{"item":"book"}`)
-	r := send(t, url, "POST", key, "application/json", `{"item":"pen"}`)
-	if r.status != 422 || !strings.Contains(r.body, "fingerprint_mismatch") || r.header.Get("Content-Type") != "application/problem+json" {
-		t.Fatalf("changed body: %+v", r)
-	}
-	if n := h.runs.Load(); n != 1 {
-		t.Fatalf("handler ran %d times", n)
+	for _, tc := range []struct {
+		name          string
+		first, second call
+	}{
+		{"another body", call{body: `{"item":"book"}`}, call{body: `{"item":"pen"}`}},
+		{"another query", call{path: "/orders?amount=1", body: `{}`}, call{path: "/orders?amount=1000", body: `{}`}},
+		{"another path", call{path: "/orders/a", body: `{}`}, call{path: "/orders/%61", body: `{}`}},
+		{"another method", call{body: `{}`}, call{method: "PATCH", body: `{}`}},
+		{"another media type", call{body: `{}`}, call{contentType: "text/plain", body: `{}`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := h.runs.Load()
+			key := freshKey("mw-changed")
+			tc.first.key, tc.second.key = key, key
+			tc.first.do(t, url)
+			r := tc.second.do(t, url)
+			if r.status != 422 || r.problemCode() != "fingerprint_mismatch" || r.header.Get("Content-Type") != "application/problem+json" {
+				t.Fatalf("changed request: %+v", r)
+			}
+			if n := h.runs.Load() - before; n != 1 {
+				t.Fatalf("handler ran %d times", n)
+			}
+		})
 	}
 }
 
@@ -137,7 +257,7 @@ func TestMiddlewareConcurrentDuplicates(t *testing.T) {
 		go func() { first <- send(t, url, "POST", key, "application/json", `{}`) }()
 		waitUntil(t, "the first request to run", func() bool { return h.runs.Load() == 1 })
 		dup := send(t, url, "POST", key, "application/json", `{}`)
-		if dup.status != 409 || dup.header.Get("Retry-After") == "" || !strings.Contains(dup.body, "in_progress") {
+		if dup.status != 409 || dup.header.Get("Retry-After") == "" || dup.problemCode() != "in_progress" {
 			t.Fatalf("duplicate while the first runs: %+v", dup)
 		}
 		close(h.block)
@@ -188,34 +308,19 @@ func TestMiddlewareReleasesOn5xxAndPanic(t *testing.T) {
 		if r := send(t, url, "POST", key, "application/json", `{}`); r.status != 503 {
 			t.Fatalf("first: %+v", r)
 		}
-		if r := send(t, url, "POST", key, "application/json", `{}`); r.status != 201 || r.header.Get("Idempotent-Replayed") != "" {
+		if r := send(t, url, "POST", key, "application/json", `{}`); r.status != 201 || r.replayed() {
 			t.Fatalf("retry after a 503: %+v", r)
 		}
 		if n := h.runs.Load(); n != 2 {
 			t.Fatalf("handler ran %d times, want 2", n)
 		}
 	})
-	t.Run("4xx is stored", func(t *testing.T) {
-		h := &orders{status: func(int32) int { return 400 }}
-		url := serve(t, h)
-		key := freshKey("mw-4xx")
-		send(t, url, "POST", key, "application/json", `{}`)
-		if r := send(t, url, "POST", key, "application/json", `{}`); r.status != 400 || r.header.Get("Idempotent-Replayed") != "true" {
-			t.Fatalf("replay of a 400: %+v", r)
-		}
-		if n := h.runs.Load(); n != 1 {
-			t.Fatalf("handler ran %d times, want 1", n)
-		}
-	})
 	t.Run("panic", func(t *testing.T) {
 		h := &orders{panics: true}
 		url := serve(t, h)
 		key := freshKey("mw-panic")
-		req, _ := http.NewRequest("POST", url+"/orders", strings.NewReader(`{}`))
-		req.Header.Set("Idempotency-Key", key)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			t.Fatalf("a panicking handler answered %d", resp.StatusCode)
+		if _, err := (call{key: key, body: `{}`}).send(t, t.Context(), url); err == nil {
+			t.Fatal("a panicking handler answered")
 		}
 		if r := send(t, url, "POST", key, "application/json", `{}`); r.status != 201 {
 			t.Fatalf("retry after a panic: %+v", r)
@@ -224,6 +329,52 @@ func TestMiddlewareReleasesOn5xxAndPanic(t *testing.T) {
 			t.Fatalf("handler ran %d times, want 2", n)
 		}
 	})
+}
+
+// Finding 5: only results are stored. A 4xx other than 402 says the operation did
+// not run, so the client may fix its request or wait, and retry with the same key.
+func TestMiddlewareStoresOnlyResults(t *testing.T) {
+	for _, tc := range []struct {
+		status int
+		stored bool
+		opts   []idem.MiddlewareOption
+	}{
+		{status: 200, stored: true},
+		{status: 201, stored: true},
+		{status: 303, stored: true},
+		{status: 402, stored: true},
+		{status: 400},
+		{status: 401},
+		{status: 403},
+		{status: 404},
+		{status: 408},
+		{status: 409},
+		{status: 422},
+		{status: 429},
+		{status: 409, stored: true, opts: []idem.MiddlewareOption{idem.WithStoredStatuses(func(s int) bool { return s < 300 || s == 409 })}},
+	} {
+		t.Run(fmt.Sprintf("%d stored %v", tc.status, tc.stored), func(t *testing.T) {
+			h := &orders{status: func(run int32) int {
+				if run == 1 {
+					return tc.status
+				}
+				return 201
+			}}
+			url := serve(t, h, tc.opts...)
+			key := freshKey("mw-status")
+			first := send(t, url, "POST", key, "application/json", `{}`)
+			second := send(t, url, "POST", key, "application/json", `{}`)
+			if first.status != tc.status {
+				t.Fatalf("first: %+v", first)
+			}
+			switch {
+			case tc.stored && (second.status != tc.status || !second.replayed() || second.body != first.body || h.runs.Load() != 1):
+				t.Fatalf("a %d should be stored and replayed; second %+v, %d runs", tc.status, second, h.runs.Load())
+			case !tc.stored && (second.status != 201 || second.replayed() || h.runs.Load() != 2):
+				t.Fatalf("a %d should leave the key free; second %+v, %d runs", tc.status, second, h.runs.Load())
+			}
+		})
+	}
 }
 
 func TestMiddlewareKeyAndMethods(t *testing.T) {
@@ -241,15 +392,177 @@ func TestMiddlewareKeyAndMethods(t *testing.T) {
 	}
 
 	required := serve(t, &orders{}, idem.RequireKey())
-	r := send(t, required, "POST", "", "application/json", `{}`)
-	var p map[string]any
-	_ = json.Unmarshal([]byte(r.body), &p)
-	if r.status != 400 || p["code"] != "missing_idempotency_key" {
+	if r := send(t, required, "POST", "", "application/json", `{}`); r.status != 400 || r.problemCode() != "missing_idempotency_key" {
 		t.Fatalf("missing key with RequireKey: %+v", r)
 	}
-	r = send(t, required, "POST", strings.Repeat("k", 300), "application/json", `{}`)
-	if r.status != 400 || !strings.Contains(r.body, "invalid_idempotency_key") {
-		t.Fatalf("a 300-byte key: %+v", r)
+	for _, bad := range [][]string{{strings.Repeat("k", 256)}, {`"unterminated`}, {"a b"}, {`"k";p=1`}, {"a", "a"}} {
+		if r := (call{keyLines: bad, body: `{}`}).do(t, required); r.status != 400 || r.problemCode() != "invalid_idempotency_key" {
+			t.Fatalf("key %q: %+v", bad, r)
+		}
+	}
+}
+
+// The header is a Structured Field string; the same characters bare are the same key.
+func TestMiddlewareReadsTheKeyAsAStructuredField(t *testing.T) {
+	h := &orders{}
+	url := serve(t, h)
+	key := freshKey("mw-sf")
+	first := call{key: `"` + key + `"`, body: `{}`}.do(t, url)
+	second := call{key: key, body: `{}`}.do(t, url)
+	if first.status != 201 || second.status != 201 || !second.replayed() || h.runs.Load() != 1 {
+		t.Fatalf("quoted then bare: %+v, %+v, %d runs", first, second, h.runs.Load())
+	}
+	escaped := call{key: `"a \"quoted\" key ` + key + `"`, body: `{}`}.do(t, url)
+	again := call{key: `"a \"quoted\" key ` + key + `"`, body: `{}`}.do(t, url)
+	if escaped.status != 201 || !again.replayed() || h.runs.Load() != 2 {
+		t.Fatalf("escaped key: %+v, %+v, %d runs", escaped, again, h.runs.Load())
+	}
+	// The record is under the documented idemd key.
+	rec, err := newClient(t).Lookup(t.Context(), idem.MiddlewareKey("alice", `a "quoted" key `+key))
+	if err != nil || rec.State != "completed" {
+		t.Fatalf("lookup of the middleware's key: %+v %v", rec, err)
+	}
+}
+
+// Finding 1: a handler that returns without writing because its client went away
+// did not run; the key stays free for the retry.
+func TestMiddlewareCancelledRequestLeavesTheKeyFree(t *testing.T) {
+	var runs atomic.Int32
+	started := make(chan struct{})
+	var inc incidents
+	url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-r.Context().Done() // the work stops with its request
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "charged")
+	}), idem.WithWait(20*time.Second), inc.option())
+	key := freshKey("mw-cancel")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		_, err := call{key: key, body: `{"amount":1}`}.send(t, ctx, url)
+		done <- err
+	}()
+	<-started
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled request: %v", err)
+	}
+	retry := call{key: key, body: `{"amount":1}`}.do(t, url)
+	if retry.status != 201 || retry.body != "charged" || retry.replayed() {
+		t.Fatalf("retry after a cancelled request: %+v", retry)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+}
+
+// Finding 2: the key is scoped; one user never gets another's answer.
+func TestMiddlewareScopesKeysByUser(t *testing.T) {
+	h := &orders{}
+	var inc incidents
+	url := serve(t, h, inc.option())
+	key := freshKey("shared")
+	alice := call{user: "alice", key: key, body: `{"amount":1}`}.do(t, url)
+	bob := call{user: "bob", key: key, body: `{"amount":1}`}.do(t, url)
+	if alice.status != 201 || bob.status != 201 || bob.replayed() || !strings.Contains(bob.body, `"user":"bob"`) {
+		t.Fatalf("bob got: %+v", bob)
+	}
+	again := call{user: "alice", key: key, body: `{"amount":1}`}.do(t, url)
+	if !again.replayed() || again.body != alice.body {
+		t.Fatalf("alice's retry: %+v", again)
+	}
+	if n := h.runs.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+
+	// No scope for the request: refused, nothing runs.
+	r := call{user: "-", key: freshKey("anonymous"), body: `{}`}.do(t, url)
+	if r.status != 500 || r.problemCode() != "idempotency_scope_missing" || h.runs.Load() != 2 || inc.count(idem.IncidentScopeMissing) != 1 {
+		t.Fatalf("request without a scope: %+v, %d runs, incidents %v", r, h.runs.Load(), &inc)
+	}
+	// No scope option: the middleware cannot be built.
+	mustPanic(t, "Middleware without WithScope", func() { idem.Middleware(newClient(t)) })
+}
+
+// Finding 3: Idempotency-Key values never reach the keys the service's own code
+// uses with Do and Once.
+func TestMiddlewareCannotReachTheServicesOwnKeys(t *testing.T) {
+	ctx := t.Context()
+	c := newClient(t)
+	h := &orders{}
+	url := serve(t, h)
+
+	job := freshKey("report:2026-11")
+	if _, err := c.Do(ctx, job, "", func(context.Context) (idem.Response, error) {
+		return idem.Response{Status: 200, Body: []byte("internal report")}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r := call{key: job, body: `{}`}.do(t, url)
+	if r.status != 201 || r.replayed() || strings.Contains(r.body, "internal report") {
+		t.Fatalf("a request named the internal job's key: %+v", r)
+	}
+
+	email := freshKey("welcome-email:user-42")
+	call{key: email, body: `{}`}.do(t, url)
+	sent := false
+	if err := c.Once(ctx, email, func(context.Context) error { sent = true; return nil }); err != nil || !sent {
+		t.Fatalf("a request suppressed the internal send: sent %v, %v", sent, err)
+	}
+	if n := h.runs.Load(); n != 2 {
+		t.Fatalf("handler ran %d times, want 2", n)
+	}
+}
+
+// authDaemon starts a daemon with one tenant and returns it and the tenant's token.
+func authDaemon(t *testing.T, tenant string) (*testenv.Daemon, string) {
+	t.Helper()
+	token := "token-" + hex.EncodeToString([]byte(t.Name()))
+	sum := sha256.Sum256([]byte(token))
+	file := filepath.Join(t.TempDir(), "auth.yaml")
+	cfg := fmt.Sprintf("tenants:\n  team: %s\ntokens:\n  - tenant: team\n    scopes: [use, admin]\n    sha256: %s\n", tenant, hex.EncodeToString(sum[:]))
+	if err := os.WriteFile(file, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return ownDaemon(t, "--auth-file", file), token
+}
+
+// Finding 4: fail-open is for an idemd that cannot be reached, never for its answer.
+func TestMiddlewareNeverFailsOpenOnAnAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		tenant string
+		token  func(valid string) string
+	}{
+		{"revoked token (401)", "{}", func(string) string { return "revoked-token" }},
+		{"tenant over its rate (429)", "{rate: 0.001, burst: 3}", func(valid string) string { return valid }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, token := authDaemon(t, tc.tenant)
+			c, err := idem.New(d.URL, idem.WithToken(tc.token(token)), idem.WithRetries(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var failedOpen atomic.Int32
+			var inc incidents
+			h := &orders{}
+			url := serveWith(t, c, h, idem.WithFailOpen(func(*http.Request, error) { failedOpen.Add(1) }), inc.option())
+			key := freshKey("charge")
+			for range 12 {
+				r := call{key: key, body: `{"amount":1}`}.do(t, url)
+				if r.status != 201 && (r.status != 503 || r.problemCode() != "idempotency_unavailable" || r.header.Get("Retry-After") == "") {
+					t.Fatalf("answer: %+v", r)
+				}
+			}
+			if n := h.runs.Load(); n > 1 || failedOpen.Load() != 0 || inc.count(idem.IncidentFailOpen) != 0 || inc.count(idem.IncidentIdemdRefused) < 10 {
+				t.Fatalf("12 requests with one key ran the handler %d times; fail-open reported %d; incidents %v", n, failedOpen.Load(), &inc)
+			}
+		})
 	}
 }
 
@@ -259,14 +572,15 @@ func TestMiddlewareWhenIdemdIsDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var inc incidents
 	closed := &orders{}
-	closedURL := serveWith(t, c, closed)
+	closedURL := serveWith(t, c, closed, inc.option())
 	var reported atomic.Int32
 	open := &orders{}
-	openURL := serveWith(t, c, open, idem.WithFailOpen(func(*http.Request, error) { reported.Add(1) }))
+	openURL := serveWith(t, c, open, idem.WithFailOpen(func(*http.Request, error) { reported.Add(1) }), inc.option())
 	d.Kill()
 
-	if r := send(t, closedURL, "POST", freshKey("down"), "application/json", `{}`); r.status != 503 || r.header.Get("Retry-After") == "" {
+	if r := send(t, closedURL, "POST", freshKey("down"), "application/json", `{}`); r.status != 503 || r.header.Get("Retry-After") == "" || r.problemCode() != "idempotency_unavailable" {
 		t.Fatalf("fail closed: %+v", r)
 	}
 	if n := closed.runs.Load(); n != 0 {
@@ -275,7 +589,267 @@ func TestMiddlewareWhenIdemdIsDown(t *testing.T) {
 	if r := send(t, openURL, "POST", freshKey("down"), "application/json", `{}`); r.status != 201 {
 		t.Fatalf("fail open: %+v", r)
 	}
-	if open.runs.Load() != 1 || reported.Load() != 1 {
-		t.Fatalf("fail open ran the handler %d times and reported %d", open.runs.Load(), reported.Load())
+	if open.runs.Load() != 1 || reported.Load() != 1 || inc.count(idem.IncidentUnavailable) != 1 || inc.count(idem.IncidentFailOpen) != 1 {
+		t.Fatalf("fail open ran the handler %d times and reported %d; incidents %v", open.runs.Load(), reported.Load(), &inc)
 	}
+}
+
+// Finding 6: the recorder knows HTTP: informational answers, flushing, hijacking and
+// protocol switches.
+func TestMiddlewareRecorder(t *testing.T) {
+	t.Run("103 Early Hints before the answer", func(t *testing.T) {
+		var runs atomic.Int32
+		url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Link", "</style.css>; rel=preload")
+			w.WriteHeader(http.StatusEarlyHints)
+			w.Header().Set("Content-Type", "text/plain")
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, "created")
+		}))
+		key := freshKey("mw-103")
+		first := call{key: key, body: `{}`}.do(t, url)
+		second := call{key: key, body: `{}`}.do(t, url)
+		if first.status != 201 || second.status != 201 || second.body != "created" || !second.replayed() || runs.Load() != 1 {
+			t.Fatalf("first %+v, replay %+v, %d runs", first, second, runs.Load())
+		}
+	})
+
+	t.Run("a streaming handler flushes through", func(t *testing.T) {
+		clientRead := make(chan struct{})
+		url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			f, ok := w.(http.Flusher)
+			if !ok {
+				http.Error(w, "no http.Flusher", http.StatusInternalServerError)
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: 1\n\n")
+			f.Flush()
+			select {
+			case <-clientRead:
+			case <-r.Context().Done():
+				return
+			}
+			fmt.Fprint(w, "data: 2\n\n")
+		}))
+		key := freshKey("mw-stream")
+		req, _ := http.NewRequest(http.MethodPost, url+"/events", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("X-User", "alice")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		br := bufio.NewReader(resp.Body)
+		line, err := br.ReadString('\n')
+		if resp.StatusCode != 200 || line != "data: 1\n" {
+			resp.Body.Close()
+			t.Fatalf("first event: %d %q %v", resp.StatusCode, line, err)
+		}
+		close(clientRead)
+		rest, _ := io.ReadAll(br)
+		resp.Body.Close()
+		if string(rest) != "\ndata: 2\n\n" {
+			t.Fatalf("rest of the stream: %q", rest)
+		}
+		replay := call{path: "/events", key: key, body: `{}`}.do(t, url)
+		if replay.status != 200 || replay.body != "data: 1\n\ndata: 2\n\n" || !replay.replayed() {
+			t.Fatalf("replay of the stream: %+v", replay)
+		}
+	})
+
+	t.Run("a hijacked connection is not an empty 200", func(t *testing.T) {
+		var runs atomic.Int32
+		var inc incidents
+		url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			defer conn.Close()
+			fmt.Fprint(buf, "HTTP/1.1 201 Created\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+			_ = buf.Flush()
+		}), inc.option())
+		key := freshKey("mw-hijack")
+		first := call{key: key, body: `{}`}.do(t, url)
+		if first.status != 201 || first.body != "ok" {
+			t.Fatalf("first: %+v", first)
+		}
+		// The client has its answer before the handler returns: wait for the middleware.
+		waitUntil(t, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
+		second := call{key: key, body: `{}`}.do(t, url)
+		if second.status != 409 || second.problemCode() != "response_not_stored" || !second.replayed() || runs.Load() != 1 {
+			t.Fatalf("retry after a hijacked answer: %+v, %d runs", second, runs.Load())
+		}
+	})
+
+	t.Run("a result too large to store", func(t *testing.T) {
+		var runs atomic.Int32
+		var inc incidents
+		big := strings.Repeat("x", 4096)
+		url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, big)
+		}), idem.WithMaxStoredBytes(1024), inc.option())
+		key := freshKey("mw-big")
+		first := call{key: key, body: `{}`}.do(t, url)
+		second := call{key: key, body: `{}`}.do(t, url)
+		if first.status != 201 || first.body != big {
+			t.Fatalf("first: %d, %d bytes", first.status, len(first.body))
+		}
+		if second.status != 409 || second.problemCode() != "response_not_stored" || !second.replayed() || runs.Load() != 1 {
+			t.Fatalf("retry after a result too large: %+v, %d runs", second, runs.Load())
+		}
+		waitUntil(t, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
+	})
+}
+
+// Finding 7: only allow-listed headers are stored, compared without regard to case,
+// and never cookies, hop-by-hop or framing headers, whatever a record holds.
+func TestMiddlewareStoredHeaders(t *testing.T) {
+	c := newClient(t)
+	for _, name := range []string{"set-cookie", "Set-Cookie", "SET-COOKIE", "Transfer-Encoding", "connection", "Content-Length", "upgrade", "Idempotent-Replayed"} {
+		mustPanic(t, "WithStoredHeaders("+name+")", func() {
+			idem.Middleware(c, idem.WithScope(byUser), idem.WithStoredHeaders("Content-Type", name))
+		})
+	}
+
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["x-trace-id"] = []string{"t-1"} // a name not in canonical form
+		w.Header().Set("Location", "/orders/1")
+		w.Header().Set("Content-Type", "text/plain")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprint(w, "created")
+	})
+	url := serve(t, h, idem.WithStoredHeaders("LOCATION", "X-Trace-ID"))
+	key := freshKey("mw-headers")
+	call{key: key, body: `{}`}.do(t, url)
+	r := call{key: key, body: `{}`}.do(t, url)
+	if !r.replayed() || r.header.Get("Location") != "/orders/1" || r.header.Get("X-Trace-Id") != "t-1" || r.header.Get("Content-Type") == "text/plain" {
+		t.Fatalf("replay with an allow-list in other cases: %+v", r)
+	}
+
+	// A record written by something else is replayed without its unsafe headers.
+	key = freshKey("mw-foreign")
+	probe := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	probe.Header.Set("Content-Type", "application/json")
+	fp := idem.Fingerprint(probe, []byte(`{}`))
+	ctx := t.Context()
+	idemdKey := idem.MiddlewareKey("alice", key)
+	cl, err := c.Claim(ctx, idemdKey, idem.ClaimOptions{Fingerprint: fp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Complete(ctx, idemdKey, cl.Token, idem.Response{Status: 201, Body: []byte("stored"), Header: http.Header{
+		"set-cookie":        {"session=someone-else"},
+		"Transfer-Encoding": {"chunked"},
+		"Connection":        {"close"},
+		"Content-Length":    {"999"},
+		"content-type":      {"text/plain"},
+	}})
+	var p *idem.Problem
+	if errors.As(err, &p) && p.Status == 400 {
+		t.Logf("idemd refuses such headers itself: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r = call{key: key, body: `{}`}.do(t, url)
+	if r.status != 201 || r.body != "stored" || !r.replayed() || r.header.Get("Set-Cookie") != "" ||
+		r.header.Get("Content-Length") != "6" || r.header.Get("Connection") == "close" || r.header.Get("Content-Type") != "text/plain" {
+		t.Fatalf("replay of a foreign record: %+v", r)
+	}
+}
+
+// A stored protocol switch or informational status is never replayed: it would hang
+// the client.
+func TestMiddlewareNeverReplaysA1xx(t *testing.T) {
+	c := newClient(t)
+	var inc incidents
+	url := serve(t, &orders{}, inc.option())
+	key := freshKey("mw-101")
+	probe := httptest.NewRequest(http.MethodPost, "/orders", nil)
+	probe.Header.Set("Content-Type", "application/json")
+	idemdKey := idem.MiddlewareKey("alice", key)
+	cl, err := c.Claim(t.Context(), idemdKey, idem.ClaimOptions{Fingerprint: idem.Fingerprint(probe, []byte(`{}`))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Complete(t.Context(), idemdKey, cl.Token, idem.Response{Status: 101, Header: http.Header{"Upgrade": {"websocket"}}})
+	var p *idem.Problem
+	if errors.As(err, &p) && p.Status == 400 {
+		t.Logf("idemd refuses a stored 101 itself: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := call{key: key, body: `{}`}.do(t, url)
+	if r.status != 502 || r.problemCode() != "stored_response_invalid" || inc.count(idem.IncidentReplayInvalid) != 1 {
+		t.Fatalf("replay of a stored 101: %+v, incidents %v", r, &inc)
+	}
+}
+
+// Finding 8: every broken promise reaches the incident hook.
+func TestMiddlewareIncidents(t *testing.T) {
+	t.Run("the result cannot be stored", func(t *testing.T) {
+		d := ownDaemon(t)
+		c, err := idem.New(d.URL, idem.WithRetries(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inc incidents
+		url := serveWith(t, c, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d.Kill() // idemd goes away while the handler runs
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, "charged")
+		}), inc.option())
+		r := call{key: freshKey("mw-lost"), body: `{}`}.do(t, url)
+		if r.status != 201 || r.body != "charged" {
+			t.Fatalf("answer: %+v", r)
+		}
+		waitUntil(t, "the complete_failed incident", func() bool { return inc.count(idem.IncidentCompleteFailed) == 1 })
+	})
+
+	t.Run("the key cannot be released", func(t *testing.T) {
+		d := ownDaemon(t)
+		c, err := idem.New(d.URL, idem.WithRetries(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inc incidents
+		url := serveWith(t, c, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			d.Kill()
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}), inc.option())
+		if r := (call{key: freshKey("mw-release"), body: `{}`}).do(t, url); r.status != 503 {
+			t.Fatalf("answer: %+v", r)
+		}
+		waitUntil(t, "the release_failed incident", func() bool { return inc.count(idem.IncidentReleaseFailed) == 1 })
+	})
+
+	t.Run("the lease is lost while the handler runs", func(t *testing.T) {
+		c := newClient(t)
+		var inc incidents
+		key := freshKey("mw-lease")
+		url := serveWith(t, c, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// An operator purges the key; the next renewal finds the lease gone.
+			if err := c.Purge(context.WithoutCancel(r.Context()), idem.MiddlewareKey("alice", key)); err != nil {
+				http.Error(w, err.Error(), http.StatusTeapot)
+				return
+			}
+			<-r.Context().Done()
+		}), idem.WithLease(300*time.Millisecond), inc.option())
+		r := call{key: key, body: `{}`}.do(t, url)
+		if r.status != 409 || r.problemCode() != "lease_lost" || r.header.Get("Retry-After") == "" {
+			t.Fatalf("answer: %+v", r)
+		}
+		waitUntil(t, "the lease_lost incident", func() bool { return inc.count(idem.IncidentLeaseLost) == 1 })
+	})
 }

@@ -43,8 +43,11 @@ type Main struct {
 	AuthFile         string
 	TLSCert          string
 	TLSKey           string
+	ShowVersion      bool
 
 	Logger *slog.Logger
+	// env names the flags set by environment variables, for errors about them.
+	env fromEnv
 	// ready is closed once the listener is bound; addr is its address.
 	ready chan struct{}
 	addr  string
@@ -59,8 +62,8 @@ func NewMain() *Main {
 	return &Main{ready: make(chan struct{}), Logger: slog.New(slog.NewJSONHandler(os.Stderr, nil))}
 }
 
-// ParseFlags reads the command line.
-func (m *Main) ParseFlags(args []string) error {
+// ParseFlags reads the command line and the IDEMD_* environment variables (env.go).
+func (m *Main) ParseFlags(args []string) (err error) {
 	fs := flag.NewFlagSet("idemd", flag.ContinueOnError)
 	fs.StringVar(&m.Listen, "listen", ":8080", "address to serve HTTP on")
 	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
@@ -75,9 +78,11 @@ func (m *Main) ParseFlags(args []string) error {
 	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
-	if err := fs.Parse(args); err != nil {
+	fs.BoolVar(&m.ShowVersion, "version", false, "print the version and exit")
+	if m.env, err = parseWithEnv(fs, args); err != nil || m.ShowVersion {
 		return err
 	}
+	defer func() { err = m.env.explain(err) }()
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
 	}
@@ -186,7 +191,7 @@ func (m *Main) Run(ctx context.Context) error {
 	defer signal.Stop(hup)
 
 	registry := prometheus.NewRegistry()
-	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	if c, ok := store.(prometheus.Collector); ok {
 		registry.MustRegister(c)
 	}

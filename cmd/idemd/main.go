@@ -29,10 +29,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "idemd:", err)
 		os.Exit(2)
 	}
+	if m.ShowVersion {
+		fmt.Println(buildOf())
+		return
+	}
 	// Process-wide, so set once here rather than by each Run.
 	redisstore.SetLogger(m.Logger)
 	if err := m.Run(ctx); err != nil {
-		m.Logger.Error("idemd stopped", "err", err)
+		m.Logger.Error("idemd stopped", "err", m.env.explain(err))
 		os.Exit(1)
 	}
 }

@@ -39,7 +39,7 @@ type tenantLimits struct {
 }
 
 type token struct {
-	Name   string  `yaml:"name"`
+	Name   string  `yaml:"name,omitempty"`
 	Tenant string  `yaml:"tenant"`
 	Scopes []Scope `yaml:"scopes"`
 	SHA256 string  `yaml:"sha256"`

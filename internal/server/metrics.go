@@ -19,6 +19,8 @@ type metrics struct {
 	// authFailures counts refused credentials by reason: missing, malformed, unknown,
 	// forbidden.
 	authFailures *prometheus.CounterVec
+	// takeovers counts leases acquired from a holder whose lease ran out (recovered).
+	takeovers *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -45,7 +47,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Requests refused for their credentials, by reason: missing, malformed, unknown (token) or forbidden (scope).",
 		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.authFailures)
+	m.takeovers = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemd_lease_takeovers_total",
+		Help: "Claims that acquired a key from a holder whose lease ran out (recovered: true), by tenant.",
+	}, []string{"tenant"})
+	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.authFailures, m.takeovers)
 	// The reasons are known in advance; exporting them at zero lets an alert on their
 	// rate see the first failure.
 	for _, reason := range []string{"missing", "malformed", "unknown", "forbidden"} {

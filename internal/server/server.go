@@ -137,6 +137,9 @@ func (s *Server) Claim(c echo.Context) error {
 	}
 	rec := res.Record
 	if res.Outcome == engine.OutcomeAcquired {
+		if rec.Recovered {
+			s.metrics.takeovers.WithLabelValues(tenantLabel(c)).Inc()
+		}
 		return s.reply(c, http.StatusCreated, string(res.Outcome), api.ClaimAcquired{
 			Outcome: api.ClaimAcquiredOutcome(res.Outcome), LeaseToken: rec.LeaseToken, LeaseExpiresAt: rec.LeaseExpiresAt,
 			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt})

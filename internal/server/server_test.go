@@ -417,6 +417,7 @@ func testTakeoverAfterExpiry(t *testing.T, d *daemon) {
 	if a.status != 201 || a.body["recovered"] != true || a.num("attempt") != 2 {
 		t.Fatalf("takeover: %d %s", a.status, a.raw)
 	}
+	waitForMetric(t, d, `idemd_lease_takeovers_total{tenant="default"} 1`)
 	wantProblem(t, d.complete(key, old, 200, nil), 409, "lease_lost")
 	if c := d.complete(key, a.str("lease_token"), 200, nil); c.status != 200 {
 		t.Fatalf("new holder's complete: %d %s", c.status, c.raw)
