@@ -139,9 +139,22 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 	return Result{Response: r}, nil
 }
 
-// remember puts a result this client just stored into the replay cache. Only run
-// calls it: run finishes a lease exactly once, so the stored result is r (a repeated
-// completion with the same token would keep the first result, not the new one).
+// completeOnce is Complete for a lease this client took and finishes exactly once
+// (Do's and Middleware's): the result it stores is r, so it goes to the replay cache
+// too.
+func (c *Client) completeOnce(ctx context.Context, key, token string, r Response) error {
+	rec, err := c.complete(ctx, key, token, r)
+	if err != nil {
+		return err
+	}
+	c.remember(key, rec, Completed, &r)
+	return nil
+}
+
+// remember puts a result this client just stored into the replay cache. Only the
+// callers that finish a lease exactly once call it, so the stored result is r: a
+// repeated completion with the same token keeps the first result, whatever it sends,
+// which is why the public Complete does not remember.
 func (c *Client) remember(key string, rec *idemapi.KeyRecord, outcome Outcome, r *Response) {
 	if c.replays == nil || string(rec.State) != string(outcome) {
 		return

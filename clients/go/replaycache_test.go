@@ -211,3 +211,31 @@ func TestReplayCacheStorm(t *testing.T) {
 		}
 	}
 }
+
+// TestMiddlewareReplaysFromTheCache: the middleware's replay of an answer it stored
+// comes from the cache, per user, with no call to idemd.
+func TestMiddlewareReplaysFromTheCache(t *testing.T) {
+	d := ownDaemon(t)
+	c, err := idem.New(d.URL, idem.WithRetries(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &orders{}
+	url := serveWith(t, c, h)
+	key := freshKey("mw-cache")
+	first := call{key: key, body: `{"amount":1}`}.do(t, url)
+	if first.status != 201 || first.replayed() {
+		t.Fatalf("first request: %+v", first)
+	}
+	d.Kill()
+	again := call{key: key, body: `{"amount":1}`}.do(t, url)
+	if again.status != 201 || !again.replayed() || again.body != first.body || h.runs.Load() != 1 {
+		t.Fatalf("replay with idemd down: %+v (first %+v), %d runs", again, first, h.runs.Load())
+	}
+	// Another user's request with the same key is not this user's answer: it asks
+	// idemd, which is down.
+	other := call{key: key, user: "bob", body: `{"amount":1}`}.do(t, url)
+	if other.status != 503 || h.runs.Load() != 1 {
+		t.Fatalf("another user's request with idemd down: %+v, %d runs", other, h.runs.Load())
+	}
+}

@@ -68,7 +68,7 @@ func ServeApp(ctx context.Context, cfg AppConfig) error {
 		if err != nil {
 			return err
 		}
-		h = idem.Middleware(client)(orders)
+		h = idem.Middleware(client, idem.WithScope(user))(orders)
 	default:
 		return fmt.Errorf("unknown mode %q", cfg.Mode)
 	}
@@ -91,6 +91,10 @@ func ServeApp(ctx context.Context, cfg AppConfig) error {
 	}
 	return nil
 }
+
+// user is the scope of both middlewares: the user the request says it is (a real
+// service takes it from its authentication).
+func user(r *http.Request) string { return r.Header.Get("X-User") }
 
 // ordersHandler is the service's own work, the same in every configuration: decode a
 // small JSON order, answer 201 with its ID.
@@ -124,13 +128,14 @@ return 1`)
 // the request's fingerprint; a duplicate GETs the value and replays a completed answer,
 // refuses a different request with 422 and a running one with 409; the answer is stored
 // with SET only while the claim is still this request's (storeIfHeld), and a 5xx frees
-// the key. It uses the same fingerprint as idem.Middleware. It is the yardstick of the
+// the key. Keys are kept per user, with the same fingerprint and key derivation as
+// idem.Middleware. It is the yardstick of the
 // benchmark, not a product: no lease renewal, no waiting, no tenants.
 func DirectMiddleware(client *redis.Client, lease, retention time.Duration) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key := r.Header.Get(idem.HeaderIdempotencyKey)
-			if key == "" {
+			if key == "" || user(r) == "" {
 				next.ServeHTTP(w, r)
 				return
 			}
@@ -141,7 +146,7 @@ func DirectMiddleware(client *redis.Client, lease, retention time.Duration) func
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			fp := idem.Fingerprint(r, body)
-			rkey := "direct:" + key
+			rkey := "direct:" + idem.MiddlewareKey(user(r), key)
 			var tok [16]byte
 			_, _ = rand.Read(tok[:])
 			claim := "p|" + fp + "|" + hex.EncodeToString(tok[:])

@@ -336,6 +336,7 @@ func send(ctx context.Context, client *http.Client, base, prefix string, i int64
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", prefix+"-"+strconv.FormatInt(i, 10))
+	req.Header.Set("X-User", "user-"+strconv.FormatInt(i%100, 10))
 	resp, err := client.Do(req)
 	if err != nil {
 		return err
