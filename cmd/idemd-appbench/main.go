@@ -1,7 +1,7 @@
 // Command idemd-appbench measures what idempotency costs a Go service, in one run:
 // the same net/http handler (a) bare, (b) behind a middleware that talks to Redis
 // itself, (c) behind idem.Middleware and idemd over Redis, (d) the same over the
-// embedded store. It starts redis-server, two idemd daemons and one app process per
+// embedded store, and (c0) as (c) with the SDK's former settings. It starts redis-server, two idemd daemons and one app process per
 // configuration on loopback ports, sends first requests and then their replays, and
 // prints requests per second, latency and the CPU each process spent per request.
 // docs/benchmarks.md shows its output.
@@ -70,7 +70,7 @@ func main() {
 	flag.IntVar(&cfg.Requests, "requests", 20000, "requests per phase (first requests, then as many replays)")
 	flag.DurationVar(&cfg.MaxPhase, "max-phase", time.Minute, "stop a phase after this long")
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "times to run every configuration")
-	configs := flag.String("configs", "a,b,c,d", "configurations to run")
+	configs := flag.String("configs", "a,b,c,d,c0", "configurations to run (c0: (c) with the SDK's former settings)")
 	flag.StringVar(&cfg.Idemd, "idemd", "", "idemd binary (default: build ./cmd/idemd)")
 	flag.StringVar(&cfg.RedisServer, "redis-server", "redis-server", "redis-server binary")
 	appFlags := flag.String("app-flags", "", "flags for every app process, space-separated (e.g. -sdk-replay-cache=false)")

@@ -30,7 +30,7 @@ type Config struct {
 	MaxPhase time.Duration
 	// Rounds repeats every configuration, in the same order, so that the spread shows.
 	Rounds int
-	// Configs selects configurations by name (a, b, c, d); empty means all.
+	// Configs selects configurations by name (a, b, c, d, c0); empty means all.
 	Configs []string
 	// AppCommand starts one app process: the command and its leading arguments, to
 	// which the bench appends -mode, -listen, -redis and -idemd.
@@ -50,6 +50,7 @@ type configuration struct {
 	name, title, mode string
 	idemd             *process // nil when the app does not use idemd
 	usesRedis         bool
+	appFlags          []string
 	app               *process
 }
 
@@ -150,6 +151,8 @@ func Run(ctx context.Context, cfg Config) error {
 		{name: "b", title: "(b) direct-Redis middleware", mode: ModeDirect, usesRedis: true},
 		{name: "c", title: "(c) idem.Middleware → idemd → Redis", mode: ModeIdemd, idemd: idemdRedis, usesRedis: true},
 		{name: "d", title: "(d) idem.Middleware → idemd, embedded store", mode: ModeIdemd, idemd: idemdBolt},
+		{name: "c0", title: "(c0) as (c), the SDK's former settings: &http.Client{}, no replay cache", mode: ModeIdemd,
+			idemd: idemdRedis, usesRedis: true, appFlags: []string{"-sdk-plain-http-client", "-sdk-replay-cache=false"}},
 	}
 	var configs []*configuration
 	for _, c := range all {
@@ -167,7 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 			idemdURL = "http://" + c.idemd.addr
 		}
 		argv := append(slices.Clone(cfg.AppCommand), "-mode", c.mode, "-listen", addr, "-redis", redisURL, "-idemd", idemdURL)
-		argv = append(argv, cfg.AppFlags...)
+		argv = append(append(argv, c.appFlags...), cfg.AppFlags...)
 		if c.app, err = start("app "+c.name, argv...); err != nil {
 			return err
 		}
@@ -490,6 +493,14 @@ func printRound(w io.Writer, configs []*configuration, results map[string][]rowR
 			r := results[c.name][i]
 			fmt.Fprintf(w, "- %s against (b): S1 %.2f×, S2 %.2f×\n", c.title,
 				r.first.rate()/b[i].first.rate(), r.replay.rate()/b[i].replay.rate())
+		}
+	}
+	if c, ok := results["c"]; ok {
+		if c0, ok := results["c0"]; ok {
+			fmt.Fprintf(w, "- (c) against (c0): S1 %.2f×, S2 %.2f×; app CPU per request S1 %.2f×, S2 %.2f×\n",
+				c[i].first.rate()/c0[i].first.rate(), c[i].replay.rate()/c0[i].replay.rate(),
+				c[i].first.perRequest(c[i].first.app)/c0[i].first.perRequest(c0[i].first.app),
+				c[i].replay.perRequest(c[i].replay.app)/c0[i].replay.perRequest(c0[i].replay.app))
 		}
 	}
 	fmt.Fprintln(w)
