@@ -30,6 +30,10 @@ type subscription struct {
 	pubsub *redis.PubSub
 	cancel context.CancelFunc
 	done   chan struct{}
+	// start runs the receive loop once a first channel is subscribed: a Receive before
+	// that would connect a Cluster's pub/sub to a random node rather than to the node
+	// of the channel's slot.
+	start sync.Once
 }
 
 type channel struct {
@@ -133,6 +137,11 @@ func (n *notifier) watch(ctx context.Context, name string) (*watch, error) {
 			return nil, err
 		}
 	}
+	ch.sub.start.Do(func() {
+		ctx, cancel := context.WithCancel(context.Background())
+		ch.sub.cancel = cancel
+		go n.receive(ctx, ch.sub)
+	})
 	timer := time.NewTimer(subscribeWait)
 	defer timer.Stop()
 	select {
@@ -145,8 +154,8 @@ func (n *notifier) watch(ctx context.Context, name string) (*watch, error) {
 	return w, nil
 }
 
-// subscribe opens a pub/sub connection with no channels yet; on a Cluster it connects
-// to the node of the first channel subscribed. n.mu is held.
+// subscribe makes a pub/sub with no channels and no connection yet; on a Cluster it
+// connects to the node of the first channel subscribed. n.mu is held.
 func (n *notifier) subscribe(sharded bool) *subscription {
 	var pubsub *redis.PubSub
 	if sharded {
@@ -154,10 +163,7 @@ func (n *notifier) subscribe(sharded bool) *subscription {
 	} else {
 		pubsub = n.client.Subscribe(context.Background())
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sub := &subscription{pubsub: pubsub, cancel: cancel, done: make(chan struct{})}
-	go n.receive(ctx, sub)
-	return sub
+	return &subscription{pubsub: pubsub, done: make(chan struct{})}
 }
 
 func (n *notifier) unwatch(w *watch) {
@@ -229,8 +235,12 @@ func (n *notifier) close() {
 	n.subs = map[string]*subscription{}
 	n.mu.Unlock()
 	for _, sub := range subs {
-		sub.cancel()
+		started := true
+		sub.start.Do(func() { started = false })
 		_ = sub.pubsub.Close()
-		<-sub.done
+		if started {
+			sub.cancel()
+			<-sub.done
+		}
 	}
 }
