@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 var (
@@ -108,24 +110,20 @@ func startDaemon(t *testing.T, flags ...string) string {
 		}
 	})
 	base := "http://" + addr
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	wait.For(t, 30*time.Second, "idemd to answer /healthz", func() bool {
 		select {
 		case <-exited:
 			t.Fatalf("idemd exited:\n%s", logs)
 		default:
 		}
-		if resp, err := http.Get(base + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
+		resp, err := http.Get(base + "/healthz")
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("idemd did not answer /healthz within 30s:\n%s", logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	return base
 }
 
 // call sends one JSON request and returns the status.
@@ -230,13 +228,9 @@ func exported(t *testing.T) series {
 		t.Fatalf("claim: %d", code)
 	}
 	// Taken over once the 100ms lease has run out.
-	deadline := time.Now().Add(10 * time.Second)
-	for call(t, embedded, "POST", "/v1/claim", "team-token", `{"key":"a"}`) != http.StatusCreated {
-		if time.Now().After(deadline) {
-			t.Fatal("the expired lease was not taken over within 10s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "a claim to take the expired lease over", func() bool {
+		return call(t, embedded, "POST", "/v1/claim", "team-token", `{"key":"a"}`) == http.StatusCreated
+	})
 	call(t, embedded, "POST", "/v1/claim", "team-token", `{"key":"a"}`)             // in_progress
 	call(t, embedded, "POST", "/v1/claim", "team-token", `{"key":"b","wait_ms":1}`) // acquired after no wait
 	call(t, embedded, "GET", "/v1/records/a", "", "")                               // unauthenticated

@@ -4,6 +4,7 @@
 package deploy
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"testing"
@@ -27,14 +28,16 @@ func tool(t *testing.T, name, install string) string {
 	return ""
 }
 
-// run runs a tool and fails the test with its output if it fails.
+// run runs a tool and returns its standard output, or fails the test with all it
+// printed.
 func run(t *testing.T, dir, name string, args ...string) string {
 	t.Helper()
+	var stdout, stderr bytes.Buffer
 	cmd := exec.Command(name, args...)
 	cmd.Dir = dir
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %v: %v\n%s%s", name, args, err, stdout.String(), stderr.String())
 	}
-	return string(out)
+	return stdout.String()
 }

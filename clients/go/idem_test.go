@@ -86,25 +86,29 @@ func TestClaimCompleteReplay(t *testing.T) {
 	ctx := t.Context()
 	c := newClient(t)
 	key := freshKey("lifecycle")
+	// The daemon's clock counts whole milliseconds.
+	before := time.Now().Add(-time.Millisecond)
 	cl, err := c.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "fp-1", Lease: 20 * time.Second})
 	if err != nil || cl.Outcome != idem.Acquired || cl.Attempt != 1 || len(cl.Token) != 32 {
 		t.Fatalf("first claim: %+v %v", cl, err)
 	}
-	if time.Until(cl.ExpiresAt) < 15*time.Second {
-		t.Fatalf("lease runs out at %s, want about 20s ahead", cl.ExpiresAt)
+	if cl.LeaseExpiresAt.Before(before.Add(20*time.Second)) || cl.LeaseExpiresAt.After(time.Now().Add(20*time.Second)) {
+		t.Fatalf("lease runs out at %s, want 20s after the claim", cl.LeaseExpiresAt)
 	}
 
 	_, err = c.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "fp-1"})
+	left := time.Until(cl.LeaseExpiresAt)
 	var p *idem.Problem
-	if !errors.Is(err, idem.ErrInProgress) || !errors.As(err, &p) || p.Status != 409 || p.RetryAfter < 15*time.Second {
-		t.Fatalf("second claim: %v (%+v), want ErrInProgress with about 20s to wait", err, p)
+	if !errors.Is(err, idem.ErrInProgress) || !errors.As(err, &p) || p.Status != 409 || p.RetryAfter < left || p.RetryAfter > 20*time.Second {
+		t.Fatalf("second claim: %v (%+v), want ErrInProgress with the %s left of the lease to wait", err, p, left)
 	}
 	if _, err := c.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "fp-2"}); !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Fatalf("claim with another fingerprint: %v", err)
 	}
 
+	before = time.Now().Add(-time.Millisecond)
 	until, err := c.Extend(ctx, key, cl.Token, time.Minute)
-	if err != nil || time.Until(until) < 50*time.Second {
+	if err != nil || until.Before(before.Add(time.Minute)) || until.After(time.Now().Add(time.Minute)) {
 		t.Fatalf("extend: %s %v", until, err)
 	}
 	body := []byte("\x00binary\xffbody")
@@ -312,7 +316,7 @@ func TestDoConcurrent(t *testing.T) {
 			results <- string(res.Body)
 		}()
 	}
-	waitUntil(t, "the first run to start", func() bool { return runs.Load() == 1 })
+	testenv.WaitFor(t, 10*time.Second, "the first run to start", func() bool { return runs.Load() == 1 })
 	close(release)
 	wg.Wait()
 	close(results)
@@ -435,17 +439,6 @@ func TestMessageKey(t *testing.T) {
 	}
 	if k := idem.MessageKey(strings.Repeat("x", 10000)); len(k) > 255 {
 		t.Fatalf("MessageKey is %d bytes, over idemd's limit", len(k))
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -255,7 +255,7 @@ func TestMiddlewareConcurrentDuplicates(t *testing.T) {
 		key := freshKey("mw-409")
 		first := make(chan reply, 1)
 		go func() { first <- send(t, url, "POST", key, "application/json", `{}`) }()
-		waitUntil(t, "the first request to run", func() bool { return h.runs.Load() == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the first request to run", func() bool { return h.runs.Load() == 1 })
 		dup := send(t, url, "POST", key, "application/json", `{}`)
 		if dup.status != 409 || dup.header.Get("Retry-After") == "" || dup.problemCode() != "in_progress" {
 			t.Fatalf("duplicate while the first runs: %+v", dup)
@@ -278,7 +278,7 @@ func TestMiddlewareConcurrentDuplicates(t *testing.T) {
 				replies <- send(t, url, "POST", key, "application/json", `{"n":1}`)
 			}()
 		}
-		waitUntil(t, "the first request to run", func() bool { return h.runs.Load() == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the first request to run", func() bool { return h.runs.Load() == 1 })
 		close(h.block)
 		wg.Wait()
 		close(replies)
@@ -681,7 +681,7 @@ func TestMiddlewareRecorder(t *testing.T) {
 			t.Fatalf("first: %+v", first)
 		}
 		// The client has its answer before the handler returns: wait for the middleware.
-		waitUntil(t, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
 		second := call{key: key, body: `{}`}.do(t, url)
 		if second.status != 409 || second.problemCode() != "response_not_stored" || !second.replayed() || runs.Load() != 1 {
 			t.Fatalf("retry after a hijacked answer: %+v, %d runs", second, runs.Load())
@@ -706,7 +706,7 @@ func TestMiddlewareRecorder(t *testing.T) {
 		if second.status != 409 || second.problemCode() != "response_not_stored" || !second.replayed() || runs.Load() != 1 {
 			t.Fatalf("retry after a result too large: %+v, %d runs", second, runs.Load())
 		}
-		waitUntil(t, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
 	})
 }
 
@@ -815,7 +815,7 @@ func TestMiddlewareIncidents(t *testing.T) {
 		if r.status != 201 || r.body != "charged" {
 			t.Fatalf("answer: %+v", r)
 		}
-		waitUntil(t, "the complete_failed incident", func() bool { return inc.count(idem.IncidentCompleteFailed) == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the complete_failed incident", func() bool { return inc.count(idem.IncidentCompleteFailed) == 1 })
 	})
 
 	t.Run("the key cannot be released", func(t *testing.T) {
@@ -832,7 +832,7 @@ func TestMiddlewareIncidents(t *testing.T) {
 		if r := (call{key: freshKey("mw-release"), body: `{}`}).do(t, url); r.status != 503 {
 			t.Fatalf("answer: %+v", r)
 		}
-		waitUntil(t, "the release_failed incident", func() bool { return inc.count(idem.IncidentReleaseFailed) == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the release_failed incident", func() bool { return inc.count(idem.IncidentReleaseFailed) == 1 })
 	})
 
 	t.Run("the lease is lost while the handler runs", func(t *testing.T) {
@@ -851,6 +851,6 @@ func TestMiddlewareIncidents(t *testing.T) {
 		if r.status != 409 || r.problemCode() != "lease_lost" || r.header.Get("Retry-After") == "" {
 			t.Fatalf("answer: %+v", r)
 		}
-		waitUntil(t, "the lease_lost incident", func() bool { return inc.count(idem.IncidentLeaseLost) == 1 })
+		testenv.WaitFor(t, 10*time.Second, "the lease_lost incident", func() bool { return inc.count(idem.IncidentLeaseLost) == 1 })
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -28,6 +29,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // syncBuffer collects the daemon's logs, written from many goroutines.
@@ -206,16 +208,15 @@ func TestReloadOnSIGHUP(t *testing.T) {
 
 	waitStatus := func(token string, want int) {
 		t.Helper()
-		deadline := time.Now().Add(5 * time.Second)
-		for {
+		err := wait.Until(10*time.Second, func() error {
 			status, err := lookupStatus(client, url, token)
-			if err == nil && status == want {
-				return
+			if err == nil && status != want {
+				err = fmt.Errorf("status %d", status)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("token %q: status %d (%v), want %d within 5s", token, status, err, want)
-			}
-			time.Sleep(10 * time.Millisecond)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("token %q, want status %d: %v", token, want, err)
 		}
 	}
 	waitStatus("old", http.StatusNotFound)
@@ -232,13 +233,9 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(logs.String(), "auth file not reloaded") {
-		if time.Now().After(deadline) {
-			t.Fatalf("a bad file on SIGHUP was not logged:\n%s", logs)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "a log line about the bad file on SIGHUP", func() bool {
+		return strings.Contains(logs.String(), "auth file not reloaded")
+	})
 	waitStatus("new", http.StatusNotFound)
 
 	stop.Store(true)

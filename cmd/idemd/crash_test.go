@@ -58,20 +58,8 @@ func startBinary(t *testing.T, bin, dataDir, addr string) *process {
 			_ = p.cmd.Wait()
 		}
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		resp, err := http.Get(p.base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return p
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon not ready within 20s: %v\n%s", err, p.logs)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitReady(t, p)
+	return p
 }
 
 func (p *process) kill(t *testing.T) {
@@ -101,6 +89,10 @@ func (p *process) call(t *testing.T, path string, body any) (int, map[string]any
 // with SIGKILL, restarts it on the same file, and checks that every acknowledged
 // completion replays byte for byte and every acknowledged lease is still held.
 func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds, starts and kills the daemon binary")
+	}
+	t.Parallel()
 	bin := buildDaemon(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	addr := freeAddr(t)
@@ -183,6 +175,10 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 // TestSecondDaemonOnSameDataDir starts two binaries on one data directory: the second
 // must exit with a clear message, not hang.
 func TestSecondDaemonOnSameDataDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds, starts and kills the daemon binary")
+	}
+	t.Parallel()
 	bin := buildDaemon(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
 	startBinary(t, bin, dataDir, freeAddr(t))

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
@@ -46,6 +47,8 @@ type Main struct {
 	ShowVersion      bool
 
 	Logger *slog.Logger
+	// Tracing, when set, makes a span of each request (main sets it from OTEL_*).
+	Tracing trace.TracerProvider
 	// env names the flags set by environment variables, for errors about them.
 	env fromEnv
 	// ready is closed once the listener is bound; addr is its address.
@@ -200,6 +203,7 @@ func (m *Main) Run(ctx context.Context) error {
 		Logger:    m.Logger,
 		Registry:  registry,
 		Retention: m.Retention,
+		Tracing:   m.Tracing,
 	}
 	if m.keyring != nil {
 		cfg.Auth = m.keyring

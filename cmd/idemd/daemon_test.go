@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 func startMain(t *testing.T, args ...string) (*Main, context.CancelFunc, chan error) {
@@ -56,21 +57,15 @@ func TestGracefulShutdown(t *testing.T) {
 		inflight <- code
 	}()
 	// Wait until the daemon counts the waiter, so shutdown finds it in flight.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	wait.For(t, 10*time.Second, "the daemon to count the waiting claim", func() bool {
 		resp, err := http.Get(base + "/metrics")
-		if err == nil {
-			b, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if strings.Contains(string(b), "idemd_claim_waiters 1\n") {
-				break
-			}
+		if err != nil {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the waiting claim never arrived")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return strings.Contains(string(b), "idemd_claim_waiters 1\n")
+	})
 	stop()
 	if code := <-inflight; code != http.StatusConflict {
 		t.Fatalf("in-flight claim answered %d during shutdown, want its 409 after the wait", code)

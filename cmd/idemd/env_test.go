@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // buildStamped compiles the daemon with a version and commit stamped as a release
@@ -29,11 +31,12 @@ func buildStamped(t *testing.T, version, commit string) string {
 	return bin
 }
 
-// daemonEnv is the test process's environment without any IDEMD_ variable, plus vars.
+// daemonEnv is the test process's environment without any IDEMD_ or OTEL_ variable,
+// which would configure the daemon, plus vars.
 func daemonEnv(vars ...string) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, envPrefix) {
+		if !strings.HasPrefix(kv, envPrefix) && !strings.HasPrefix(kv, "OTEL_") {
 			env = append(env, kv)
 		}
 	}
@@ -175,19 +178,19 @@ func TestBinaryConfiguration(t *testing.T) {
 // waitReady waits until the process answers /readyz, or fails if it exits.
 func waitReady(t *testing.T, p *process) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	err := wait.Until(20*time.Second, func() error {
 		resp, err := http.Get(p.base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("daemon not ready within 20s: %v\n%s", err, p.logs)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz answered %d", resp.StatusCode)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("daemon not ready: %v\n%s", err, p.logs)
 	}
 }
 

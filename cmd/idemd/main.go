@@ -35,7 +35,25 @@ func main() {
 	}
 	// Process-wide, so set once here rather than by each Run.
 	redisstore.SetLogger(m.Logger)
-	if err := m.Run(ctx); err != nil {
+	tracer, err := tracing(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemd:", err)
+		os.Exit(2)
+	}
+	if tracer != nil {
+		m.Tracing = tracer
+		m.Logger.Info("tracing requests to OTLP")
+	}
+	err = m.Run(ctx)
+	if tracer != nil {
+		// Send the spans still batched, within a bound of their own.
+		flush, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if ferr := tracer.Shutdown(flush); ferr != nil {
+			m.Logger.Warn("sending the last spans", "err", ferr)
+		}
+		cancel()
+	}
+	if err != nil {
 		m.Logger.Error("idemd stopped", "err", m.env.explain(err))
 		os.Exit(1)
 	}

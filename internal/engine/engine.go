@@ -11,6 +11,10 @@
 // Only the holder of the current lease token may complete, release or extend; a token
 // stays valid after its lease runs out until another claim takes the key over, so
 // fencing is by token, not by wall clock.
+//
+// rules.go holds every transition as a pure function of a record and a time; the
+// stores run those functions (or, in Redis, lua/*.lua, held to the same table by
+// enginetest) and decide nothing themselves.
 package engine
 
 import (

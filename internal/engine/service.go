@@ -52,13 +52,26 @@ type Service struct {
 	recheck time.Duration
 }
 
+// An Option changes a Service's default.
+type Option func(*Service)
+
+// Recheck sets how long a waiting claim trusts notifications alone before it claims
+// again; one second by default. A lost notification delays a waiter by at most this.
+func Recheck(d time.Duration) Option {
+	return func(s *Service) { s.recheck = d }
+}
+
 // NewService returns a Service over store. retention is how long a pending record is
 // kept when its holder never comes back, and the default retention of results.
-func NewService(store Store, retention time.Duration) *Service {
+func NewService(store Store, retention time.Duration, opts ...Option) *Service {
 	if retention <= 0 {
 		retention = DefaultRetention
 	}
-	return &Service{store: store, retention: retention, recheck: time.Second}
+	s := &Service{store: store, retention: retention, recheck: time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Claim claims a key, waiting up to r.Wait for a live holder to finish.

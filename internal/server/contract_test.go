@@ -18,6 +18,7 @@ import (
 // TestServesItsContract: a team can generate a client from the running daemon, with
 // no token even when the daemon requires one.
 func TestServesItsContract(t *testing.T) {
+	t.Parallel()
 	d := newAuthDaemon(t)
 	resp, err := http.Get(d.url + "/openapi.yaml")
 	if err != nil {
@@ -42,6 +43,7 @@ func TestServesItsContract(t *testing.T) {
 // daemon enforces, so that the two cannot drift apart. The contract's maxLength counts
 // bytes, as its descriptions say.
 func TestContractLimitsAreTheEngines(t *testing.T) {
+	t.Parallel()
 	var spec struct {
 		Components struct {
 			Schemas map[string]struct {

@@ -13,6 +13,7 @@ import (
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	contract "github.com/idemd/idemd/api"
 	"github.com/idemd/idemd/internal/api"
@@ -44,6 +45,8 @@ type Config struct {
 	// Retention is the engine's default retention, which a tenant's retention cap clamps;
 	// zero means engine.DefaultRetention.
 	Retention time.Duration
+	// Tracing, when set, makes a span of each request (tracing.go); nil traces nothing.
+	Tracing trace.TracerProvider
 }
 
 // Server serves the idemd API.
@@ -91,7 +94,7 @@ func New(eng Engine, cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(s.instrument, s.authenticate)
+	e.Use(tracing(cfg.Tracing), s.instrument, s.authenticate)
 	api.RegisterHandlers(e, s)
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e

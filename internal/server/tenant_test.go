@@ -192,6 +192,7 @@ func expectStatus(t *testing.T, what string, a authAnswer, status int, code stri
 // alpha's lease token, it never reads or changes alpha's record; and the key is two
 // records, one per tenant, in two Redis keys.
 func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
 	d := newAuthDaemon(t)
 	const key = "order-1"
 	claim := d.call(alphaUse, http.MethodPost, "/v1/claim", map[string]any{"key": key, "fingerprint": "alpha-payload", "owner": "alpha-worker"})
@@ -278,6 +279,7 @@ func TestTenantIsolation(t *testing.T) {
 
 // TestAuthentication checks who gets in, over every API route.
 func TestAuthentication(t *testing.T) {
+	t.Parallel()
 	d := newAuthDaemon(t)
 	key := "auth-" + strconv.FormatInt(time.Now().UnixNano(), 10)
 	routes := []struct {
@@ -373,6 +375,7 @@ func TestAuthentication(t *testing.T) {
 
 // TestTenantLimits checks the limits of the limited tenant, and that they are its own.
 func TestTenantLimits(t *testing.T) {
+	t.Parallel()
 	d := newAuthDaemon(t)
 	expectAllowed := func(what string, a authAnswer, status int) {
 		t.Helper()
@@ -422,6 +425,7 @@ func TestTenantLimits(t *testing.T) {
 // TestTenantRetentionClamp checks that without retention_ms a capped tenant's records
 // are kept no longer than its cap, pending and completed alike.
 func TestTenantRetentionClamp(t *testing.T) {
+	t.Parallel()
 	d := newAuthDaemon(t)
 	expiresWithin := func(what string, a authAnswer, limit time.Duration) {
 		t.Helper()

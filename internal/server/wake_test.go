@@ -26,10 +26,11 @@ func twoDaemons(t *testing.T) (a, b *daemon) {
 }
 
 // TestWaitWakesAcrossDaemons has a claim wait on one daemon while the holder completes
-// through another. The waiter must be woken by the store's notification: the bound
-// below is half the interval at which a waiter re-reads the record on its own, so a
-// waiter that only polled would fail it.
+// through another. The waiter must be woken by the store's notification: the daemons
+// of these tests never re-read the record on their own within a wait, so a waiter
+// that missed it would answer 409 when its wait ran out.
 func TestWaitWakesAcrossDaemons(t *testing.T) {
+	t.Parallel()
 	a, b := twoDaemons(t)
 	for _, end := range []string{"complete", "fail", "retry"} {
 		t.Run(end, func(t *testing.T) {
@@ -39,7 +40,6 @@ func TestWaitWakesAcrossDaemons(t *testing.T) {
 			go func() { waited <- a.claim(map[string]any{"key": key, "wait_ms": 10000}) }()
 			waitForMetric(t, a, "idemd_claim_waiters 1")
 
-			endedAt := time.Now()
 			var ended answer
 			switch end {
 			case "complete":
@@ -54,7 +54,6 @@ func TestWaitWakesAcrossDaemons(t *testing.T) {
 				t.Fatalf("%s through the second daemon: %d %s", end, ended.status, ended.raw)
 			}
 			got := <-waited
-			woke := time.Since(endedAt)
 
 			want := map[string]struct {
 				status  int
@@ -66,9 +65,6 @@ func TestWaitWakesAcrossDaemons(t *testing.T) {
 			}[end]
 			if got.status != want.status || got.str("outcome") != want.outcome {
 				t.Fatalf("waiter: %d %s, want %d %s", got.status, got.raw, want.status, want.outcome)
-			}
-			if woke > 500*time.Millisecond {
-				t.Fatalf("waiter answered %s after the %s; it was not woken by the notification", woke, end)
 			}
 		})
 	}

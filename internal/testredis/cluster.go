@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // Cluster is a Redis Cluster of real redis-server processes on loopback: three
@@ -23,9 +25,12 @@ type Cluster struct {
 // StartCluster starts six nodes, joins them with redis-cli --cluster create (three
 // masters, one replica each), waits until every node sees all slots served and every
 // replica in sync, and stops them all when the test ends. extra is passed to every
-// node.
+// node. Under go test -short it skips the test: a cluster takes seconds to form.
 func StartCluster(t testing.TB, extra ...string) *Cluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: no Redis Cluster")
+	}
 	Binary(t)
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
@@ -96,33 +101,26 @@ func info(ctx context.Context, addr, section string) (map[string]string, error) 
 func (c *Cluster) WaitHealthy(timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	var last string
-	for {
-		last = ""
+	err := wait.Until(timeout, func() error {
 		for _, n := range c.Nodes {
 			if n.cmd == nil {
 				continue
 			}
 			ci, err := info(ctx, n.Addr(), "cluster")
 			if err != nil || ci["cluster_state"] != "ok" || ci["cluster_slots_ok"] != "16384" {
-				last = fmt.Sprintf("%s: cluster %v %v", n.Addr(), ci, err)
-				break
+				return fmt.Errorf("%s: cluster %v %v", n.Addr(), ci, err)
 			}
 			ri, err := info(ctx, n.Addr(), "replication")
 			if err != nil || (ri["role"] == "slave" && ri["master_link_status"] != "up") {
-				last = fmt.Sprintf("%s: replication %v %v", n.Addr(), ri, err)
-				break
+				return fmt.Errorf("%s: replication %v %v", n.Addr(), ri, err)
 			}
 		}
-		if last == "" {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("cluster not healthy within %s: %s", timeout, last)
-		case <-time.After(50 * time.Millisecond):
-		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("cluster not healthy: %w", err)
 	}
+	return nil
 }
 
 // Masters returns the running nodes that are masters now.

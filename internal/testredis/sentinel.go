@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // Sentinel is a master, its replica and one Sentinel watching them, on loopback.
@@ -24,9 +26,13 @@ type Sentinel struct {
 const SentinelMaster = "idemd"
 
 // StartSentinel starts a master, a replica of it and a Sentinel, waits until the
-// Sentinel knows the master and its replica, and stops them when the test ends.
+// Sentinel knows the master and its replica, and stops them when the test ends. Under
+// go test -short it skips the test: the Sentinel takes seconds to see the replica.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: no Sentinel")
+	}
 	bin := Binary(t)
 	s := &Sentinel{Master: Start(t)}
 	s.Replica = Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(s.Master.Port))
@@ -50,17 +56,17 @@ func StartSentinel(t testing.TB) *Sentinel {
 	defer cancel()
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
 	defer sc.Close()
-	for {
+	err := wait.Until(20*time.Second, func() error {
 		replicas, err := sc.Replicas(ctx, SentinelMaster).Result()
-		if err == nil && len(replicas) == 1 && replicas[0]["master-link-status"] == "ok" {
-			return s
+		if err == nil && (len(replicas) != 1 || replicas[0]["master-link-status"] != "ok") {
+			err = fmt.Errorf("replicas %v", replicas)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("sentinel did not see the replica within 20s: %v %v", replicas, err)
-		case <-time.After(50 * time.Millisecond):
-		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("the sentinel does not see the replica: %v", err)
 	}
+	return s
 }
 
 // Addr is the Sentinel's host:port.

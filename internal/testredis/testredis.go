@@ -6,7 +6,6 @@ package testredis
 
 import (
 	"bufio"
-	"context"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // Server is one redis-server process started by a test.
@@ -127,20 +128,13 @@ func Command(addr string, args ...string) (string, error) {
 
 // WaitReady waits until a server at addr answers PING, or the timeout passes.
 func WaitReady(addr string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if reply, err := Command(addr, "PING"); err == nil && reply == "+PONG" {
-			return nil
+	return wait.Until(timeout, func() error {
+		reply, err := Command(addr, "PING")
+		if err == nil && reply != "+PONG" {
+			err = fmt.Errorf("PING answered %q", reply)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("no PONG within %s", timeout)
-		case <-tick.C:
-		}
-	}
+		return err
+	})
 }
 
 // Pause stops the server's process (SIGSTOP) without closing its connections, as a

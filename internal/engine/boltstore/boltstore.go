@@ -200,12 +200,33 @@ func (r *stored) record(withResponse bool) engine.Record {
 	return rec
 }
 
-func (r *stored) setResponse(resp *engine.Response) {
-	if resp == nil {
-		return
+// entry is the record as the rules see it; nil stays nil (absent).
+func (r *stored) entry() *engine.Entry {
+	if r == nil {
+		return nil
 	}
-	r.HasResponse = true
-	r.Status, r.Headers, r.Body = resp.Status, resp.Headers, resp.Body
+	return &engine.Entry{Record: r.record(true), Secret: r.Secret}
+}
+
+// encode is the inverse of entry.
+func encode(e engine.Entry) *stored {
+	r := &stored{
+		Key: e.ID.Key, Tenant: e.ID.Tenant, State: e.State, Fingerprint: e.Fingerprint, Owner: e.Owner,
+		Secret: e.Secret, Attempt: e.Attempt, Token: e.LeaseToken, LeaseExpiry: unixMs(e.LeaseExpiresAt),
+		Recovered: e.Recovered, Created: unixMs(e.CreatedAt), Updated: unixMs(e.UpdatedAt), Expires: unixMs(e.ExpiresAt),
+	}
+	if resp := e.Response; resp != nil {
+		r.HasResponse = true
+		r.Status, r.Headers, r.Body = resp.Status, resp.Headers, resp.Body
+	}
+	return r
+}
+
+func unixMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMilli()
 }
 
 // txn is one transition inside a write transaction. It may run more than once (Batch
@@ -228,7 +249,7 @@ func (t *txn) get(rk []byte) (*stored, error) {
 	if err != nil || r == nil {
 		return nil, err
 	}
-	if t.now > r.Expires {
+	if engine.Expired(msTime(r.Expires), msTime(t.now)) {
 		return nil, t.remove(rk, r)
 	}
 	return r, nil
@@ -298,8 +319,6 @@ type answerErr struct{ err error }
 
 func (a answerErr) Error() string { return a.err.Error() }
 
-func ms(d time.Duration) int64 { return d.Milliseconds() }
-
 // Claim implements engine.Store. A claim that changes nothing (a replay, in progress,
 // a mismatch, a resent or re-entrant claim) is answered from a read transaction, so
 // duplicates cost no commit; the others run as a write transaction.
@@ -307,103 +326,52 @@ func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, 
 	if err := ctx.Err(); err != nil {
 		return engine.ClaimResult{}, engine.Unavailable(err)
 	}
-	var d claimDecision
+	rule := func(cur *engine.Entry, now time.Time) engine.Step { return engine.ClaimStep(cur, c, now) }
+	var step engine.Step
 	err := s.db.View(func(tx *bolt.Tx) error {
-		now := s.now().UnixMilli()
-		r, err := readLive(tx, recordKey(c.ID), now)
-		if err != nil || r == nil {
-			return err
-		}
-		d = decideClaim(r, c, now)
-		return nil
+		r, err := readRecord(tx, recordKey(c.ID))
+		step = rule(r.entry(), msTime(s.now().UnixMilli()))
+		return err
 	})
 	if err != nil {
 		return engine.ClaimResult{}, engine.Unavailable(err)
 	}
-	if !d.decided || d.write != nil {
-		err = s.update(ctx, c.ID, func(t *txn, rk []byte) error {
-			r, err := t.get(rk)
-			if err != nil {
-				return err
-			}
-			d = decideClaim(r, c, t.now)
-			if d.write == nil {
-				return nil
-			}
-			old := int64(0)
-			if r != nil {
-				old, t.from = r.Expires, r.State
-			}
-			t.to = engine.StatePending
-			return t.put(rk, d.write, old)
-		})
-		if err != nil {
+	if step.Write {
+		if step, err = s.transition(ctx, c.ID, rule); err != nil {
 			return engine.ClaimResult{}, err
 		}
 	}
-	if errors.Is(d.refusal, engine.ErrFingerprintMismatch) {
-		return engine.ClaimResult{}, d.refusal
-	}
-	return d.res, d.refusal
+	return step.ClaimResult()
 }
 
-// claimDecision is what a claim does to a record: its answer, and the record to
-// write when it acquires a free key (nil when the claim changes nothing).
-type claimDecision struct {
-	decided bool
-	res     engine.ClaimResult
-	refusal error
-	write   *stored
-}
-
-// decideClaim runs the decisions of lua/claim.lua on the live record r (nil when
-// absent) at now. It does not modify r.
-func decideClaim(r *stored, c engine.Claim, now int64) claimDecision {
-	lease := ms(c.Lease)
-	acquired := func(w *stored) claimDecision {
-		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: w.record(false)}}
-	}
-	if r == nil {
-		w := &stored{Key: c.ID.Key, Tenant: c.ID.Tenant, State: engine.StatePending, Fingerprint: c.Fingerprint,
-			Owner: c.Owner, Secret: c.Secret, Attempt: 1, Token: c.Token, LeaseExpiry: now + lease,
-			Created: now, Updated: now, Expires: now + max(ms(c.Retention), lease)}
-		d := acquired(w)
-		d.write = w
-		return d
-	}
-	switch {
-	case r.State == engine.StatePending && r.Token == c.Token:
-		// The same claim run again finds its own token and answers as before.
-		return acquired(r)
-	case r.Fingerprint != c.Fingerprint:
-		// Fingerprints compare exactly: no fingerprint is one of its own, not a wildcard.
-		return claimDecision{decided: true, refusal: engine.ErrFingerprintMismatch}
-	case r.State == engine.StateCompleted:
-		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeCompleted, Record: r.record(true)}}
-	case r.State == engine.StateFailed:
-		return claimDecision{decided: true, res: engine.ClaimResult{Outcome: engine.OutcomeFailed, Record: r.record(true)}}
-	case r.State == engine.StatePending && r.LeaseExpiry > now:
-		if c.Secret != "" && c.Secret == r.Secret {
-			return acquired(r)
+// transition runs rule on the record of id in a write transaction and stores what it
+// decides.
+func (s *Store) transition(ctx context.Context, id engine.ID, rule func(*engine.Entry, time.Time) engine.Step) (engine.Step, error) {
+	var step engine.Step
+	err := s.update(ctx, id, func(t *txn, rk []byte) error {
+		r, err := t.get(rk)
+		if err != nil {
+			return err
 		}
-		return claimDecision{decided: true, res: engine.ClaimResult{Record: r.record(false)},
-			refusal: &engine.InProgressError{RetryAfter: time.Duration(r.LeaseExpiry-now) * time.Millisecond}}
-	}
-	// Released for a retry, or pending under an expired lease: take it.
-	w := *r
-	w.Recovered = r.State == engine.StatePending
-	w.State, w.Owner, w.Secret, w.Attempt, w.Token = engine.StatePending, c.Owner, c.Secret, r.Attempt+1, c.Token
-	w.LeaseExpiry, w.Updated = now+lease, now
-	w.Expires = max(r.Expires, now+max(ms(c.Retention), lease))
-	d := acquired(&w)
-	d.write = &w
-	return d
+		step = rule(r.entry(), msTime(t.now))
+		if !step.Write {
+			return nil
+		}
+		old := int64(0)
+		if r != nil {
+			old, t.from = r.Expires, r.State
+		}
+		// Waiters wait for a lease to end, so only a write that ends one wakes them.
+		t.to, t.notify = step.Next.State, step.Next.State != engine.StatePending
+		return t.put(rk, encode(step.Next), old)
+	})
+	return step, err
 }
 
 // readLive reads a record in any transaction; an expired one is absent.
 func readLive(tx *bolt.Tx, rk []byte, now int64) (*stored, error) {
 	r, err := readRecord(tx, rk)
-	if err != nil || r == nil || now > r.Expires {
+	if err != nil || r == nil || engine.Expired(msTime(r.Expires), msTime(now)) {
 		return nil, err
 	}
 	return r, nil
@@ -422,97 +390,31 @@ func readRecord(tx *bolt.Tx, rk []byte) (*stored, error) {
 	return &r, nil
 }
 
-// holder reads the record a transition by token works on: absent is not found, another
-// token is lease lost.
-func (t *txn) holder(rk []byte, token string) (*stored, error) {
-	r, err := t.get(rk)
-	if err != nil {
-		return nil, err
-	}
-	if r == nil {
-		return nil, answerErr{engine.ErrNotFound}
-	}
-	if r.Token != token {
-		return nil, answerErr{engine.ErrLeaseLost}
-	}
-	return r, nil
-}
-
 // Complete implements engine.Store.
 func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Record, error) {
-	var rec engine.Record
-	err := s.update(ctx, c.ID, func(t *txn, rk []byte) error {
-		r, err := t.holder(rk, c.LeaseToken)
-		if err != nil {
-			return err
-		}
-		switch r.State {
-		case engine.StateCompleted:
-			rec = r.record(false)
-			return nil
-		case engine.StatePending:
-		default:
-			return answerErr{engine.ErrLeaseLost}
-		}
-		old := r.Expires
-		t.from, t.to, t.notify = r.State, engine.StateCompleted, true
-		r.State, r.Updated, r.Expires = engine.StateCompleted, t.now, t.now+ms(c.Retention)
-		r.setResponse(&c.Response)
-		rec = r.record(false)
-		return t.put(rk, r, old)
-	})
-	return rec, err
+	step, err := s.transition(ctx, c.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.CompleteStep(cur, c, now) })
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return step.Result()
 }
 
 // Release implements engine.Store.
 func (s *Store) Release(ctx context.Context, rel engine.Release) (engine.Record, error) {
-	var rec engine.Record
-	err := s.update(ctx, rel.ID, func(t *txn, rk []byte) error {
-		r, err := t.holder(rk, rel.LeaseToken)
-		if err != nil {
-			return err
-		}
-		if (r.State == engine.StateReleased && rel.Mode == engine.ReleaseRetry) ||
-			(r.State == engine.StateFailed && rel.Mode == engine.ReleaseFail) {
-			rec = r.record(false)
-			return nil
-		}
-		if r.State != engine.StatePending {
-			return answerErr{engine.ErrLeaseLost}
-		}
-		old := r.Expires
-		r.Updated, r.Expires = t.now, t.now+ms(rel.Retention)
-		if rel.Mode == engine.ReleaseRetry {
-			r.State, r.LeaseExpiry = engine.StateReleased, 0
-		} else {
-			r.State = engine.StateFailed
-			r.setResponse(rel.Response)
-		}
-		t.from, t.to, t.notify = engine.StatePending, r.State, true
-		rec = r.record(false)
-		return t.put(rk, r, old)
-	})
-	return rec, err
+	step, err := s.transition(ctx, rel.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.ReleaseStep(cur, rel, now) })
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return step.Result()
 }
 
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
-	var rec engine.Record
-	err := s.update(ctx, e.ID, func(t *txn, rk []byte) error {
-		r, err := t.holder(rk, e.LeaseToken)
-		if err != nil {
-			return err
-		}
-		if r.State != engine.StatePending {
-			return answerErr{engine.ErrLeaseLost}
-		}
-		old := r.Expires
-		r.LeaseExpiry = t.now + ms(e.Lease)
-		r.Expires = max(r.Expires, r.LeaseExpiry)
-		rec = r.record(false)
-		return t.put(rk, r, old)
-	})
-	return rec, err
+	step, err := s.transition(ctx, e.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.ExtendStep(cur, e, now) })
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return step.Result()
 }
 
 // Lookup implements engine.Store. It reads without writing, so an expired record is

@@ -20,6 +20,7 @@ import (
 	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/enginetest"
 	"github.com/idemd/idemd/internal/engine/lintest"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 func open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
@@ -33,6 +34,7 @@ func open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	enginetest.Run(t, func(t *testing.T) engine.Store {
 		s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{SweepInterval: 50 * time.Millisecond})
 		if err != nil {
@@ -105,6 +107,7 @@ func recordsGauge(t *testing.T, s *boltstore.Store, state string) float64 {
 // TestExpiredIsAbsentBeforeSweep moves the store's clock past a record's retention with
 // the sweeper idle: the record must already be gone for every transition.
 func TestExpiredIsAbsentBeforeSweep(t *testing.T) {
+	t.Parallel()
 	clk := &clock{now: time.UnixMilli(1_700_000_000_000)}
 	s := open(t, filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{Now: clk.Now, SweepInterval: time.Hour})
 	claimAndComplete(t, s, "old", time.Minute)
@@ -129,6 +132,7 @@ func TestExpiredIsAbsentBeforeSweep(t *testing.T) {
 // shorter one and sweeps: exactly the short-lived records go, in several small
 // transactions, and the counts follow.
 func TestSweeper(t *testing.T) {
+	t.Parallel()
 	clk := &clock{now: time.UnixMilli(1_700_000_000_000)}
 	s := open(t, filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{Now: clk.Now, SweepInterval: time.Hour, SweepBatch: 7})
 	const short, long = 40, 15
@@ -178,35 +182,28 @@ func sweptCounter(t *testing.T, s *boltstore.Store) prometheus.Collector {
 
 // TestSweeperRunsByItself lets the background sweeper find an expired record.
 func TestSweeperRunsByItself(t *testing.T) {
+	t.Parallel()
 	clk := &clock{now: time.UnixMilli(1_700_000_000_000)}
 	s := open(t, filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{Now: clk.Now, SweepInterval: 10 * time.Millisecond})
 	claimAndComplete(t, s, "gone", time.Second)
 	clk.advance(2 * time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for recordsGauge(t, s, "completed") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the sweeper did not remove the expired record within 5s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	wait.For(t, 10*time.Second, "the sweeper to remove the expired record", func() bool { return recordsGauge(t, s, "completed") == 0 })
 }
 
 // TestSecondOpenIsRefused opens a database twice: the second open must fail with a
 // clear message after the lock timeout instead of hanging.
 func TestSecondOpenIsRefused(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "idemd.db")
 	open(t, path, boltstore.Options{})
-	start := time.Now()
 	_, err := boltstore.Open(path, boltstore.Options{LockTimeout: 200 * time.Millisecond})
 	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
 		t.Fatalf("second open: %v, want a lock error", err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("second open took %s to fail", took)
-	}
 }
 
 func TestUnwritableDirectoryIsRefused(t *testing.T) {
+	t.Parallel()
 	if os.Geteuid() == 0 {
 		// root writes anywhere; a path under a regular file cannot be created by anyone.
 		file := filepath.Join(t.TempDir(), "file")
@@ -232,6 +229,7 @@ func TestUnwritableDirectoryIsRefused(t *testing.T) {
 // TestCountsSurviveReopen checks that the records by state are counted again from the
 // file when the store opens.
 func TestCountsSurviveReopen(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "idemd.db")
 	s, err := boltstore.Open(path, boltstore.Options{})
 	if err != nil {
@@ -253,6 +251,7 @@ func TestCountsSurviveReopen(t *testing.T) {
 
 // TestPingFailsWhenClosed checks that Ping reports a database it cannot write to.
 func TestPingFailsWhenClosed(t *testing.T) {
+	t.Parallel()
 	s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -292,6 +291,7 @@ func BenchmarkClaimComplete(b *testing.B) {
 }
 
 func TestLinearizable(t *testing.T) {
+	t.Parallel()
 	s := open(t, filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
 	h := lintest.Run(t, s, lintest.Config{Clients: 8, Keys: 6, OpsPerClient: 150})
 	if res := h.Check(t, "bolt"); res != porcupine.Ok {

@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 )
 
@@ -72,26 +73,33 @@ func (d *Daemon) start() error {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- d.cmd.Wait() }()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var gone error
+	err := Until(20*time.Second, func() error {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("idemd exited: %v\n%s", err, d.logs)
+			gone = fmt.Errorf("idemd exited: %v\n%s", err, d.logs)
+			return nil
 		default:
 		}
-		if resp, err := http.Get(d.URL + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				go func() { <-exited }()
-				return nil
-			}
+		resp, err := http.Get(d.URL + "/readyz")
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			d.Kill()
-			return errors.New("idemd was not ready within 20s")
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz answered %d", resp.StatusCode)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	switch {
+	case gone != nil:
+		return gone
+	case err != nil:
+		d.Kill()
+		return fmt.Errorf("idemd was not ready: %w", err)
 	}
+	go func() { <-exited }()
+	return nil
 }
 
 // Kill stops the daemon with SIGKILL and waits until its port is closed.
@@ -100,14 +108,44 @@ func (d *Daemon) Kill() {
 		return
 	}
 	_ = d.cmd.Process.Signal(syscall.SIGKILL)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	_ = Until(10*time.Second, func() error {
 		c, err := net.DialTimeout("tcp", d.addr, 100*time.Millisecond)
 		if err != nil {
-			return
+			return nil
 		}
 		c.Close()
-		time.Sleep(10 * time.Millisecond)
+		return errors.New("the port still accepts connections")
+	})
+}
+
+// Until calls check until it returns nil, pausing a little longer each time (up to
+// 50 ms), and returns check's last error once timeout has passed. It is the daemon's
+// internal/wait, which this module cannot import.
+func Until(timeout time.Duration, check func() error) error {
+	deadline := time.Now().Add(timeout)
+	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		err := check()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s: %w", timeout, err)
+		}
+		time.Sleep(pause)
+	}
+}
+
+// WaitFor fails the test unless cond holds within timeout; what names the condition.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	err := Until(timeout, func() error {
+		if cond() {
+			return nil
+		}
+		return fmt.Errorf("waiting for %s", what)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

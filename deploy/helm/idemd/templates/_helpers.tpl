@@ -1,0 +1,222 @@
+{{/* The name of the chart's objects: the release name, with "idemd" unless it says so. */}}
+{{- define "idemd.fullname" -}}
+{{- if contains "idemd" .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-idemd" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "idemd.selectorLabels" -}}
+app.kubernetes.io/name: idemd
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "idemd.labels" -}}
+{{ include "idemd.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Values.image.tag | default .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Whether the daemons run over Redis (a Deployment) or on the embedded store (a StatefulSet). */}}
+{{- define "idemd.overRedis" -}}
+{{- if or .Values.store.redis.url .Values.store.redis.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{- define "idemd.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "idemd.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "idemd.authSecret" -}}
+{{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecret }}{{- else -}}{{ include "idemd.fullname" . }}-auth{{- end -}}
+{{- end -}}
+
+{{- define "idemd.scheme" -}}
+{{- if .Values.tls.existingSecret -}}HTTPS{{- else -}}HTTP{{- end -}}
+{{- end -}}
+
+{{/* The pod template, shared by the Deployment and the StatefulSet. */}}
+{{- define "idemd.podTemplate" -}}
+metadata:
+  labels:
+    {{- include "idemd.labels" . | nindent 4 }}
+    {{- with .Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- if or .Values.auth.file .Values.podAnnotations }}
+  annotations:
+    {{- if .Values.auth.file }}
+    # A changed auth file rolls the pods: idemd reads it only at start and on SIGHUP.
+    checksum/auth: {{ .Values.auth.file | sha256sum }}
+    {{- end }}
+    {{- with .Values.podAnnotations }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- end }}
+spec:
+  serviceAccountName: {{ include "idemd.serviceAccountName" . }}
+  automountServiceAccountToken: false
+  {{- with .Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  terminationGracePeriodSeconds: {{ add .Values.config.shutdownTimeoutSeconds .Values.config.preStopSleepSeconds 5 }}
+  securityContext:
+    runAsNonRoot: true
+    # The image's nonroot user.
+    runAsUser: 65532
+    runAsGroup: 65532
+    fsGroup: 65532
+    seccompProfile:
+      type: RuntimeDefault
+  containers:
+    - name: idemd
+      image: "{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}"
+      imagePullPolicy: {{ .Values.image.pullPolicy }}
+      # Every flag is set by its IDEMD_ variable.
+      env:
+        - name: IDEMD_LISTEN
+          value: ":8080"
+        {{- if include "idemd.overRedis" . }}
+        - name: IDEMD_STORE
+          {{- if .Values.store.redis.existingSecret }}
+          valueFrom:
+            secretKeyRef:
+              name: {{ .Values.store.redis.existingSecret }}
+              key: {{ .Values.store.redis.existingSecretKey }}
+          {{- else }}
+          value: {{ .Values.store.redis.url | quote }}
+          {{- end }}
+        - name: IDEMD_REDIS_REPLICA_ACKS
+          value: {{ .Values.store.redis.replicaAcks | quote }}
+        - name: IDEMD_REDIS_REPLICA_TIMEOUT
+          value: {{ .Values.store.redis.replicaTimeout | quote }}
+        - name: IDEMD_REQUIRE_NOEVICTION
+          value: {{ .Values.store.redis.requireNoeviction | quote }}
+        {{- else }}
+        - name: IDEMD_DATA_DIR
+          value: /data
+        {{- end }}
+        - name: IDEMD_RETENTION
+          value: {{ .Values.config.retention | quote }}
+        - name: IDEMD_MAX_RESPONSE_BYTES
+          value: {{ .Values.config.maxResponseBytes | int64 | quote }}
+        - name: IDEMD_LOG_LEVEL
+          value: {{ .Values.config.logLevel | quote }}
+        - name: IDEMD_SHUTDOWN_TIMEOUT
+          value: "{{ .Values.config.shutdownTimeoutSeconds }}s"
+        {{- if or .Values.auth.file .Values.auth.existingSecret }}
+        - name: IDEMD_AUTH_FILE
+          value: /etc/idemd/auth/{{ .Values.auth.existingSecretKey }}
+        {{- end }}
+        {{- if .Values.tls.existingSecret }}
+        - name: IDEMD_TLS_CERT
+          value: /etc/idemd/tls/tls.crt
+        - name: IDEMD_TLS_KEY
+          value: /etc/idemd/tls/tls.key
+        {{- end }}
+        {{- with .Values.extraEnv }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: http
+          containerPort: 8080
+          protocol: TCP
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: http
+          scheme: {{ include "idemd.scheme" . }}
+        periodSeconds: 5
+        timeoutSeconds: 3
+        failureThreshold: 2
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: http
+          scheme: {{ include "idemd.scheme" . }}
+        periodSeconds: 10
+        timeoutSeconds: 3
+        failureThreshold: 3
+      {{- if gt (int .Values.config.preStopSleepSeconds) 0 }}
+      lifecycle:
+        preStop:
+          sleep:
+            seconds: {{ .Values.config.preStopSleepSeconds }}
+      {{- end }}
+      securityContext:
+        allowPrivilegeEscalation: false
+        readOnlyRootFilesystem: true
+        capabilities:
+          drop: [ALL]
+      resources:
+        {{- toYaml .Values.resources | nindent 8 }}
+      {{- if or (not (include "idemd.overRedis" .)) .Values.auth.file .Values.auth.existingSecret .Values.tls.existingSecret }}
+      volumeMounts:
+        {{- if not (include "idemd.overRedis" .) }}
+        - name: data
+          mountPath: /data
+        {{- end }}
+        {{- if or .Values.auth.file .Values.auth.existingSecret }}
+        # Mounted whole, never with subPath, so that a restart reads the Secret's latest.
+        - name: auth
+          mountPath: /etc/idemd/auth
+          readOnly: true
+        {{- end }}
+        {{- if .Values.tls.existingSecret }}
+        - name: tls
+          mountPath: /etc/idemd/tls
+          readOnly: true
+        {{- end }}
+      {{- end }}
+  {{- if or .Values.auth.file .Values.auth.existingSecret .Values.tls.existingSecret }}
+  volumes:
+    {{- if or .Values.auth.file .Values.auth.existingSecret }}
+    - name: auth
+      secret:
+        secretName: {{ include "idemd.authSecret" . }}
+        defaultMode: 0440
+    {{- end }}
+    {{- if .Values.tls.existingSecret }}
+    - name: tls
+      secret:
+        secretName: {{ .Values.tls.existingSecret }}
+        defaultMode: 0440
+    {{- end }}
+  {{- end }}
+  {{- if .Values.topologySpread }}
+  topologySpreadConstraints:
+    - maxSkew: 1
+      topologyKey: kubernetes.io/hostname
+      whenUnsatisfiable: ScheduleAnyway
+      labelSelector:
+        matchLabels:
+          {{- include "idemd.selectorLabels" . | nindent 10 }}
+    - maxSkew: 1
+      topologyKey: topology.kubernetes.io/zone
+      whenUnsatisfiable: ScheduleAnyway
+      labelSelector:
+        matchLabels:
+          {{- include "idemd.selectorLabels" . | nindent 10 }}
+  {{- end }}
+  {{- with .Values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.affinity }}
+  affinity:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .Values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}

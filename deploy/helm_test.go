@@ -1,0 +1,352 @@
+package deploy
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/idemd/idemd/internal/auth"
+)
+
+const chart = "helm/idemd"
+
+// kubeVersions are the oldest Kubernetes the chart supports and the newest whose
+// schemas kubernetes-validate ships; the rendered objects must be valid in both.
+var kubeVersions = []string{"1.30.0", "1.37.0"}
+
+// obj is a rendered Kubernetes object, read loosely.
+type obj map[string]any
+
+func (o obj) get(keys ...string) any {
+	var v any = map[string]any(o)
+	for _, k := range keys {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return nil
+		}
+		v = m[k]
+	}
+	return v
+}
+
+func (o obj) str(keys ...string) string { s, _ := o.get(keys...).(string); return s }
+func (o obj) obj(keys ...string) obj    { m, _ := o.get(keys...).(map[string]any); return m }
+func (o obj) list(keys ...string) []obj {
+	var out []obj
+	items, _ := o.get(keys...).([]any)
+	for _, it := range items {
+		if m, ok := it.(map[string]any); ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+func (o obj) int(keys ...string) int { n, _ := o.get(keys...).(int); return n }
+
+// render runs helm template with a values file ("" for the defaults) and returns the
+// output and its objects by kind.
+func render(t *testing.T, helm, values string, set ...string) (string, map[string][]obj) {
+	t.Helper()
+	args := []string{"template", "idemd", chart, "--namespace", "platform", "--kube-version", kubeVersions[0]}
+	if values != "" {
+		args = append(args, "-f", values)
+	}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out := run(t, ".", helm, args...)
+	objs := map[string][]obj{}
+	dec := yaml.NewDecoder(strings.NewReader(out))
+	for {
+		// Into a plain map: yaml.v3 would give nested mappings the type of the outer one.
+		var o map[string]any
+		err := dec.Decode(&o)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("helm template printed YAML that does not parse: %v", err)
+		}
+		if o != nil {
+			objs[obj(o).str("kind")] = append(objs[obj(o).str("kind")], o)
+		}
+	}
+	return out, objs
+}
+
+// daemonFlags are the flags of the idemd binary, read from its usage.
+func daemonFlags(t *testing.T) map[string]bool {
+	t.Helper()
+	out, _ := exec.Command(idemd(t), "-h").CombinedOutput()
+	flags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^\s+-([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+		flags[m[1]] = true
+	}
+	if !flags["store"] || !flags["shutdown-timeout"] {
+		t.Fatalf("idemd -h did not list its flags:\n%s", out)
+	}
+	return flags
+}
+
+func variants(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(chart + "/ci/*-values.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no values files under %s/ci: %v", chart, err)
+	}
+	return append([]string{""}, files...)
+}
+
+// TestHelmChart lints and renders the chart with its default values and with every
+// documented variant, validates the objects against the Kubernetes schemas offline,
+// and checks what each variant promises.
+func TestHelmChart(t *testing.T) {
+	helm := tool(t, "helm", "go install helm.sh/helm/v3/cmd/helm@v3.22.0")
+	validate := tool(t, "kubernetes-validate", "pip install kubernetes-validate==1.37.0")
+	promtool := tool(t, "promtool", "apt-get install prometheus")
+	flags := daemonFlags(t)
+	dir := t.TempDir()
+	var rendered []string
+	for _, values := range variants(t) {
+		name := strings.TrimSuffix(path.Base(values), "-values.yaml")
+		if values == "" {
+			name = "default"
+		}
+		t.Run(name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chart, "--kube-version", kubeVersions[0]}
+			if values != "" {
+				args = append(args, "-f", values)
+			}
+			run(t, ".", helm, args...)
+			out, objs := render(t, helm, values)
+			file := filepath.Join(dir, name+".yaml")
+			if err := os.WriteFile(file, []byte(out), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			rendered = append(rendered, file)
+			checkChart(t, objs, flags, promtool)
+		})
+	}
+	// One run for every rendering: the validator's start-up is most of its time. Its
+	// errors name the file, which is the variant.
+	for _, v := range kubeVersions {
+		run(t, ".", validate, append([]string{"--strict", "--quiet", "-k", v}, rendered...)...)
+	}
+}
+
+// checkChart checks the promises of the chart on one rendering.
+func checkChart(t *testing.T, objs map[string][]obj, flags map[string]bool, promtool string) {
+	t.Helper()
+	workloads := append(slices.Clone(objs["Deployment"]), objs["StatefulSet"]...)
+	if len(workloads) != 1 {
+		t.Fatalf("%d workloads rendered, want one Deployment or one StatefulSet", len(workloads))
+	}
+	w := workloads[0]
+	pod := w.obj("spec", "template")
+	containers := pod.list("spec", "containers")
+	if len(containers) != 1 {
+		t.Fatalf("%d containers", len(containers))
+	}
+	c := containers[0]
+	env := map[string]string{}
+	for _, e := range c.list("env") {
+		env[e.str("name")] = e.str("value")
+	}
+	overRedis := w.str("kind") == "Deployment"
+
+	// A Deployment over Redis, or the embedded store on a volume of one replica.
+	switch {
+	case overRedis && env["IDEMD_STORE"] == "" && !storeFromSecret(c):
+		t.Error("a Deployment without IDEMD_STORE would run the embedded store in every replica")
+	case overRedis && w.int("spec", "replicas") < 2:
+		t.Errorf("over Redis with %d replicas", w.int("spec", "replicas"))
+	case !overRedis && (w.int("spec", "replicas") != 1 || len(w.list("spec", "volumeClaimTemplates")) != 1 || env["IDEMD_DATA_DIR"] != "/data"):
+		t.Errorf("the embedded store: replicas %d, volume claims %v, IDEMD_DATA_DIR %q", w.int("spec", "replicas"), w.get("spec", "volumeClaimTemplates"), env["IDEMD_DATA_DIR"])
+	}
+	if n := len(objs["PodDisruptionBudget"]); n != map[bool]int{true: 1, false: 0}[overRedis] {
+		t.Errorf("%d PodDisruptionBudgets (over Redis: %v)", n, overRedis)
+	}
+
+	// Every variable names a flag, and the daemon parses the literal values.
+	var vars []string
+	for name := range env {
+		flag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "IDEMD_")), "_", "-")
+		if !strings.HasPrefix(name, "IDEMD_") || !flags[flag] {
+			t.Errorf("the container sets %s, which is no idemd flag", name)
+		}
+		if v := env[name]; v != "" {
+			vars = append(vars, name+"="+v)
+		}
+	}
+	cmd := exec.Command(idemd(t), "--version")
+	cmd.Env = append(os.Environ(), vars...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("idemd refuses the rendered environment %v: %v\n%s", vars, err, out)
+	}
+
+	// Probes, and a grace period covering the drain.
+	scheme := "HTTP"
+	if env["IDEMD_TLS_CERT"] != "" {
+		scheme = "HTTPS"
+	}
+	for probe, want := range map[string]string{"readinessProbe": "/readyz", "livenessProbe": "/healthz"} {
+		if p := c.obj(probe, "httpGet"); p.str("path") != want || p.str("scheme") != scheme || p.str("port") != "http" {
+			t.Errorf("%s: %v, want %s over %s", probe, p, want, scheme)
+		}
+	}
+	shutdown, err := time.ParseDuration(env["IDEMD_SHUTDOWN_TIMEOUT"])
+	if err != nil {
+		t.Fatalf("IDEMD_SHUTDOWN_TIMEOUT: %v", err)
+	}
+	preStop := c.int("lifecycle", "preStop", "sleep", "seconds")
+	if grace := pod.int("spec", "terminationGracePeriodSeconds"); grace != int(shutdown.Seconds())+preStop+5 {
+		t.Errorf("terminationGracePeriodSeconds %d; want the shutdown timeout %s + preStop %ds + 5", grace, shutdown, preStop)
+	}
+
+	// Non-root, read-only, nothing extra.
+	psc, csc := pod.obj("spec", "securityContext"), c.obj("securityContext")
+	if psc.get("runAsNonRoot") != true || csc.get("readOnlyRootFilesystem") != true || csc.get("allowPrivilegeEscalation") != false ||
+		fmt.Sprint(csc.get("capabilities", "drop")) != "[ALL]" || pod.get("spec", "automountServiceAccountToken") != false {
+		t.Errorf("security: pod %v, container %v", psc, csc)
+	}
+
+	// The Service reaches the pods.
+	svc := objs["Service"]
+	if len(svc) != 1 {
+		t.Fatalf("%d Services", len(svc))
+	}
+	podLabels := pod.obj("metadata", "labels")
+	for k, v := range svc[0].obj("spec", "selector") {
+		if podLabels[k] != v {
+			t.Errorf("the Service selects %s=%v, the pods have %v", k, v, podLabels[k])
+		}
+	}
+	if svc[0].list("spec", "ports")[0].str("targetPort") != c.list("ports")[0].str("name") {
+		t.Error("the Service's targetPort is not the container's port")
+	}
+
+	// The auth file: mounted from a Secret; the chart's own is one idemd loads, and a
+	// change of it rolls the pods.
+	if file := env["IDEMD_AUTH_FILE"]; file != "" {
+		mounted := false
+		for _, m := range c.list("volumeMounts") {
+			if m.str("mountPath") == path.Dir(file) && m.get("readOnly") == true && m.str("subPath") == "" {
+				mounted = true
+			}
+		}
+		if !mounted {
+			t.Errorf("IDEMD_AUTH_FILE %s is not on a read-only mount of its directory", file)
+		}
+	}
+	for _, s := range objs["Secret"] {
+		for key, content := range s.obj("stringData") {
+			if _, err := auth.Parse([]byte(content.(string))); err != nil {
+				t.Errorf("the auth file in Secret %s (%s) does not load: %v", s.str("metadata", "name"), key, err)
+			}
+		}
+		if pod.str("metadata", "annotations", "checksum/auth") == "" {
+			t.Error("the chart's auth Secret changes without rolling the pods")
+		}
+	}
+
+	// Monitoring: the ServiceMonitor scrapes the Service's port; the PrometheusRule is
+	// the rule file, which promtool accepts.
+	for _, sm := range objs["ServiceMonitor"] {
+		ep := sm.list("spec", "endpoints")[0]
+		if ep.str("port") != svc[0].list("spec", "ports")[0].str("name") || ep.str("path") != "/metrics" || ep.str("scheme") != strings.ToLower(scheme) {
+			t.Errorf("ServiceMonitor endpoint %v", ep)
+		}
+	}
+	for _, pr := range objs["PrometheusRule"] {
+		spec, err := yaml.Marshal(pr.obj("spec"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		file := filepath.Join(t.TempDir(), "rules.yaml")
+		if err := os.WriteFile(file, spec, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		run(t, ".", promtool, "check", "rules", file)
+		want, _ := os.ReadFile("prometheus/idemd-rules.yaml")
+		var a, b any
+		_ = yaml.Unmarshal(want, &a)
+		_ = yaml.Unmarshal(spec, &b)
+		if fmt.Sprint(a) != fmt.Sprint(b) {
+			t.Error("the PrometheusRule is not deploy/prometheus/idemd-rules.yaml")
+		}
+	}
+	for _, cm := range objs["ConfigMap"] {
+		want, _ := os.ReadFile("grafana/idemd-dashboard.json")
+		if got := cm.str("data", "idemd-dashboard.json"); !bytes.Equal(bytes.TrimSpace([]byte(got)), bytes.TrimSpace(want)) {
+			t.Error("the dashboard ConfigMap is not deploy/grafana/idemd-dashboard.json")
+		}
+	}
+}
+
+func storeFromSecret(c obj) bool {
+	for _, e := range c.list("env") {
+		if e.str("name") == "IDEMD_STORE" && e.obj("valueFrom", "secretKeyRef") != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// TestHelmChartSettings renders single settings and checks where they land.
+func TestHelmChartSettings(t *testing.T) {
+	helm := tool(t, "helm", "go install helm.sh/helm/v3/cmd/helm@v3.22.0")
+	envOf := func(objs map[string][]obj) map[string]obj {
+		t.Helper()
+		w := append(objs["Deployment"], objs["StatefulSet"]...)[0]
+		env := map[string]obj{}
+		for _, e := range w.list("spec", "template", "spec", "containers")[0].list("env") {
+			env[e.str("name")] = e
+		}
+		return env
+	}
+
+	_, objs := render(t, helm, "", `store.redis.url=redis+cluster://a:6379\,b:6379`, "replicaCount=4", "config.shutdownTimeoutSeconds=40")
+	d := objs["Deployment"]
+	if len(d) != 1 || len(objs["StatefulSet"]) != 0 || d[0].int("spec", "replicas") != 4 {
+		t.Fatalf("a Redis URL: %d Deployments, %d StatefulSets", len(d), len(objs["StatefulSet"]))
+	}
+	env := envOf(objs)
+	if env["IDEMD_STORE"].str("value") != "redis+cluster://a:6379,b:6379" || env["IDEMD_SHUTDOWN_TIMEOUT"].str("value") != "40s" {
+		t.Errorf("env: %v", env)
+	}
+	if grace := d[0].int("spec", "template", "spec", "terminationGracePeriodSeconds"); grace != 50 {
+		t.Errorf("terminationGracePeriodSeconds %d, want 40+5+5", grace)
+	}
+
+	_, objs = render(t, helm, "", "store.redis.existingSecret=redis-url", "store.redis.url=redis://ignored:6379")
+	if ref := envOf(objs)["IDEMD_STORE"].obj("valueFrom", "secretKeyRef"); ref.str("name") != "redis-url" || ref.str("key") != "url" {
+		t.Errorf("a Secret's URL: %v", ref)
+	}
+
+	_, objs = render(t, helm, "", "service.annotations.networking\\.gke\\.io/load-balancer-type=Internal", "service.type=LoadBalancer")
+	if s := objs["Service"][0]; s.str("spec", "type") != "LoadBalancer" || s.str("metadata", "annotations", "networking.gke.io/load-balancer-type") != "Internal" {
+		t.Errorf("an internal load balancer: %v", s)
+	}
+
+	_, objs = render(t, helm, "", "config.preStopSleepSeconds=0")
+	if c := objs["StatefulSet"][0].list("spec", "template", "spec", "containers")[0]; c.get("lifecycle") != nil {
+		t.Errorf("preStopSleepSeconds=0 left a preStop hook: %v", c.get("lifecycle"))
+	}
+
+	cmd := exec.Command(helm, "template", "idemd", chart, "--kube-version", kubeVersions[0], "--set", "auth.file=x", "--set", "auth.existingSecret=y")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "exclude each other") {
+		t.Errorf("auth.file with auth.existingSecret: %v\n%s", err, out)
+	}
+}
