@@ -1,7 +1,7 @@
 # The one command that runs every test of every language: `make test`.
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one.
 
-.PHONY: test test-go test-ts test-python
+.PHONY: test test-go test-ts test-python generate-python
 
 test: test-go test-ts test-python
 
@@ -12,4 +12,25 @@ test-go:
 
 test-ts:
 
-test-python:
+# The Python client's checks and tests run in clients/python/.venv, made on first use
+# (and again when its pinned requirements change) with the python3 on the PATH (3.11+).
+PYTHON ?= python3
+PY := clients/python
+PYVENV := $(PY)/.venv
+
+$(PYVENV)/installed: $(PY)/requirements-dev.txt
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "clients/python needs Python 3.11 or later")'
+	$(PYTHON) -m venv $(PYVENV)
+	$(PYVENV)/bin/pip install --quiet --disable-pip-version-check -r $(PY)/requirements-dev.txt
+	touch $@
+
+test-python: $(PYVENV)/installed
+	cd $(PY) && .venv/bin/ruff format --check && .venv/bin/ruff check && .venv/bin/mypy
+	cd $(PY) && .venv/bin/python -m pytest -q
+
+# Regenerate the low-level client from the contract (CI checks that this leaves no diff).
+generate-python: $(PYVENV)/installed
+	rm -rf $(PY)/src/idemd/idemapi
+	cd $(PY) && PATH="$$PWD/.venv/bin:$$PATH" .venv/bin/openapi-python-client generate \
+		--path ../../api/openapi.yaml --config openapi-python-client.yaml --meta none \
+		--output-path src/idemd/idemapi

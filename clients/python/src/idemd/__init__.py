@@ -1,0 +1,53 @@
+"""Client of idemd, the idempotency service.
+
+:class:`Client` and :class:`AsyncClient` make the calls (claim, complete, release,
+extend, lookup, purge), run a function at most once per key (``run``, ``once``, the
+``idempotent`` decorator), and raise one exception class per outcome a caller branches
+on. :mod:`idemd.asgi` and :mod:`idemd.wsgi` make web handlers idempotent by their
+``Idempotency-Key`` header. The code generated from the contract is :mod:`idemd.idemapi`.
+"""
+
+from ._async_client import AsyncClient, AsyncLease
+from ._client import Client, Lease
+from ._errors import (
+    Failed,
+    FingerprintMismatch,
+    IdemdError,
+    InProgress,
+    LeaseLost,
+    NotFound,
+    Permanent,
+    Problem,
+    Unavailable,
+)
+from ._keys import message_key
+from ._middleware import Incident
+from ._middleware import idemd_key as middleware_key
+from ._types import Claim, Outcome, Record, ReleaseMode, Response, Result
+from ._wire import new_secret
+
+__all__ = [
+    "AsyncClient",
+    "AsyncLease",
+    "Claim",
+    "Client",
+    "Failed",
+    "FingerprintMismatch",
+    "IdemdError",
+    "InProgress",
+    "Incident",
+    "Lease",
+    "LeaseLost",
+    "NotFound",
+    "Outcome",
+    "Permanent",
+    "Problem",
+    "Record",
+    "ReleaseMode",
+    "Response",
+    "Result",
+    "Unavailable",
+    "message_key",
+    "middleware_key",
+    "new_secret",
+]

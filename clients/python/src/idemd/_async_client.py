@@ -1,0 +1,254 @@
+"""The asynchronous client, for asyncio: the same calls as :class:`idemd.Client`."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import inspect
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+
+from . import _wire
+from ._client import (
+    DEFAULT_LEASE,
+    api_client,
+    default_owner,
+    json_response,
+    transport_failure,
+    unexpected_answer,
+)
+from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent
+from ._keys import KeySpec, key_for
+from ._transport import AsyncRetryTransport, extra_time
+from ._types import Claim, Record, ReleaseMode, Response, Result
+from .idemapi.api.claims import claim as claim_api
+from .idemapi.api.claims import complete as complete_api
+from .idemapi.api.claims import extend as extend_api
+from .idemapi.api.claims import release as release_api
+from .idemapi.api.records import lookup as lookup_api
+from .idemapi.api.records import purge as purge_api
+from .idemapi.models import ClaimAcquired, ClaimFinished, KeyRecord, LeaseExtended
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@dataclass
+class AsyncLease:
+    """The lease a coroutine given to :meth:`AsyncClient.run` runs under. When a renewal
+    finds the lease gone, ``lost`` is set and the coroutine is cancelled."""
+
+    key: str
+    token: str
+    attempt: int
+    lost: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class AsyncClient:
+    """The asyncio client of one idemd; see :class:`idemd.Client` for the options."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float | None = 10.0,
+        retries: int = 3,
+        owner: str | None = None,
+        retention: float | None = None,
+        backoff: float = 0.05,
+    ) -> None:
+        self._api = api_client(base_url, token, AsyncRetryTransport(timeout, retries, backoff))
+        self.owner = owner or default_owner()
+        self.timeout = timeout
+        self.retention = retention
+
+    async def aclose(self) -> None:
+        await self._api.get_async_httpx_client().aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, fn: Callable[..., Awaitable[Any]], extra: float = 0.0, **kwargs: Any) -> Any:
+        try:
+            with extra_time(extra):
+                return await fn(client=self._api, **kwargs)
+        except httpx.HTTPError as err:
+            raise transport_failure(err) from err
+        except (ValueError, KeyError, TypeError) as err:
+            raise unexpected_answer(err) from err
+
+    async def claim(
+        self,
+        key: str,
+        *,
+        fingerprint: str = "",
+        lease: float | None = None,
+        wait: float | None = None,
+        owner: str | None = None,
+        secret: str | None = None,
+    ) -> Claim:
+        """See :meth:`idemd.Client.claim`."""
+        body = _wire.claim_request(
+            key, fingerprint, owner or self.owner, secret or _wire.new_secret(), lease, wait
+        )
+        answer = await self._call(claim_api.asyncio_detailed, extra=wait or 0.0, body=body)
+        return _wire.claim(_wire.expect(answer, ClaimAcquired, ClaimFinished))
+
+    async def complete(self, key: str, token: str, response: Response) -> None:
+        """See :meth:`idemd.Client.complete`."""
+        body = _wire.complete_request(key, token, response, self.retention)
+        _wire.expect(await self._call(complete_api.asyncio_detailed, body=body), KeyRecord)
+
+    async def release(
+        self, key: str, token: str, mode: ReleaseMode = "retry", response: Response | None = None
+    ) -> None:
+        """See :meth:`idemd.Client.release`."""
+        body = _wire.release_request(key, token, mode, response, self.retention)
+        _wire.expect(await self._call(release_api.asyncio_detailed, body=body), KeyRecord)
+
+    async def extend(self, key: str, token: str, lease: float) -> datetime.datetime:
+        """See :meth:`idemd.Client.extend`."""
+        body = _wire.extend_request(key, token, lease)
+        answer = await self._call(extend_api.asyncio_detailed, body=body)
+        out: LeaseExtended = _wire.expect(answer, LeaseExtended)
+        return out.lease_expires_at
+
+    async def lookup(self, key: str) -> Record:
+        """See :meth:`idemd.Client.lookup`."""
+        return _wire.record(_wire.expect(await self._call(lookup_api.asyncio_detailed, key=key), KeyRecord))
+
+    async def purge(self, key: str) -> None:
+        """See :meth:`idemd.Client.purge`."""
+        _wire.expect(await self._call(purge_api.asyncio_detailed, key=key))
+
+    async def run(
+        self,
+        key: str,
+        fn: Callable[[AsyncLease], Awaitable[Response]],
+        *,
+        fingerprint: str = "",
+        lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
+    ) -> Result:
+        """Run the coroutine function ``fn`` at most once for ``key``, as
+        :meth:`idemd.Client.run` does; a task renews the lease every ``lease / 3``
+        seconds, and when the lease is lost ``fn`` is cancelled and :class:`LeaseLost`
+        raised. Cancelling the caller cancels ``fn`` and releases the key for a retry."""
+        claim = await self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
+        if claim.outcome == "completed":
+            return Result(claim.response or Response(), replayed=True)
+        if claim.outcome == "failed":
+            raise Failed(claim.response or Response())
+        return await self._run_leased(AsyncLease(key, claim.token, claim.attempt), lease, fn)
+
+    async def _run_leased(
+        self, held: AsyncLease, lease: float, fn: Callable[[AsyncLease], Awaitable[Response]]
+    ) -> Result:
+        work = asyncio.ensure_future(fn(held))
+        renewer = asyncio.create_task(self._keep_alive(held, lease, work))
+        try:
+            response = await work
+        except Permanent as failure:
+            await stop(renewer)
+            if held.lost.is_set():
+                raise lease_lost(held) from failure
+            await asyncio.shield(self.release(held.key, held.token, "fail", failure.response))
+            raise
+        except asyncio.CancelledError as err:
+            await stop(renewer)
+            current = asyncio.current_task()
+            if held.lost.is_set() and not (current and current.cancelling()):
+                raise lease_lost(held) from err
+            await self._release_quietly(held, err)
+            raise
+        except BaseException as err:
+            await stop(renewer)
+            if held.lost.is_set():
+                raise lease_lost(held) from err
+            await self._release_quietly(held, err)
+            raise
+        await stop(renewer)
+        if held.lost.is_set():
+            raise lease_lost(held)
+        await asyncio.shield(self.complete(held.key, held.token, response))
+        return Result(response, replayed=False)
+
+    async def _release_quietly(self, held: AsyncLease, err: BaseException) -> None:
+        # Shielded: a cancelled caller must still free the key it held.
+        try:
+            await asyncio.shield(self.release(held.key, held.token, "retry"))
+        except IdemdError as release_err:
+            err.add_note(f"and releasing the key failed: {release_err}")
+
+    async def _keep_alive(self, held: AsyncLease, lease: float, work: asyncio.Future[Any]) -> None:
+        while True:
+            await asyncio.sleep(max(lease / 3, 0.01))
+            try:
+                await self.extend(held.key, held.token, lease)
+            except (LeaseLost, NotFound):
+                held.lost.set()
+                work.cancel()
+                return
+            except IdemdError:
+                continue
+
+    async def once(
+        self,
+        key: str,
+        fn: Callable[[AsyncLease], Awaitable[object]],
+        *,
+        lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
+    ) -> bool:
+        """See :meth:`idemd.Client.once`; ``fn`` is a coroutine function."""
+
+        async def body(held: AsyncLease) -> Response:
+            await fn(held)
+            return Response(200)
+
+        return not (await self.run(key, body, lease=lease, wait=wait)).replayed
+
+    def idempotent(
+        self, key: KeySpec, *, lease: float = DEFAULT_LEASE, wait: float | None = None
+    ) -> Callable[[Callable[P, Awaitable[T]]], Callable[P, Awaitable[T]]]:
+        """See :meth:`idemd.Client.idempotent`; decorates a coroutine function."""
+
+        def decorate(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+            signature = inspect.signature(fn)
+
+            @functools.wraps(fn)
+            async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                async def body(_: AsyncLease) -> Response:
+                    return json_response(await fn(*args, **kwargs))
+
+                result = await self.run(key_for(key, signature, args, kwargs), body, lease=lease, wait=wait)
+                decoded: T = json.loads(result.response.body)
+                return decoded
+
+            return wrapper
+
+        return decorate
+
+
+async def stop(renewer: asyncio.Task[None]) -> None:
+    renewer.cancel()
+    # asyncio.wait neither raises the renewer's cancellation nor swallows our own.
+    await asyncio.wait([renewer])
+
+
+def lease_lost(held: AsyncLease) -> LeaseLost:
+    return LeaseLost(
+        409,
+        code="lease_lost",
+        title="Lease lost",
+        detail=f"{held.key!r} was taken over while the operation ran",
+    )

@@ -1,0 +1,297 @@
+"""The synchronous client."""
+
+from __future__ import annotations
+
+import datetime
+import functools
+import inspect
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+
+from . import _wire
+from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent, Problem, Unavailable
+from ._keys import KeySpec, key_for
+from ._transport import RetryTransport, extra_time
+from ._types import Claim, Record, ReleaseMode, Response, Result
+from .idemapi import AuthenticatedClient
+from .idemapi import Client as ApiClient
+from .idemapi.api.claims import claim as claim_api
+from .idemapi.api.claims import complete as complete_api
+from .idemapi.api.claims import extend as extend_api
+from .idemapi.api.claims import release as release_api
+from .idemapi.api.records import lookup as lookup_api
+from .idemapi.api.records import purge as purge_api
+from .idemapi.models import ClaimAcquired, ClaimFinished, KeyRecord, LeaseExtended
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+DEFAULT_LEASE = 30.0
+
+
+@dataclass
+class Lease:
+    """The lease a function given to :meth:`Client.run` runs under. ``lost`` is set when
+    a renewal finds the lease gone (another caller took the key over): the function
+    should stop, and nothing it returns afterwards is stored."""
+
+    key: str
+    token: str
+    attempt: int
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+def api_client(
+    base_url: str, token: str | None, transport: httpx.BaseTransport | httpx.AsyncBaseTransport
+) -> ApiClient | AuthenticatedClient:
+    args: dict[str, Any] = {"transport": transport}
+    if token:
+        return AuthenticatedClient(base_url=base_url, token=token, httpx_args=args)
+    return ApiClient(base_url=base_url, httpx_args=args)
+
+
+def default_owner() -> str:
+    return "py-" + _wire.new_secret()[:16]
+
+
+def unexpected_answer(err: Exception) -> Problem:
+    """A success status whose body is not the answer the contract describes: something
+    other than idemd answered (a proxy's page), or a daemon of another version."""
+    return Problem(0, title="unexpected answer", detail=f"{type(err).__name__}: {err}")
+
+
+def transport_failure(err: httpx.HTTPError) -> Unavailable:
+    return Unavailable(0, title="transport failure", detail=f"{type(err).__name__}: {err}")
+
+
+class Client:
+    """A client of one idemd, safe to share between threads.
+
+    ``timeout`` bounds each call in seconds, resends included (a claim that waits gets
+    its wait on top); ``retries`` is how many times a call is resent after a transport
+    failure (a refused or reset connection, no answer in time); ``owner`` labels the
+    claims for operators and grants nothing; ``retention`` is how long results are kept,
+    in seconds (None leaves it to the daemon); ``token`` is an API token, sent as
+    ``Authorization: Bearer``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float | None = 10.0,
+        retries: int = 3,
+        owner: str | None = None,
+        retention: float | None = None,
+        backoff: float = 0.05,
+    ) -> None:
+        self._api = api_client(base_url, token, RetryTransport(timeout, retries, backoff))
+        self.owner = owner or default_owner()
+        self.timeout = timeout
+        self.retention = retention
+
+    def close(self) -> None:
+        self._api.get_httpx_client().close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, fn: Callable[..., Any], extra: float = 0.0, **kwargs: Any) -> Any:
+        try:
+            with extra_time(extra):
+                return fn(client=self._api, **kwargs)
+        except httpx.HTTPError as err:
+            raise transport_failure(err) from err
+        except (ValueError, KeyError, TypeError) as err:
+            raise unexpected_answer(err) from err
+
+    def claim(
+        self,
+        key: str,
+        *,
+        fingerprint: str = "",
+        lease: float | None = None,
+        wait: float | None = None,
+        owner: str | None = None,
+        secret: str | None = None,
+    ) -> Claim:
+        """Ask for the lease on ``key`` for ``lease`` seconds (the daemon's 30 s when None).
+
+        Raises :class:`InProgress` when another caller holds a live lease (with ``wait``,
+        after waiting up to that many seconds for it to finish) and
+        :class:`FingerprintMismatch` when the key was used with another fingerprint.
+        ``secret`` replaces the claim's own fresh secret: a claim carrying the live
+        lease's secret gets that lease back, so never derive it from anything that a
+        redelivery of the same job shares.
+        """
+        # The secret is made once per call, so that every resend of this claim carries it.
+        body = _wire.claim_request(
+            key, fingerprint, owner or self.owner, secret or _wire.new_secret(), lease, wait
+        )
+        answer = self._call(claim_api.sync_detailed, extra=wait or 0.0, body=body)
+        return _wire.claim(_wire.expect(answer, ClaimAcquired, ClaimFinished))
+
+    def complete(self, key: str, token: str, response: Response) -> None:
+        """Store the result of the operation the lease was for; repeating it is safe.
+        Raises :class:`LeaseLost` when the lease was taken over."""
+        body = _wire.complete_request(key, token, response, self.retention)
+        _wire.expect(self._call(complete_api.sync_detailed, body=body), KeyRecord)
+
+    def release(
+        self, key: str, token: str, mode: ReleaseMode = "retry", response: Response | None = None
+    ) -> None:
+        """Give the lease back: ``retry`` frees the key, ``fail`` stores ``response`` as a
+        terminal failure that later claims replay."""
+        body = _wire.release_request(key, token, mode, response, self.retention)
+        _wire.expect(self._call(release_api.sync_detailed, body=body), KeyRecord)
+
+    def extend(self, key: str, token: str, lease: float) -> datetime.datetime:
+        """Renew the lease for ``lease`` seconds from now; returns when it now runs out."""
+        body = _wire.extend_request(key, token, lease)
+        out: LeaseExtended = _wire.expect(self._call(extend_api.sync_detailed, body=body), LeaseExtended)
+        return out.lease_expires_at
+
+    def lookup(self, key: str) -> Record:
+        """The record of ``key``; :class:`NotFound` when there is none."""
+        return _wire.record(_wire.expect(self._call(lookup_api.sync_detailed, key=key), KeyRecord))
+
+    def purge(self, key: str) -> None:
+        """Delete the record of ``key`` (the token needs the admin scope)."""
+        _wire.expect(self._call(purge_api.sync_detailed, key=key))
+
+    def run(
+        self,
+        key: str,
+        fn: Callable[[Lease], Response],
+        *,
+        fingerprint: str = "",
+        lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
+    ) -> Result:
+        """Run ``fn`` at most once for ``key`` and store the response it returns.
+
+        When the key is already done, the stored response comes back with ``replayed``
+        true and ``fn`` does not run. While ``fn`` runs, a thread renews the lease every
+        ``lease / 3`` seconds; if a renewal finds the lease gone, ``lease.lost`` is set and
+        ``run`` raises :class:`LeaseLost` instead of storing anything.
+
+        An exception from ``fn`` releases the key for a retry and propagates; a
+        :class:`Permanent` one stores its response as a terminal failure instead, and
+        later calls raise :class:`Failed` with it.
+        """
+        claim = self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
+        if claim.outcome == "completed":
+            return Result(claim.response or Response(), replayed=True)
+        if claim.outcome == "failed":
+            raise Failed(claim.response or Response())
+        return self._run_leased(Lease(key, claim.token, claim.attempt), lease, fn)
+
+    def _run_leased(self, held: Lease, lease: float, fn: Callable[[Lease], Response]) -> Result:
+        stop = threading.Event()
+        renewer = threading.Thread(target=self._keep_alive, args=(held, lease, stop), daemon=True)
+        renewer.start()
+        try:
+            response = fn(held)
+        except Permanent as failure:
+            self._stop(stop, renewer)
+            if held.lost.is_set():
+                raise lease_lost(held) from failure
+            self.release(held.key, held.token, "fail", failure.response)
+            raise
+        except BaseException as err:
+            self._stop(stop, renewer)
+            if held.lost.is_set():
+                raise lease_lost(held) from err
+            try:
+                self.release(held.key, held.token, "retry")
+            except IdemdError as release_err:
+                err.add_note(f"and releasing the key failed: {release_err}")
+            raise
+        self._stop(stop, renewer)
+        if held.lost.is_set():
+            raise lease_lost(held)
+        self.complete(held.key, held.token, response)
+        return Result(response, replayed=False)
+
+    @staticmethod
+    def _stop(stop: threading.Event, renewer: threading.Thread) -> None:
+        stop.set()
+        renewer.join()
+
+    def _keep_alive(self, held: Lease, lease: float, stop: threading.Event) -> None:
+        # A transport failure is tried again at the next tick; only the daemon's word
+        # that the lease is gone ends the renewals.
+        while not stop.wait(max(lease / 3, 0.01)):
+            try:
+                self.extend(held.key, held.token, lease)
+            except (LeaseLost, NotFound):
+                held.lost.set()
+                return
+            except IdemdError:
+                continue
+
+    def once(
+        self,
+        key: str,
+        fn: Callable[[Lease], object],
+        *,
+        lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
+    ) -> bool:
+        """Run ``fn`` at most once per message key, for consumers of brokers that deliver
+        at least once; True when it ran now, False when an earlier delivery did. An
+        exception releases the key, so the next delivery runs ``fn`` again; another
+        consumer running the key raises :class:`InProgress`: leave the message for
+        redelivery. Make the key with :func:`message_key`."""
+
+        def body(held: Lease) -> Response:
+            fn(held)
+            return Response(200)
+
+        return not self.run(key, body, lease=lease, wait=wait).replayed
+
+    def idempotent(
+        self, key: KeySpec, *, lease: float = DEFAULT_LEASE, wait: float | None = None
+    ) -> Callable[[Callable[P, T]], Callable[P, T]]:
+        """Decorate a function to run at most once per key made from its arguments:
+        ``key`` is a template formatted with them by name (``"charge:{order_id}"``) or a
+        function of the same arguments. The return value is stored as JSON, so it must
+        be JSON-serialisable, and a later call gets it back decoded from JSON."""
+
+        def decorate(fn: Callable[P, T]) -> Callable[P, T]:
+            signature = inspect.signature(fn)
+
+            @functools.wraps(fn)
+            def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+                def body(_: Lease) -> Response:
+                    return json_response(fn(*args, **kwargs))
+
+                result = self.run(key_for(key, signature, args, kwargs), body, lease=lease, wait=wait)
+                decoded: T = json.loads(result.response.body)
+                return decoded
+
+            return wrapper
+
+        return decorate
+
+
+def json_response(value: object) -> Response:
+    return Response(200, {"Content-Type": ["application/json"]}, json.dumps(value).encode())
+
+
+def lease_lost(held: Lease) -> LeaseLost:
+    return LeaseLost(
+        409,
+        code="lease_lost",
+        title="Lease lost",
+        detail=f"{held.key!r} was taken over while the operation ran",
+    )

@@ -1,0 +1,107 @@
+"""The exceptions the client raises, one class per outcome a caller branches on."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._types import Response
+
+
+class IdemdError(Exception):
+    """Base of every exception this package raises."""
+
+
+class Problem(IdemdError):
+    """An RFC 9457 problem answered by idemd, or, with an empty code, an error page from
+    something in front of it (a proxy, a load balancer).
+
+    Codes the client does not know stay plain ``Problem``s: branch on ``status`` then.
+    """
+
+    def __init__(
+        self,
+        status: int,
+        code: str = "",
+        title: str = "",
+        detail: str = "",
+        type: str = "about:blank",
+        retry_after: float | None = None,
+    ) -> None:
+        self.status = status
+        self.code = code
+        self.title = title
+        self.detail = detail
+        self.type = type
+        #: Seconds after which trying again makes sense (in progress, unavailable,
+        #: rate limited), or None.
+        self.retry_after = retry_after
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        msg = f"idemd: {self.status} {self.title}".rstrip()
+        if self.code:
+            msg += f" ({self.code})"
+        if self.detail:
+            msg += f": {self.detail}"
+        return msg
+
+
+class InProgress(Problem):
+    """Another caller holds a live lease on the key; ``retry_after`` says when it runs out."""
+
+
+class FingerprintMismatch(Problem):
+    """The key was first claimed with a different fingerprint (another payload)."""
+
+
+class LeaseLost(Problem):
+    """The lease is no longer held: it ran out and someone else took the key over, or
+    the record was purged."""
+
+
+class NotFound(Problem):
+    """There is no record for the key."""
+
+
+class Unavailable(Problem):
+    """idemd, its store or the network to it failed. The call may or may not have taken
+    effect; resending it is safe. A transport failure has status 0 and the cause chained."""
+
+
+class Failed(IdemdError):
+    """The key's operation failed for good earlier: ``response`` is the stored failure."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+        super().__init__(f"the operation failed permanently (stored status {response.status})")
+
+
+class Permanent(Exception):
+    """Raise it from the function given to ``run`` for a failure that must not be retried
+    (a declined card): its ``response`` is stored as the key's terminal failure and later
+    calls get :class:`Failed` with it, instead of running the function again."""
+
+    def __init__(self, response: Response, message: str = "") -> None:
+        self.response = response
+        super().__init__(message or f"permanent failure (status {response.status})")
+
+
+_BY_CODE: dict[str, type[Problem]] = {
+    "in_progress": InProgress,
+    "fingerprint_mismatch": FingerprintMismatch,
+    "lease_lost": LeaseLost,
+    "not_found": NotFound,
+    "store_unavailable": Unavailable,
+    "not_replicated": Unavailable,
+}
+
+
+def problem_class(status: int, code: str) -> type[Problem]:
+    """The class for a problem: by its code, or, for an answer without one (not idemd's),
+    Unavailable for the gateway statuses."""
+    if code:
+        return _BY_CODE.get(code, Problem)
+    if status in (502, 503, 504):
+        return Unavailable
+    return Problem

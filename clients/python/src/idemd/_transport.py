@@ -1,0 +1,148 @@
+"""The HTTP transports under the generated client: they resend a request whose answer
+never came, bound each call's time, and turn an answer that is not idemd's (an error
+page from a proxy) into a Problem before the generated code tries to parse it.
+
+Every idemd call is safe to resend: a resent claim carries the same claim secret and
+gets the same lease back, a resent complete or release is answered like the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+
+from ._errors import problem_class
+
+#: Extra seconds a call may take beyond the client's timeout: a claim's wait.
+_extra_time: contextvars.ContextVar[float] = contextvars.ContextVar("idemd_extra_time", default=0.0)
+
+
+@contextlib.contextmanager
+def extra_time(seconds: float) -> Iterator[None]:
+    """Give the calls made inside the block ``seconds`` more than the client's timeout."""
+    token = _extra_time.set(seconds)
+    try:
+        yield
+    finally:
+        _extra_time.reset(token)
+
+
+class _Policy:
+    def __init__(self, timeout: float | None, retries: int, backoff: float) -> None:
+        self.timeout = timeout
+        self.retries = retries
+        self.backoff = backoff
+
+    def deadline(self) -> float | None:
+        if self.timeout is None:
+            return None
+        return time.monotonic() + self.timeout + _extra_time.get()
+
+    def prepare(self, request: httpx.Request, deadline: float | None) -> bool:
+        """Bound the next attempt by what is left of the call's time; False when none is."""
+        if deadline is None:
+            request.extensions["timeout"] = {"connect": None, "read": None, "write": None, "pool": None}
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        request.extensions["timeout"] = {"connect": left, "read": left, "write": left, "pool": left}
+        return True
+
+    def pause(self, attempt: int, deadline: float | None) -> float | None:
+        """How long to wait before resending, or None to give up."""
+        if attempt >= self.retries:
+            return None
+        pause = self.backoff * (1 << attempt)
+        if deadline is not None and time.monotonic() + pause >= deadline:
+            return None
+        return pause
+
+
+class RetryTransport(httpx.BaseTransport):
+    def __init__(self, timeout: float | None, retries: int, backoff: float) -> None:
+        self._inner = httpx.HTTPTransport()
+        self._policy = _Policy(timeout, retries, backoff)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = self._policy.deadline()
+        attempt = 0
+        while True:
+            if not self._policy.prepare(request, deadline):
+                raise httpx.TimeoutException("idemd call timed out", request=request)
+            try:
+                response = self._inner.handle_request(request)
+                response.read()
+                check_answer(response)
+                return response
+            except httpx.TransportError:
+                pause = self._policy.pause(attempt, deadline)
+                if pause is None:
+                    raise
+            time.sleep(pause)
+            attempt += 1
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AsyncRetryTransport(httpx.AsyncBaseTransport):
+    def __init__(self, timeout: float | None, retries: int, backoff: float) -> None:
+        self._inner = httpx.AsyncHTTPTransport()
+        self._policy = _Policy(timeout, retries, backoff)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = self._policy.deadline()
+        attempt = 0
+        while True:
+            if not self._policy.prepare(request, deadline):
+                raise httpx.TimeoutException("idemd call timed out", request=request)
+            try:
+                response = await self._inner.handle_async_request(request)
+                await response.aread()
+                check_answer(response)
+                return response
+            except httpx.TransportError:
+                pause = self._policy.pause(attempt, deadline)
+                if pause is None:
+                    raise
+            await asyncio.sleep(pause)
+            attempt += 1
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+_PROBLEM_MEMBERS = ("type", "title", "status", "code")
+
+
+def check_answer(response: httpx.Response) -> None:
+    """Raise a Problem for an error answer that is not idemd's problem+json, which the
+    generated code could not parse."""
+    if response.status_code < 300:
+        return
+    media_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type in ("application/problem+json", "application/json"):
+        try:
+            doc = json.loads(response.content)
+        except ValueError:
+            doc = None
+        if isinstance(doc, dict) and all(m in doc for m in _PROBLEM_MEMBERS):
+            return
+    status = response.status_code
+    detail = response.content[:200].decode("utf-8", "replace").strip()
+    cls = problem_class(status, "")
+    raise cls(status, title=response.reason_phrase, detail=detail, retry_after=retry_after_header(response))
+
+
+def retry_after_header(response: httpx.Response) -> float | None:
+    try:
+        return float(int(response.headers.get("retry-after", "")))
+    except ValueError:
+        return None

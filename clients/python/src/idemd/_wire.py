@@ -1,0 +1,162 @@
+"""Translation between the generated models and this package's types, shared by the
+sync and the async client. Nothing above this module sees a generated model."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import secrets
+from typing import Any
+
+from ._errors import Problem, problem_class
+from ._types import Claim, Record, ReleaseMode, Response
+from .idemapi import types as api_types
+from .idemapi.models import (
+    ClaimAcquired,
+    ClaimFinished,
+    ClaimRequest,
+    CompleteRequest,
+    ExtendRequest,
+    KeyRecord,
+    ReleaseRequest,
+    StoredResponse,
+    StoredResponseHeaders,
+)
+from .idemapi.models import Problem as WireProblem
+from .idemapi.types import UNSET
+
+
+def new_secret() -> str:
+    """A fresh claim secret: 128 random bits, hex-encoded."""
+    return secrets.token_hex(16)
+
+
+def millis(seconds: float | None) -> int | Any:
+    if seconds is None or seconds <= 0:
+        return UNSET
+    return round(seconds * 1000)
+
+
+def claim_request(
+    key: str,
+    fingerprint: str,
+    owner: str,
+    secret: str,
+    lease: float | None,
+    wait: float | None,
+) -> ClaimRequest:
+    return ClaimRequest(
+        key=key,
+        fingerprint=fingerprint or UNSET,
+        owner=owner or UNSET,
+        claim_secret=secret,
+        lease_ms=millis(lease),
+        wait_ms=millis(wait),
+    )
+
+
+def complete_request(key: str, token: str, response: Response, retention: float | None) -> CompleteRequest:
+    return CompleteRequest(
+        key=key, lease_token=token, response=to_stored(response), retention_ms=millis(retention)
+    )
+
+
+def release_request(
+    key: str, token: str, mode: ReleaseMode, response: Response | None, retention: float | None
+) -> ReleaseRequest:
+    return ReleaseRequest(
+        key=key,
+        lease_token=token,
+        mode=mode,
+        response=UNSET if response is None else to_stored(response),
+        retention_ms=millis(retention),
+    )
+
+
+def extend_request(key: str, token: str, lease: float) -> ExtendRequest:
+    return ExtendRequest(key=key, lease_token=token, lease_ms=round(lease * 1000))
+
+
+def to_stored(r: Response) -> StoredResponse:
+    headers: Any = UNSET
+    if r.headers:
+        headers = StoredResponseHeaders.from_dict({k: list(v) for k, v in r.headers.items()})
+    body: Any = UNSET
+    if r.body:
+        body = base64.b64encode(r.body).decode("ascii")
+    return StoredResponse(status=r.status, headers=headers, body=body)
+
+
+def from_stored(s: StoredResponse | Any) -> Response | None:
+    if not isinstance(s, StoredResponse):
+        return None
+    headers: dict[str, list[str]] = {}
+    if isinstance(s.headers, StoredResponseHeaders):
+        headers = {k: list(v) for k, v in s.headers.additional_properties.items()}
+    body = base64.b64decode(s.body) if isinstance(s.body, str) else b""
+    return Response(status=s.status, headers=headers, body=body)
+
+
+def expect(answer: api_types.Response[Any], *kinds: type) -> Any:
+    """The parsed answer when it is one of ``kinds``; the matching exception otherwise."""
+    parsed = answer.parsed
+    if kinds and isinstance(parsed, kinds):
+        return parsed
+    if not kinds and int(answer.status_code) < 300:
+        return None
+    if isinstance(parsed, WireProblem):
+        raise problem(answer, parsed)
+    status = int(answer.status_code)
+    raise problem_class(status, "")(
+        status, title="unexpected answer", detail=answer.content[:200].decode("utf-8", "replace")
+    )
+
+
+def problem(answer: api_types.Response[Any], wire: WireProblem) -> Problem:
+    retry_after = wire.retry_after_ms / 1000 if isinstance(wire.retry_after_ms, int) else None
+    if retry_after is None:
+        header = answer.headers.get("retry-after", "")
+        retry_after = float(header) if header.isdigit() else None
+    return problem_class(wire.status, wire.code)(
+        wire.status,
+        code=wire.code,
+        title=wire.title,
+        detail=wire.detail if isinstance(wire.detail, str) else "",
+        type=wire.type_,
+        retry_after=retry_after,
+    )
+
+
+def claim(parsed: ClaimAcquired | ClaimFinished) -> Claim:
+    if isinstance(parsed, ClaimAcquired):
+        return Claim(
+            outcome="acquired",
+            token=parsed.lease_token,
+            attempt=parsed.attempt,
+            lease_expires_at=parsed.lease_expires_at,
+            expires_at=parsed.expires_at,
+            recovered=parsed.recovered,
+        )
+    return Claim(
+        outcome=parsed.outcome,
+        attempt=parsed.attempt,
+        expires_at=parsed.expires_at,
+        response=from_stored(parsed.response),
+    )
+
+
+def record(parsed: KeyRecord) -> Record:
+    return Record(
+        key=parsed.key,
+        state=parsed.state,
+        attempt=parsed.attempt,
+        created_at=parsed.created_at,
+        updated_at=parsed.updated_at,
+        expires_at=parsed.expires_at,
+        fingerprint=parsed.fingerprint if isinstance(parsed.fingerprint, str) else "",
+        owner=parsed.owner if isinstance(parsed.owner, str) else "",
+        lease_expires_at=parsed.lease_expires_at
+        if isinstance(parsed.lease_expires_at, datetime.datetime)
+        else None,
+        response=from_stored(parsed.response),
+    )

@@ -1,0 +1,321 @@
+"""ASGI middleware (Starlette, FastAPI, any ASGI 3 app) that makes handlers idempotent
+by the ``Idempotency-Key`` request header, as docs/middleware.md describes row by row.
+
+    app.add_middleware(IdempotencyMiddleware, client=idemd.AsyncClient(url), scope=user_of)
+
+A streaming answer (``StreamingResponse``, server-sent events) reaches the client chunk
+by chunk as the handler sends it; a copy is kept, up to ``max_stored_bytes``, and stored
+when the handler sends its last chunk (R11). An answer that never ends (the handler
+returns or is stopped before its last chunk, e.g. because the client went away) ran
+but cannot be replayed whole: ``409 response_not_stored`` is stored for it, as for an
+answer too large to store (R10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+from ._async_client import AsyncClient, AsyncLease, stop
+from ._errors import IdemdError, LeaseLost, Problem
+from ._middleware import (
+    NOT_STORED,
+    Answer,
+    Incident,
+    InvalidKey,
+    Options,
+    Recorder,
+    default_store_status,
+    fingerprint,
+    finish,
+    idemd_key,
+    parse_key,
+    problem,
+    refusal,
+    replay,
+)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class _Unreadable(Exception):
+    pass
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class IdempotencyMiddleware:
+    """Wraps an ASGI app. ``scope`` is required: a function of the ASGI scope returning
+    whose request it is (the authenticated user or account), so that a replay never
+    crosses users; it runs after any authentication middleware placed outside this one.
+    The other options are those of docs/middleware.md; times are in seconds."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        client: AsyncClient,
+        *,
+        scope: Callable[[Scope], str | None],
+        methods: Iterable[str] = ("POST", "PATCH"),
+        require_key: bool = False,
+        wait: float = 0.0,
+        lease: float = 30.0,
+        stored_headers: Iterable[str] = ("content-type", "location"),
+        max_body: int = 10 << 20,
+        max_stored_bytes: int = 1 << 20,
+        store_status: Callable[[int], bool] = default_store_status,
+        fail_open: bool = False,
+        on_incident: Callable[[Scope, Incident], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.client = client
+        self.options: Options[Scope] = Options(
+            scope=scope,
+            methods=methods,
+            require_key=require_key,
+            wait=wait,
+            lease=lease,
+            stored_headers=stored_headers,
+            max_body=max_body,
+            max_stored_bytes=max_stored_bytes,
+            store_status=store_status,
+            fail_open=fail_open,
+            on_incident=on_incident,
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        o = self.options
+        if scope["type"] != "http" or not o.applies_to(scope["method"]):  # M1
+            await self.app(scope, receive, send)
+            return
+        headers: list[tuple[bytes, bytes]] = list(scope.get("headers", ()))
+        try:
+            key = parse_key([v for k, v in headers if k.lower() == b"idempotency-key"])
+        except InvalidKey as err:  # M3
+            await _answer(send, problem(400, "invalid_idempotency_key", "Invalid Idempotency-Key", str(err)))
+            return
+        if key is None:  # M2
+            if o.require_key:
+                await _answer(
+                    send,
+                    problem(
+                        400,
+                        "missing_idempotency_key",
+                        "Idempotency-Key is required",
+                        "this endpoint needs an Idempotency-Key header",
+                    ),
+                )
+                return
+            await self.app(scope, receive, send)
+            return
+        principal = o.scope_of(scope)
+        if principal is None:  # M4
+            o.incident(scope, "scope_missing")
+            await _answer(
+                send,
+                problem(
+                    500,
+                    "idempotency_scope_missing",
+                    "Request scope unknown",
+                    "the service could not tell whose request this is",
+                ),
+            )
+            return
+        try:
+            body = await _read_body(receive, o.max_body)
+        except _TooLarge:  # M6
+            await _answer(
+                send,
+                problem(
+                    413, "payload_too_large", "Request body too large", f"the body is over {o.max_body} bytes"
+                ),
+            )
+            return
+        except _Unreadable:  # M7
+            await _answer(
+                send, problem(400, "unreadable_body", "Unreadable request body", "the client went away")
+            )
+            return
+
+        replayed_receive = _replaying(body, receive)
+        ikey = idemd_key(principal, key)
+        digest = fingerprint(
+            scope["method"],
+            scope.get("raw_path") or scope["path"].encode("utf-8"),
+            scope.get("query_string", b""),
+            _first(headers, b"content-type"),
+            _first(headers, b"content-encoding"),
+            body,
+        )
+        try:
+            claim = await self.client.claim(ikey, fingerprint=digest, lease=o.lease, wait=o.wait or None)
+        except IdemdError as err:  # C3-C6
+            answer, kind = refusal(err, o.fail_open)
+            if answer is None:
+                await self.app(scope, replayed_receive, send)
+                o.incident(scope, "fail_open", ikey, err)
+                return
+            await _answer(send, answer)
+            if kind:
+                o.incident(scope, kind, ikey, err)
+            return
+        if claim.outcome != "acquired":  # C2
+            answer = replay(claim.response)
+            await _answer(send, answer)
+            if answer.status == 502:
+                o.incident(scope, "replay_invalid", ikey)
+            return
+        await self._run(scope, replayed_receive, send, AsyncLease(ikey, claim.token, claim.attempt))
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, held: AsyncLease) -> None:
+        o = self.options
+        recorder = Recorder(o)
+        started = settled = False
+
+        async def settle(ended: bool) -> None:
+            """Store the answer or free the key, once: before the last body message goes
+            out, so that a client that has the whole answer finds the key settled. It runs
+            as a task of its own, so that a cancellation of the handler (a framework's
+            cancel scope when the client goes away) cannot leave it half done."""
+            nonlocal settled
+            settled = True
+
+            async def settling() -> None:
+                await stop(renewer)
+                if held.lost.is_set():  # R12
+                    o.incident(scope, "lease_lost", held.key)
+                    return
+                await self._settle(scope, held, recorder, ended)
+
+            await asyncio.shield(asyncio.ensure_future(settling()))
+
+        async def recording_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                recorder.start(
+                    int(message["status"]),
+                    ((k.decode("latin-1"), v.decode("latin-1")) for k, v in message.get("headers", ())),
+                )
+            elif message["type"] == "http.response.body" and not settled:
+                recorder.write(bytes(message.get("body", b"")))
+                if not message.get("more_body", False):
+                    await settle(ended=True)
+            await send(message)
+
+        work = asyncio.ensure_future(self.app(scope, receive, recording_send))
+        renewer = asyncio.create_task(self.client._keep_alive(held, o.lease, work))
+        try:
+            await work
+        except BaseException as err:
+            if settled:
+                raise
+            settled = True
+            await asyncio.shield(asyncio.ensure_future(stop(renewer)))
+            current = asyncio.current_task()
+            cancelled_by_lease = isinstance(err, asyncio.CancelledError) and not (
+                current and current.cancelling()
+            )
+            if held.lost.is_set():  # R12: the handler was cancelled
+                o.incident(scope, "lease_lost", held.key)
+                if not cancelled_by_lease:
+                    raise
+                if not started:
+                    await _answer(
+                        send, problem(409, "lease_lost", "Request taken over", "the lease was lost", 1)
+                    )
+                return
+            await self._release(scope, held)  # R4
+            raise
+        if settled:
+            return
+        # The handler returned without finishing its answer: it wrote nothing (R5), or
+        # it stopped in the middle of a stream.
+        await settle(ended=False)
+        if held.lost.is_set() and not started:
+            await _answer(send, problem(409, "lease_lost", "Request taken over", "the lease was lost", 1))
+
+    async def _settle(self, scope: Scope, held: AsyncLease, recorder: Recorder, ended: bool) -> None:
+        o = self.options
+        decision = finish(recorder, o)
+        if decision == "complete" and not ended:
+            decision = "not_stored"
+        if decision == "release":  # R2, R3, R5
+            await self._release(scope, held)
+            return
+        if decision == "complete":  # R1
+            try:
+                await asyncio.shield(self.client.complete(held.key, held.token, recorder.response()))
+                return
+            except LeaseLost as err:
+                o.incident(scope, "lease_lost", held.key, err)
+                return
+            except Problem as err:
+                if err.status not in (400, 413):  # R13
+                    o.incident(scope, "complete_failed", held.key, err)
+                    return
+            except IdemdError as err:
+                o.incident(scope, "complete_failed", held.key, err)
+                return
+        # R10: the handler ran but its answer cannot be replayed; say so to later requests.
+        try:
+            await asyncio.shield(self.client.release(held.key, held.token, "fail", NOT_STORED))
+        except IdemdError as err:
+            o.incident(scope, "release_failed", held.key, err)
+        o.incident(scope, "result_not_stored", held.key)
+
+    async def _release(self, scope: Scope, held: AsyncLease) -> None:
+        try:
+            await asyncio.shield(self.client.release(held.key, held.token, "retry"))
+        except IdemdError as err:  # R14
+            self.options.incident(scope, "release_failed", held.key, err)
+
+
+def _first(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((v for k, v in headers if k.lower() == name), None)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Unreadable
+        body += message.get("body", b"")
+        if len(body) > limit:
+            raise _TooLarge
+        if not message.get("more_body", False):
+            return bytes(body)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the app the body already read, then what the client sends
+    next (a disconnect)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def _answer(send: Send, answer: Answer) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": answer.status,
+            "headers": [(k.encode("latin-1"), v.encode("latin-1")) for k, v in answer.headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": answer.body, "more_body": False})

@@ -1,0 +1,35 @@
+"""Contains all the data models used in inputs/outputs"""
+
+from .claim_acquired import ClaimAcquired
+from .claim_acquired_outcome import ClaimAcquiredOutcome
+from .claim_finished import ClaimFinished
+from .claim_finished_outcome import ClaimFinishedOutcome
+from .claim_request import ClaimRequest
+from .complete_request import CompleteRequest
+from .extend_request import ExtendRequest
+from .health import Health
+from .key_record import KeyRecord
+from .lease_extended import LeaseExtended
+from .problem import Problem
+from .release_request import ReleaseRequest
+from .release_request_mode import ReleaseRequestMode
+from .stored_response import StoredResponse
+from .stored_response_headers import StoredResponseHeaders
+
+__all__ = (
+    "ClaimAcquired",
+    "ClaimAcquiredOutcome",
+    "ClaimFinished",
+    "ClaimFinishedOutcome",
+    "ClaimRequest",
+    "CompleteRequest",
+    "ExtendRequest",
+    "Health",
+    "KeyRecord",
+    "LeaseExtended",
+    "Problem",
+    "ReleaseRequest",
+    "ReleaseRequestMode",
+    "StoredResponse",
+    "StoredResponseHeaders",
+)

@@ -1,0 +1,184 @@
+"""Real daemons for the tests: idemd built from this repository, started on free loopback
+ports with the embedded store in a temporary directory, and over a real redis-server
+when one is on the PATH (required when IDEMD_REQUIRE_REDIS is set, as in CI)."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_until(what: str, cond: Callable[[], bool], deadline: float = 20.0) -> None:
+    """Wait for a condition, failing the test when it does not come within the deadline."""
+    end = time.monotonic() + deadline
+    while not cond():
+        if time.monotonic() > end:
+            pytest.fail(f"timed out waiting for {what}")
+        time.sleep(0.005)
+
+
+@dataclass
+class Daemon:
+    """A running idemd process."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def kill(self) -> None:
+        """Stop the daemon by its PID and wait for it to exit."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_daemon(binary: Path, data_dir: Path, *args: str) -> Daemon:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{free_port()}"
+    log = data_dir / "idemd.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [str(binary), "--listen", address, "--data-dir", str(data_dir), "--log-level", "warn", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    daemon = Daemon(f"http://{address}", process, log)
+
+    def ready() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"idemd exited with {process.returncode}: {log.read_text()}")
+        try:
+            return httpx.get(daemon.url + "/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until("idemd to be ready", ready)
+    except BaseException:
+        daemon.kill()
+        raise
+    return daemon
+
+
+@pytest.fixture(scope="session")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("idemd")
+
+
+@pytest.fixture(scope="session")
+def idemd_binary(tmp_root: Path) -> Path:
+    binary = tmp_root / "idemd"
+    subprocess.run(["go", "build", "-o", str(binary), "./cmd/idemd"], cwd=REPO, check=True)
+    return binary
+
+
+@pytest.fixture(scope="session")
+def daemon(idemd_binary: Path, tmp_root: Path) -> Iterator[Daemon]:
+    """One idemd with the embedded store, shared by the tests."""
+    d = start_daemon(idemd_binary, tmp_root / "shared")
+    yield d
+    d.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_root: Path) -> Iterator[str]:
+    """A real redis-server on a free loopback port, without persistence."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("IDEMD_REQUIRE_REDIS"):
+            pytest.fail("redis-server is required (IDEMD_REQUIRE_REDIS is set) but not found")
+        pytest.skip("redis-server not found; install it (apt-get install -y redis-server) to run this test")
+    port = free_port()
+    directory = tmp_root / "redis"
+    directory.mkdir()
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(directory),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--protected-mode",
+            "no",
+            "--logfile",
+            str(directory / "redis.log"),
+        ],
+    )
+
+    def pong() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    try:
+        wait_until("redis-server to answer", pong)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_daemon(idemd_binary: Path, tmp_root: Path, redis_url: str) -> Iterator[Daemon]:
+    """One idemd over the Redis store."""
+    d = start_daemon(idemd_binary, tmp_root / "over-redis", "--store", redis_url)
+    yield d
+    d.kill()
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def any_daemon(request: pytest.FixtureRequest) -> Daemon:
+    """Each store in turn: the test runs once against each."""
+    name = "daemon" if request.param == "embedded" else "redis_daemon"
+    d: Daemon = request.getfixturevalue(name)
+    return d
+
+
+@pytest.fixture
+def own_daemon(idemd_binary: Path, tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start daemons for one test, which it may kill."""
+    started: list[Daemon] = []
+
+    def start(*args: str) -> Daemon:
+        d = start_daemon(idemd_binary, tmp_path / f"own-{len(started)}", *args)
+        started.append(d)
+        return d
+
+    yield start
+    for d in started:
+        d.kill()
+
+
+_seq = itertools.count()
+
+
+def fresh_key(prefix: str) -> str:
+    return f"{prefix}-{time.time_ns()}-{next(_seq)}"

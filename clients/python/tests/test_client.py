@@ -1,0 +1,282 @@
+"""The calls of Client and AsyncClient against a real idemd."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import http.server
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import Daemon, fresh_key
+
+import idemd
+
+
+def test_claim_complete_replay(any_daemon: Daemon) -> None:
+    with idemd.Client(any_daemon.url) as c:
+        key = fresh_key("lifecycle")
+        cl = c.claim(key, fingerprint="fp-1", lease=20)
+        assert (cl.outcome, cl.attempt, len(cl.token)) == ("acquired", 1, 32)
+        assert cl.lease_expires_at is not None
+        assert cl.lease_expires_at - datetime.datetime.now(datetime.UTC) > datetime.timedelta(seconds=15)
+
+        with pytest.raises(idemd.InProgress) as busy:
+            c.claim(key, fingerprint="fp-1")
+        assert busy.value.status == 409
+        assert busy.value.code == "in_progress"
+        assert busy.value.retry_after is not None
+        assert busy.value.retry_after > 15
+        with pytest.raises(idemd.FingerprintMismatch):
+            c.claim(key, fingerprint="fp-2")
+
+        until = c.extend(key, cl.token, 60)
+        assert until - datetime.datetime.now(datetime.UTC) > datetime.timedelta(seconds=50)
+
+        body = b"\x00binary\xffbody"
+        want = idemd.Response(201, {"Location": ["/orders/1"]}, body)
+        with pytest.raises(idemd.LeaseLost):
+            c.complete(key, "0123456789abcdef0123456789abcdef", want)
+        c.complete(key, cl.token, want)
+        c.complete(key, cl.token, want)  # a repeated complete is answered like the first
+
+        again = c.claim(key, fingerprint="fp-1")
+        assert again.outcome == "completed"
+        assert again.response == want
+        rec = c.lookup(key)
+        assert (rec.key, rec.state, rec.fingerprint, rec.response) == (key, "completed", "fp-1", want)
+        c.purge(key)
+        with pytest.raises(idemd.NotFound):
+            c.lookup(key)
+
+
+def test_release_modes(any_daemon: Daemon) -> None:
+    with idemd.Client(any_daemon.url) as c:
+        key = fresh_key("release")
+        cl = c.claim(key)
+        c.release(key, cl.token, "retry")
+        cl = c.claim(key)
+        assert (cl.outcome, cl.attempt) == ("acquired", 2)
+        c.release(key, cl.token, "fail", idemd.Response(402, body=b"declined"))
+        cl = c.claim(key)
+        assert cl.outcome == "failed"
+        assert cl.response == idemd.Response(402, body=b"declined")
+
+
+class _DropFirstClaim(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of the daemon that lets the first claim reach it, then cuts the
+    connection before the answer gets back."""
+
+    target = ""
+    claims = 0
+    lock = threading.Lock()
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+        answer = httpx.post(self.target + self.path, content=body, headers=headers)
+        if self.path == "/v1/claim":
+            with self.lock:
+                type(self).claims += 1
+                first = type(self).claims == 1
+            if first:
+                self.close_connection = True
+                return
+        self.send_response(answer.status_code)
+        for k, v in answer.headers.items():
+            if k.lower() not in ("content-length", "transfer-encoding", "connection", "date", "server"):
+                self.send_header(k, v)
+        self.send_header("Content-Length", str(len(answer.content)))
+        self.end_headers()
+        self.wfile.write(answer.content)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[type[http.server.BaseHTTPRequestHandler]], str]]:
+    """Serve a handler class on a free loopback port for one test."""
+    servers: list[http.server.ThreadingHTTPServer] = []
+
+    def start(handler: type[http.server.BaseHTTPRequestHandler]) -> str:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        servers.append(server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_resent_claim_gets_the_same_lease(
+    daemon: Daemon, serve: Callable[[type[http.server.BaseHTTPRequestHandler]], str]
+) -> None:
+    proxy: type[_DropFirstClaim] = type("Proxy", (_DropFirstClaim,), {"target": daemon.url, "claims": 0})
+    with idemd.Client(serve(proxy), owner="worker-7") as c:
+        key = fresh_key("resent")
+        cl = c.claim(key)
+        assert (cl.outcome, cl.attempt) == ("acquired", 1)
+        assert proxy.claims == 2, "the daemon should see the first claim and one resend"
+        rec = idemd.Client(daemon.url).lookup(key)
+        assert (rec.owner, rec.attempt) == ("worker-7", 1)
+        c.complete(key, cl.token, idemd.Response(200))
+
+
+def test_same_owner_shares_no_lease(daemon: Daemon) -> None:
+    key = fresh_key("same-owner")
+    first, second = idemd.Client(daemon.url, owner="job-42"), idemd.Client(daemon.url, owner="job-42")
+    assert first.claim(key).outcome == "acquired"
+    with pytest.raises(idemd.InProgress):
+        second.claim(key)
+
+
+def test_unavailable(own_daemon: Callable[..., Daemon]) -> None:
+    d = own_daemon()
+    c = idemd.Client(d.url, retries=1)
+    d.kill()
+    with pytest.raises(idemd.Unavailable) as down:
+        c.claim(fresh_key("down"))
+    assert down.value.status == 0
+    assert isinstance(down.value.__cause__, httpx.TransportError)
+
+
+class _ErrorPage(http.server.BaseHTTPRequestHandler):
+    """Something in front of idemd that answers with its own error pages."""
+
+    def do_POST(self) -> None:
+        auth = self.headers.get("Authorization", "")
+        status = 502 if "gateway" in auth else 200 if "success" in auth else 418
+        self.send_response(status)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Retry-After", "7")
+        self.end_headers()
+        self.wfile.write(b"<html>not idemd</html>")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_an_answer_that_is_not_idemds(
+    serve: Callable[[type[http.server.BaseHTTPRequestHandler]], str],
+) -> None:
+    url = serve(_ErrorPage)
+    with pytest.raises(idemd.Unavailable) as gateway:
+        idemd.Client(url, token="gateway").claim("k")
+    assert (gateway.value.status, gateway.value.code, gateway.value.retry_after) == (502, "", 7)
+    with pytest.raises(idemd.Problem) as other:
+        idemd.Client(url, token="teapot").claim("k")
+    assert type(other.value) is idemd.Problem
+    assert other.value.status == 418
+    assert "not idemd" in other.value.detail
+    with pytest.raises(idemd.Problem) as page:
+        idemd.Client(url, token="success").claim("k")
+    assert page.value.title == "unexpected answer"
+
+
+def test_token_and_unknown_codes(own_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    token = "a-test-token-with-enough-entropy-0123456789"
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        "tenants:\n  team: {}\ntokens:\n  - tenant: team\n    scopes: [use]\n"
+        f"    sha256: {hashlib.sha256(token.encode()).hexdigest()}\n"
+    )
+    d = own_daemon("--auth-file", str(auth))
+    with pytest.raises(idemd.Problem) as anonymous:
+        idemd.Client(d.url).claim("k")
+    assert (anonymous.value.status, anonymous.value.code) == (401, "unauthenticated")
+    c = idemd.Client(d.url, token=token)
+    assert c.claim("k").outcome == "acquired"
+    with pytest.raises(idemd.Problem) as forbidden:
+        c.purge("k")
+    assert type(forbidden.value) is idemd.Problem
+    assert (forbidden.value.status, forbidden.value.code) == (403, "forbidden")
+
+
+def test_bad_input_names_the_field(daemon: Daemon) -> None:
+    with pytest.raises(idemd.Problem) as bad:
+        idemd.Client(daemon.url).claim("k" * 300)
+    assert bad.value.status == 400
+    assert "key" in bad.value.detail
+
+
+def test_async_calls(any_daemon: Daemon) -> None:
+    async def main() -> None:
+        async with idemd.AsyncClient(any_daemon.url) as c:
+            key = fresh_key("async")
+            cl = await c.claim(key, fingerprint="fp", lease=10)
+            assert cl.outcome == "acquired"
+            with pytest.raises(idemd.InProgress):
+                await c.claim(key, fingerprint="fp")
+            await c.extend(key, cl.token, 20)
+            await c.complete(key, cl.token, idemd.Response(201, body=b"done"))
+            again = await c.claim(key, fingerprint="fp")
+            assert again.outcome == "completed"
+            assert again.response == idemd.Response(201, body=b"done")
+            assert (await c.lookup(key)).state == "completed"
+            await c.purge(key)
+            with pytest.raises(idemd.NotFound):
+                await c.lookup(key)
+            other = fresh_key("async-release")
+            cl = await c.claim(other)
+            await c.release(other, cl.token, "fail", idemd.Response(402))
+            assert (await c.claim(other)).outcome == "failed"
+
+    asyncio.run(main())
+
+
+def test_async_waits_for_the_holder(daemon: Daemon) -> None:
+    async def main() -> None:
+        async with idemd.AsyncClient(daemon.url) as c:
+            key = fresh_key("async-wait")
+            cl = await c.claim(key)
+            waiter = asyncio.create_task(c.claim(key, wait=20))
+            await asyncio.sleep(0)
+            await c.complete(key, cl.token, idemd.Response(200, body=b"first"))
+            got = await waiter
+            assert got.outcome == "completed"
+            assert got.response == idemd.Response(200, body=b"first")
+
+    asyncio.run(main())
+
+
+def test_message_key_matches_go() -> None:
+    # The same values printed by the Go client's MessageKey.
+    assert (
+        idemd.message_key("orders", "partition-0", "42")
+        == "msg-8b4d16a1f4415b1225b20cb8a76a17759840051bbf87485a70abae5bdf311a4c"
+    )
+    assert (
+        idemd.message_key("é", "") == "msg-20515eaeb079a63aacbb1f418c419d5275c32d1edae9c8bee51ed30013f2d04d"
+    )
+    assert idemd.message_key("ab", "c") != idemd.message_key("a", "bc")
+    assert len(idemd.message_key("x" * 10000)) <= 255
+
+
+def test_timeout_bounds_a_call_to_a_silent_server() -> None:
+    """A server that takes the connection and never answers: the call gives up after its
+    timeout (resends included) with Unavailable."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        c = idemd.Client(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.5, retries=1)
+        with pytest.raises(idemd.Unavailable) as down:
+            c.claim("k")
+    assert isinstance(down.value.__cause__, httpx.TimeoutException)
+
+
+def test_a_waiting_claim_gets_its_wait_on_top_of_the_timeout(daemon: Daemon) -> None:
+    """timeout=1 with wait=2: the daemon answers after the wait, and the client waits
+    for that answer instead of giving up after 1 s."""
+    key = fresh_key("wait-timeout")
+    holder = idemd.Client(daemon.url)
+    holder.claim(key)
+    with pytest.raises(idemd.InProgress):
+        idemd.Client(daemon.url, timeout=1, retries=0).claim(key, wait=2)
