@@ -1,7 +1,7 @@
 # The one command that runs every test of every language: `make test`.
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one.
 
-.PHONY: test test-go test-ts test-python generate-python
+.PHONY: test test-go test-ts test-python check-contract check-ts-generated generate-python
 
 test: test-go test-ts test-python
 
@@ -10,7 +10,26 @@ test: test-go test-ts test-python
 test-go:
 	go test -race ./... ./clients/go/...
 
-test-ts:
+# The TypeScript client: its linter, the strict compile of all its code, and its tests,
+# which build idemd from this repository and run real Express and Fastify apps.
+# npm ci runs whenever node_modules is missing or older than package-lock.json.
+test-ts: clients/ts/node_modules/.package-lock.json
+	cd clients/ts && npm run lint && npm test
+
+clients/ts/node_modules/.package-lock.json: clients/ts/package-lock.json
+	cd clients/ts && npm ci --no-audit --no-fund
+
+# The committed client in clients/ts/src/gen is what the pinned generator makes of the contract.
+check-ts-generated: clients/ts/node_modules/.package-lock.json
+	cd clients/ts && npm run check-generated
+
+# The contract passes Redocly's strict lint, and strict TypeScript callers compile against
+# clients that openapi-typescript and @hey-api/openapi-ts generate from it.
+check-contract: api/check/node_modules/.package-lock.json
+	cd api/check && npm run check
+
+api/check/node_modules/.package-lock.json: api/check/package-lock.json
+	cd api/check && npm ci --no-audit --no-fund
 
 # The Python client's checks and tests run in clients/python/.venv, made on first use
 # (and again when its pinned requirements change) with the python3 on the PATH (3.11+).

@@ -1,0 +1,42 @@
+// A strict caller of the client @hey-api/openapi-ts generates with its default settings:
+// the claim takes only a key, narrowing on the outcome gives a lease token that is a
+// string, and a problem code the contract does not list yet can be compared and handled.
+import { claim } from "./gen/hey-api/index.js";
+import type { ClaimResponses, Problem } from "./gen/hey-api/index.js";
+
+export async function claimOrder(): Promise<string | undefined> {
+  const { data, error } = await claim({ body: { key: "order-1" } });
+  if (error !== undefined) {
+    return handleProblem(error);
+  }
+  if (data === undefined) {
+    return undefined;
+  }
+  // @ts-expect-error: a finished key has no lease token, so it must be narrowed first.
+  const unchecked: string = data.lease_token;
+  void unchecked;
+  if (data.outcome === "acquired") {
+    const token: string = data.lease_token;
+    return token;
+  }
+  const finished: "completed" | "failed" = data.outcome;
+  return finished;
+}
+
+// The answer of status 201 alone carries a token that is always there.
+export function tokenOfCreated(created: ClaimResponses[201]): string {
+  return created.lease_token;
+}
+
+function handleProblem(problem: Problem): string {
+  switch (problem.code) {
+    case "in_progress":
+      return `retry in ${problem.retry_after_ms ?? 1000} ms`;
+    case "a_code_added_later":
+      return "known to this caller only";
+    default: {
+      const code: string = problem.code;
+      return `${problem.status} ${code}`;
+    }
+  }
+}

@@ -1,0 +1,477 @@
+import { randomBytes } from "node:crypto";
+import { setTimeout as sleep } from "node:timers/promises";
+import {
+  FailedError,
+  IdemError,
+  LeaseLostError,
+  NotFoundError,
+  PermanentError,
+  problemFrom,
+  ResultNotStoredError,
+  UnavailableError,
+} from "./errors.js";
+import { createClient, createConfig, type Client as GeneratedClient } from "./gen/client/index.js";
+import * as sdk from "./gen/sdk.gen.js";
+import type * as api from "./gen/types.gen.js";
+
+/** Settings of an IdemClient; only baseUrl is required. */
+export interface ClientOptions {
+  /** The idemd to talk to, e.g. http://idemd.internal:8080. */
+  baseUrl: string;
+  /** An API token, sent as Authorization: Bearer, for a daemon with an auth file. */
+  token?: string;
+  /** Bounds each call, retries included; a claim that waits gets its wait on top. Default 10 s. */
+  timeoutMs?: number;
+  /**
+   * How many times a call is resent after a transport failure (a connection refused or
+   * reset before any answer); default 3. Every call is safe to resend: a resent claim
+   * carries the same claim secret and gets the same lease back, a resent complete or
+   * release is answered like the first.
+   */
+  retries?: number;
+  /** The first pause before a resend, doubled for each next one; default 50 ms. */
+  backoffMs?: number;
+  /** The owner label of this client's claims, shown by lookups; it grants nothing. Default random. */
+  owner?: string;
+  /** How long completed and failed results are kept; default: the daemon's (24 h). */
+  retentionMs?: number;
+  /** The fetch to send requests with; default globalThis.fetch. */
+  fetch?: typeof fetch;
+}
+
+/** An operation's result as idemd stores and replays it. */
+export interface StoredResponse {
+  status: number;
+  headers: Record<string, string[]>;
+  body: Uint8Array;
+}
+
+/** A result to store: headers may be single strings, the body a string (UTF-8). */
+export interface ResponseInit {
+  status: number;
+  headers?: Record<string, string | string[]>;
+  body?: Uint8Array | string;
+}
+
+/** The answer of a claim that got the lease. */
+export interface Acquired {
+  outcome: "acquired";
+  /** Proves the lease to complete, release and extend. */
+  leaseToken: string;
+  attempt: number;
+  /** True when the lease was taken over from a holder whose lease ran out. */
+  recovered: boolean;
+  leaseExpiresAt: Date;
+  /** When idemd forgets the record if nobody completes or releases it. */
+  expiresAt: Date;
+}
+
+/** The answer of a claim of a finished key: its stored result. */
+export interface Finished {
+  outcome: "completed" | "failed";
+  attempt: number;
+  response: StoredResponse | undefined;
+  /** When idemd forgets the record; until then the result is replayed. */
+  expiresAt: Date;
+}
+
+/** A claim's answer; a key held by someone else is an InProgressError instead. */
+export type Claim = Acquired | Finished;
+
+/** What idemd keeps for a key. */
+export interface KeyRecord {
+  key: string;
+  /** pending, released, completed or failed; an open set. */
+  state: string;
+  attempt: number;
+  fingerprint: string;
+  owner: string;
+  createdAt: Date;
+  updatedAt: Date;
+  leaseExpiresAt: Date | undefined;
+  expiresAt: Date;
+  response: StoredResponse | undefined;
+}
+
+/** Options every call takes. */
+export interface CallOptions {
+  /** Cancels the call (and, for run, the operation). */
+  signal?: AbortSignal;
+}
+
+export interface ClaimOptions extends CallOptions {
+  /** A digest of the payload; the key reused with another one is a FingerprintMismatchError. */
+  fingerprint?: string;
+  /** How long the lease lasts; default the daemon's 30 s. */
+  leaseMs?: number;
+  /** Wait up to this long (at most 30 s) for a holder to finish instead of an InProgressError. */
+  waitMs?: number;
+  /** Replaces the client's owner label for this claim. */
+  owner?: string;
+  /**
+   * Replaces the claim's own secret (see newClaimSecret). A claim carrying the live
+   * lease's secret gets that lease back, so keep it private to the one execution that
+   * made it: never derive it from a job ID, which every redelivery shares.
+   */
+  claimSecret?: string;
+}
+
+export interface FinishOptions extends CallOptions {
+  /** How long the result is kept; default the client's retentionMs. */
+  retentionMs?: number;
+}
+
+export interface ReleaseOptions extends FinishOptions {
+  /** For mode "fail", the failure to store and replay. */
+  response?: ResponseInit;
+}
+
+/** Options of run and once. */
+export interface RunOptions extends CallOptions {
+  /** A digest of the payload; the key reused with another one is a FingerprintMismatchError. */
+  fingerprint?: string;
+  /** The lease to claim and to renew every leaseMs/3 while the operation runs; default 30 s. */
+  leaseMs?: number;
+  /** Wait up to this long for another holder to finish instead of an InProgressError. */
+  waitMs?: number;
+}
+
+/** What run returns: the operation's value, and whether it was replayed from an earlier run. */
+export interface RunResult<T> {
+  value: T;
+  replayed: boolean;
+}
+
+/** Returns a fresh claim secret: 128 random bits, hex-encoded. */
+export function newClaimSecret(): string {
+  return randomBytes(16).toString("hex");
+}
+
+const defaultLeaseMs = 30_000;
+
+/** A client of one idemd, safe to share. */
+export class IdemClient {
+  readonly #api: GeneratedClient;
+  readonly #owner: string;
+  readonly #timeoutMs: number;
+  readonly #retentionMs: number | undefined;
+
+  constructor(options: ClientOptions) {
+    const fetchFn = options.fetch ?? globalThis.fetch;
+    const config: Parameters<typeof createConfig>[0] = {
+      baseUrl: options.baseUrl.replace(/\/+$/, ""),
+      fetch: resending(fetchFn, options.retries ?? 3, options.backoffMs ?? 50),
+    };
+    if (options.token !== undefined) config.auth = options.token;
+    this.#api = createClient(createConfig(config));
+    this.#owner = options.owner ?? `ts-${randomBytes(8).toString("hex")}`;
+    this.#timeoutMs = options.timeoutMs ?? 10_000;
+    this.#retentionMs = options.retentionMs;
+  }
+
+  /**
+   * Asks for the lease on key. Throws an InProgressError (with retryAfterMs) when another
+   * caller holds a live lease, and a FingerprintMismatchError when the key was used with
+   * another fingerprint.
+   */
+  async claim(key: string, options: ClaimOptions = {}): Promise<Claim> {
+    // The secret is made once per call, so every resend of this claim carries it.
+    const body: api.ClaimRequest = {
+      key,
+      owner: options.owner ?? this.#owner,
+      claim_secret: options.claimSecret ?? newClaimSecret(),
+    };
+    if (options.fingerprint) body.fingerprint = options.fingerprint;
+    if (options.leaseMs !== undefined) body.lease_ms = options.leaseMs;
+    if (options.waitMs) body.wait_ms = options.waitMs;
+    const data = await this.#call(options.signal, options.waitMs ?? 0, (signal) =>
+      sdk.claim({ client: this.#api, body, signal }),
+    );
+    if (data.outcome === "acquired") {
+      return {
+        outcome: "acquired",
+        leaseToken: data.lease_token,
+        attempt: data.attempt,
+        recovered: data.recovered,
+        leaseExpiresAt: new Date(data.lease_expires_at),
+        expiresAt: new Date(data.expires_at),
+      };
+    }
+    return {
+      outcome: data.outcome,
+      attempt: data.attempt,
+      response: fromWire(data.response),
+      expiresAt: new Date(data.expires_at),
+    };
+  }
+
+  /** Stores the result of the operation the lease was for. Repeating it is safe. */
+  async complete(key: string, leaseToken: string, response: ResponseInit, options: FinishOptions = {}): Promise<void> {
+    const body: api.CompleteRequest = { key, lease_token: leaseToken, response: toWire(response) };
+    const retention = options.retentionMs ?? this.#retentionMs;
+    if (retention !== undefined) body.retention_ms = retention;
+    await this.#call(options.signal, 0, (signal) => sdk.complete({ client: this.#api, body, signal }));
+  }
+
+  /** Gives the lease back: "retry" frees the key, "fail" stores a terminal failure. */
+  async release(key: string, leaseToken: string, mode: "retry" | "fail", options: ReleaseOptions = {}): Promise<void> {
+    const body: api.ReleaseRequest = { key, lease_token: leaseToken, mode };
+    if (options.response) body.response = toWire(options.response);
+    const retention = options.retentionMs ?? this.#retentionMs;
+    if (retention !== undefined) body.retention_ms = retention;
+    await this.#call(options.signal, 0, (signal) => sdk.release({ client: this.#api, body, signal }));
+  }
+
+  /** Renews the lease for another leaseMs; returns when it now runs out. */
+  async extend(
+    key: string,
+    leaseToken: string,
+    leaseMs: number,
+    options: CallOptions = {},
+  ): Promise<{ leaseExpiresAt: Date; expiresAt: Date }> {
+    const body: api.ExtendRequest = { key, lease_token: leaseToken, lease_ms: leaseMs };
+    const data = await this.#call(options.signal, 0, (signal) => sdk.extend({ client: this.#api, body, signal }));
+    return { leaseExpiresAt: new Date(data.lease_expires_at), expiresAt: new Date(data.expires_at) };
+  }
+
+  /** Returns the record of key, or throws a NotFoundError. */
+  async lookup(key: string, options: CallOptions = {}): Promise<KeyRecord> {
+    const data = await this.#call(options.signal, 0, (signal) =>
+      sdk.lookup({ client: this.#api, path: { key }, signal }),
+    );
+    return {
+      key: data.key,
+      state: data.state,
+      attempt: data.attempt,
+      fingerprint: data.fingerprint ?? "",
+      owner: data.owner ?? "",
+      createdAt: new Date(data.created_at),
+      updatedAt: new Date(data.updated_at),
+      leaseExpiresAt: data.lease_expires_at === undefined ? undefined : new Date(data.lease_expires_at),
+      expiresAt: new Date(data.expires_at),
+      response: fromWire(data.response),
+    };
+  }
+
+  /** Deletes the record of key (it needs the admin scope), or throws a NotFoundError. */
+  async purge(key: string, options: CallOptions = {}): Promise<void> {
+    await this.#call(options.signal, 0, (signal) => sdk.purge({ client: this.#api, path: { key }, signal }));
+  }
+
+  /**
+   * Runs fn at most once for key and returns its value. It claims the key; when it gets
+   * the lease it runs fn, renewing the lease every leaseMs/3, and stores fn's value (as
+   * JSON). When the key is already done it returns the stored value with replayed true,
+   * without running fn.
+   *
+   * If fn throws, the key is released so that a later run calls fn again; a
+   * PermanentError is stored as a terminal failure instead, and later runs throw a
+   * FailedError. If the lease is lost while fn runs, fn's signal is aborted and run
+   * throws a LeaseLostError.
+   */
+  async run<T>(
+    key: string,
+    fn: (signal: AbortSignal) => Promise<T> | T,
+    options: RunOptions = {},
+  ): Promise<RunResult<T>> {
+    const leaseMs = options.leaseMs ?? defaultLeaseMs;
+    const claimOptions: ClaimOptions = { leaseMs };
+    if (options.fingerprint !== undefined) claimOptions.fingerprint = options.fingerprint;
+    if (options.waitMs !== undefined) claimOptions.waitMs = options.waitMs;
+    if (options.signal !== undefined) claimOptions.signal = options.signal;
+    const claim = await this.claim(key, claimOptions);
+    if (claim.outcome !== "acquired") {
+      const stored = parseStored(key, claim.response);
+      if (claim.outcome === "completed") return { value: stored as T, replayed: true };
+      const failure = (stored ?? {}) as { message?: unknown; value?: unknown };
+      throw new FailedError(typeof failure.message === "string" ? failure.message : "failed", failure.value);
+    }
+
+    let value: T;
+    try {
+      value = await this.underLease(key, claim.leaseToken, leaseMs, options.signal, fn);
+    } catch (err) {
+      if (err instanceof LeaseLostError) throw err;
+      if (err instanceof PermanentError) {
+        const failure = JSON.stringify({ message: err.message, value: err.value });
+        await this.release(key, claim.leaseToken, "fail", { response: jsonResponse(failure) });
+      } else {
+        // If this release fails too, the lease runs out and a later run calls fn again.
+        await this.release(key, claim.leaseToken, "retry").catch(() => undefined);
+      }
+      throw err;
+    }
+    try {
+      await this.complete(key, claim.leaseToken, jsonResponse(value === undefined ? "" : JSON.stringify(value)));
+    } catch (err) {
+      throw new ResultNotStoredError(key, value, err);
+    }
+    return { value, replayed: false };
+  }
+
+  /**
+   * Runs fn at most once per message key, for consumers of brokers that deliver at least
+   * once. Resolves true when fn ran now, false when an earlier delivery already ran it.
+   * An error from fn releases the key so that the next delivery runs fn again; another
+   * consumer running the same key is an InProgressError: leave the message for redelivery.
+   */
+  async once(
+    key: string,
+    fn: (signal: AbortSignal) => Promise<void> | void,
+    options: RunOptions = {},
+  ): Promise<boolean> {
+    const { replayed } = await this.run(
+      key,
+      async (signal) => {
+        await fn(signal);
+        return null;
+      },
+      options,
+    );
+    return !replayed;
+  }
+
+  /**
+   * Runs fn under the lease, renewing it every leaseMs/3. fn's signal aborts when the
+   * caller's does or when the lease is lost; a lost lease is thrown as a LeaseLostError
+   * whatever fn did. The key is not finished here.
+   */
+  async underLease<T>(
+    key: string,
+    leaseToken: string,
+    leaseMs: number,
+    callerSignal: AbortSignal | undefined,
+    fn: (signal: AbortSignal) => Promise<T> | T,
+  ): Promise<T> {
+    const lease = new AbortController();
+    const signal = callerSignal ? AbortSignal.any([callerSignal, lease.signal]) : lease.signal;
+    let lost: LeaseLostError | undefined;
+    let stopped = false;
+    let renewing: Promise<void> = Promise.resolve();
+    let timer: NodeJS.Timeout | undefined;
+    const renew = async () => {
+      try {
+        await this.extend(key, leaseToken, leaseMs);
+      } catch (err) {
+        if (!stopped && (err instanceof LeaseLostError || err instanceof NotFoundError)) {
+          lost = new LeaseLostError(
+            {
+              status: err.status,
+              code: "lease_lost",
+              title: "Lease lost",
+              detail: `${JSON.stringify(key)} was taken over while the operation ran`,
+            },
+            { cause: err },
+          );
+          lease.abort(lost);
+          return;
+        }
+        // A transport failure is tried again at the next tick.
+      }
+      schedule();
+    };
+    const schedule = () => {
+      if (stopped) return;
+      timer = setTimeout(
+        () => {
+          renewing = renew();
+        },
+        Math.max(leaseMs / 3, 10),
+      );
+    };
+    schedule();
+    try {
+      const value = await fn(signal);
+      if (lost) throw lost;
+      return value;
+    } catch (err) {
+      throw lost ?? err;
+    } finally {
+      stopped = true;
+      clearTimeout(timer);
+      await renewing;
+    }
+  }
+
+  /**
+   * Sends one call with the client's timeout (plus extraMs) and returns its data, or
+   * throws the problem it answered. A failure to get any answer is an UnavailableError;
+   * the caller's own abort throws its reason.
+   */
+  async #call<D>(
+    callerSignal: AbortSignal | undefined,
+    extraMs: number,
+    send: (signal: AbortSignal) => Promise<{ data?: D; error?: unknown; response?: Response }>,
+  ): Promise<D> {
+    const timeout = this.#timeoutMs > 0 ? AbortSignal.timeout(this.#timeoutMs + extraMs) : undefined;
+    const signals = [callerSignal, timeout].filter((s): s is AbortSignal => s !== undefined);
+    const signal = signals.length === 1 ? (signals[0] as AbortSignal) : AbortSignal.any(signals);
+    const result = await send(signal);
+    if (result.response === undefined) {
+      if (callerSignal?.aborted) throw callerSignal.reason;
+      const cause = result.error;
+      const detail = timeout?.aborted
+        ? `no answer within ${this.#timeoutMs + extraMs} ms`
+        : cause instanceof Error
+          ? `${cause.message}${cause.cause instanceof Error ? `: ${cause.cause.message}` : ""}`
+          : String(cause);
+      throw new UnavailableError({ status: 0, code: "", title: "idemd unreachable", detail }, { cause });
+    }
+    if (!result.response.ok) throw problemFrom(result.response, result.error);
+    return result.data as D;
+  }
+}
+
+/**
+ * Wraps fetch so that a request whose answer never came (a transport failure, which
+ * fetch reports as a TypeError) is resent with backoff: every idemd call is safe to resend.
+ */
+function resending(fetchFn: typeof fetch, retries: number, backoffMs: number): typeof fetch {
+  return async (input, init) => {
+    const request = new Request(input, init);
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await fetchFn(request.clone());
+      } catch (err) {
+        if (attempt >= retries || request.signal.aborted || !(err instanceof TypeError)) throw err;
+        await sleep(backoffMs * 2 ** attempt, undefined, { signal: request.signal }).catch(() => undefined);
+        if (request.signal.aborted) throw err;
+      }
+    }
+  };
+}
+
+/** Builds the stored form of a response. */
+export function toWire(r: ResponseInit): api.StoredResponse {
+  const wire: api.StoredResponse = { status: r.status };
+  if (r.headers && Object.keys(r.headers).length > 0) {
+    const headers: Record<string, string[]> = {};
+    for (const [name, value] of Object.entries(r.headers)) headers[name] = Array.isArray(value) ? value : [value];
+    wire.headers = headers;
+  }
+  if (r.body !== undefined && r.body.length > 0) {
+    wire.body = (typeof r.body === "string" ? Buffer.from(r.body, "utf8") : Buffer.from(r.body)).toString("base64");
+  }
+  return wire;
+}
+
+/** Reads the stored form of a response. */
+export function fromWire(wire: api.StoredResponse | undefined): StoredResponse | undefined {
+  if (wire === undefined) return undefined;
+  return { status: wire.status, headers: wire.headers ?? {}, body: Buffer.from(wire.body ?? "", "base64") };
+}
+
+function jsonResponse(body: string): ResponseInit {
+  return { status: 200, headers: { "Content-Type": "application/json" }, body };
+}
+
+function parseStored(key: string, response: StoredResponse | undefined): unknown {
+  if (response === undefined || response.body.length === 0) return undefined;
+  try {
+    return JSON.parse(Buffer.from(response.body).toString("utf8"));
+  } catch (err) {
+    throw new IdemError(`idem: the result stored for ${JSON.stringify(key)} is not JSON: was it stored by run?`, {
+      cause: err,
+    });
+  }
+}

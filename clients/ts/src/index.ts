@@ -1,0 +1,34 @@
+// The TypeScript client of idemd, the idempotency service: typed calls for claim,
+// complete, release, extend, lookup and purge; run, which runs a function at most once
+// per key; once and messageKey, for queue consumers.
+export {
+  type Acquired,
+  type CallOptions,
+  type Claim,
+  type ClaimOptions,
+  type ClientOptions,
+  type Finished,
+  type FinishOptions,
+  IdemClient,
+  type KeyRecord,
+  newClaimSecret,
+  type ReleaseOptions,
+  type ResponseInit,
+  type RunOptions,
+  type RunResult,
+  type StoredResponse,
+} from "./client.js";
+export {
+  FailedError,
+  FingerprintMismatchError,
+  IdemError,
+  InProgressError,
+  LeaseLostError,
+  NotFoundError,
+  PermanentError,
+  ProblemError,
+  type ProblemInit,
+  ResultNotStoredError,
+  UnavailableError,
+} from "./errors.js";
+export { messageKey } from "./key.js";

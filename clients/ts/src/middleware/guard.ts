@@ -1,0 +1,427 @@
+// The Idempotency-Key middleware's behaviour, shared by the Express middleware and the
+// Fastify plugin: docs/middleware.md, row by row (the row names are in the comments).
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { IdemClient, StoredResponse } from "../client.js";
+import {
+  FingerprintMismatchError,
+  InProgressError,
+  LeaseLostError,
+  ProblemError,
+  UnavailableError,
+} from "../errors.js";
+import { fingerprint, idemdKey, parseIdempotencyKey } from "../fingerprint.js";
+import { Recorder } from "./recorder.js";
+
+/** The cases where the middleware could not keep a promise (docs/middleware.md, Incidents). */
+export type IncidentKind =
+  | "unavailable"
+  | "fail_open"
+  | "idemd_refused"
+  | "scope_missing"
+  | "result_not_stored"
+  | "complete_failed"
+  | "release_failed"
+  | "lease_lost"
+  | "replay_invalid";
+
+export interface Incident {
+  kind: IncidentKind;
+  /** The idemd key, "" when none was derived. */
+  idemdKey: string;
+  error?: unknown;
+}
+
+/** The middleware's options; only scope is required (see docs/middleware.md, Options). */
+export interface IdempotencyOptions<Req> {
+  /**
+   * Whose request it is: the authenticated user, account or tenant, a non-empty string.
+   * A replay never crosses scopes. There is no default; a service whose answers are not
+   * private says so with a constant.
+   */
+  scope: (req: Req) => string | null | undefined | Promise<string | null | undefined>;
+  /** The methods the middleware applies to; default POST and PATCH. */
+  methods?: readonly string[];
+  /** Answer 400 to a request of those methods without a key; default off. */
+  requireKey?: boolean;
+  /** How long a duplicate waits for the first request to finish instead of a 409 (at most 30 s); default 0. */
+  waitMs?: number;
+  /** The lease held while the handler runs, renewed every leaseMs/3; default 30 s. */
+  leaseMs?: number;
+  /** The response headers stored and replayed; default content-type and location. */
+  storedHeaders?: readonly string[];
+  /** The largest request body read to fingerprint it; default 10 MiB. */
+  maxBodyBytes?: number;
+  /** The largest result stored, body plus stored header names and values; default 1 MiB. */
+  maxStoredBytes?: number;
+  /** Whether an answer of this status is a result to store; default 2xx, 3xx and 402. */
+  storeStatus?: (status: number) => boolean;
+  /** Let requests through, unprotected, while idemd cannot be reached; default off. */
+  failOpen?: boolean;
+  /** Called, after the answer is written, for every case where a promise could not be kept. */
+  onIncident?: (req: Req, incident: Incident) => void;
+}
+
+/** An answer the middleware writes itself. */
+export interface Answer {
+  status: number;
+  headers: Record<string, string | string[]>;
+  body: Buffer;
+}
+
+// P2: never stored, and refused at construction if listed.
+const neverStored = new Set([
+  "set-cookie",
+  "set-cookie2",
+  "connection",
+  "keep-alive",
+  "proxy-connection",
+  "proxy-authenticate",
+  "proxy-authorization",
+  "te",
+  "trailer",
+  "transfer-encoding",
+  "upgrade",
+  "content-length",
+  "date",
+  "idempotent-replayed",
+]);
+
+const signals = new WeakMap<IncomingMessage, AbortSignal>();
+
+/**
+ * The signal of a request the middleware runs under a lease: it aborts when the lease is
+ * lost (R12) or the client goes away. Undefined for a request it does not protect.
+ */
+export function idempotencySignal(req: IncomingMessage | { raw: IncomingMessage }): AbortSignal | undefined {
+  return signals.get("raw" in req ? req.raw : req);
+}
+
+/** A problem+json answer of the middleware (never stored, except response_not_stored). */
+export function problem(status: number, code: string, title: string, detail: string, retryAfterS?: number): Answer {
+  const headers: Record<string, string> = { "content-type": "application/problem+json" };
+  if (retryAfterS !== undefined) headers["retry-after"] = String(retryAfterS);
+  const body = Buffer.from(JSON.stringify({ type: "about:blank", title, status, detail, code }));
+  return { status, headers, body };
+}
+
+const notStored = () =>
+  problem(
+    409,
+    "response_not_stored",
+    "Response not stored",
+    "the request with this Idempotency-Key ran, but its answer could not be stored: do not resend it, look the result up",
+  );
+
+/** What to do with a request, decided before the handler runs. */
+export type Decision =
+  /** Run the handler without protection (M1, M2, fail-open); then report the incident, if any. */
+  | { pass: true; incident?: Incident }
+  /** Answer in the handler's place; then report the incident, if any. */
+  | { answer: Answer; incident?: Incident }
+  /** The lease is held: run the handler under it. */
+  | { acquired: { idemdKey: string; leaseToken: string } };
+
+/** Reads a request body whole, up to a limit. */
+export type BodyRead = { body: Buffer } | { tooLarge: true } | { unreadable: unknown };
+
+export class Guard<Req> {
+  readonly #client: IdemClient;
+  readonly #o: Required<Omit<IdempotencyOptions<Req>, "onIncident">> & Pick<IdempotencyOptions<Req>, "onIncident">;
+  readonly #methods: Set<string>;
+  readonly #stored: Set<string>;
+
+  constructor(client: IdemClient, options: IdempotencyOptions<Req>) {
+    if (typeof options?.scope !== "function") {
+      // M5: no safe default exists.
+      throw new TypeError(
+        "idempotency middleware: the scope option is required: a function of the request naming whose request it is (a user or account ID)",
+      );
+    }
+    const stored = (options.storedHeaders ?? ["content-type", "location"]).map((h) => h.toLowerCase());
+    const refused = stored.filter((h) => neverStored.has(h));
+    if (refused.length > 0) {
+      throw new TypeError(`idempotency middleware: storedHeaders may not list ${refused.join(", ")}`);
+    }
+    this.#client = client;
+    this.#o = {
+      scope: options.scope,
+      methods: options.methods ?? ["POST", "PATCH"],
+      requireKey: options.requireKey ?? false,
+      waitMs: options.waitMs ?? 0,
+      leaseMs: options.leaseMs ?? 30_000,
+      storedHeaders: stored,
+      maxBodyBytes: options.maxBodyBytes ?? 10 << 20,
+      maxStoredBytes: options.maxStoredBytes ?? 1 << 20,
+      storeStatus: options.storeStatus ?? ((s) => (s >= 200 && s < 400) || s === 402),
+      failOpen: options.failOpen ?? false,
+      onIncident: options.onIncident,
+    };
+    this.#methods = new Set(this.#o.methods.map((m) => m.toUpperCase()));
+    this.#stored = new Set(stored);
+  }
+
+  get maxBodyBytes(): number {
+    return this.#o.maxBodyBytes;
+  }
+
+  /** M1, M2, M3: whether the request is to be protected, and its key. */
+  readKey(raw: IncomingMessage): { key: string } | { pass: true } | { answer: Answer } {
+    if (!this.#methods.has((raw.method ?? "").toUpperCase())) return { pass: true };
+    const read = parseIdempotencyKey(raw.headersDistinct["idempotency-key"] ?? []);
+    if ("missing" in read) {
+      if (!this.#o.requireKey) return { pass: true };
+      return {
+        answer: problem(
+          400,
+          "missing_idempotency_key",
+          "Idempotency-Key is required",
+          "this endpoint needs an Idempotency-Key header",
+        ),
+      };
+    }
+    if ("error" in read) {
+      return { answer: problem(400, "invalid_idempotency_key", "Invalid Idempotency-Key", read.error) };
+    }
+    return { key: read.key };
+  }
+
+  /** M6, M7: the answer for a body that could not be read, if it could not. */
+  bodyAnswer(read: BodyRead): Answer | undefined {
+    if ("tooLarge" in read) {
+      return problem(
+        413,
+        "payload_too_large",
+        "Request body too large",
+        `the body is over ${this.#o.maxBodyBytes} bytes`,
+      );
+    }
+    if ("unreadable" in read) {
+      return problem(400, "unreadable_body", "Unreadable request body", String(read.unreadable));
+    }
+    return undefined;
+  }
+
+  /** M4, then the claim: C1 to C6, and the replay of P1 to P4. */
+  async decide(req: Req, raw: IncomingMessage, target: string, key: string, body: Buffer): Promise<Decision> {
+    let scope: unknown;
+    try {
+      scope = await this.#o.scope(req);
+    } catch (err) {
+      return this.#scopeMissing(err);
+    }
+    if (typeof scope !== "string" || scope === "" || /\p{Surrogate}/u.test(scope)) return this.#scopeMissing(undefined);
+
+    const derived = idemdKey(scope, key);
+    const queryAt = target.indexOf("?");
+    const fp = fingerprint({
+      method: raw.method ?? "",
+      path: queryAt < 0 ? target : target.slice(0, queryAt),
+      query: queryAt < 0 ? "" : target.slice(queryAt + 1),
+      contentType: raw.headersDistinct["content-type"]?.[0],
+      contentEncoding: raw.headers["content-encoding"],
+      body,
+    });
+    let claim: Awaited<ReturnType<IdemClient["claim"]>>;
+    try {
+      claim = await this.#client.claim(derived, {
+        fingerprint: fp.fingerprint,
+        leaseMs: this.#o.leaseMs,
+        waitMs: this.#o.waitMs,
+      });
+    } catch (err) {
+      return this.#refused(derived, err);
+    }
+    if (claim.outcome === "acquired") return { acquired: { idemdKey: derived, leaseToken: claim.leaseToken } };
+    return this.#replay(derived, claim.response);
+  }
+
+  #scopeMissing(error: unknown): Decision {
+    return {
+      answer: problem(
+        500,
+        "idempotency_scope_missing",
+        "Idempotency scope missing",
+        "the service could not tell whose request this is",
+      ),
+      incident: { kind: "scope_missing", idemdKey: "", error },
+    };
+  }
+
+  #refused(derived: string, err: unknown): Decision {
+    if (err instanceof InProgressError) {
+      // C3
+      const retry = Math.max(1, Math.ceil((err.retryAfterMs ?? 0) / 1000));
+      return {
+        answer: problem(
+          409,
+          "in_progress",
+          "Request in progress",
+          "a request with this Idempotency-Key is being processed",
+          retry,
+        ),
+      };
+    }
+    if (err instanceof FingerprintMismatchError) {
+      // C4
+      return {
+        answer: problem(
+          422,
+          "fingerprint_mismatch",
+          "Idempotency-Key reused",
+          "this Idempotency-Key was used with a different request",
+        ),
+      };
+    }
+    const retry = Math.max(1, Math.ceil(((err instanceof ProblemError && err.retryAfterMs) || 1000) / 1000));
+    const unavailable = problem(
+      503,
+      "idempotency_unavailable",
+      "Idempotency service unavailable",
+      "the request was not run: its Idempotency-Key could not be checked",
+      retry,
+    );
+    if (err instanceof UnavailableError) {
+      // C5: an outage.
+      if (this.#o.failOpen) return { pass: true, incident: { kind: "fail_open", idemdKey: derived, error: err } };
+      return { answer: unavailable, incident: { kind: "unavailable", idemdKey: derived, error: err } };
+    }
+    // C6: an answer that holds for every retry, never failed open.
+    return { answer: unavailable, incident: { kind: "idemd_refused", idemdKey: derived, error: err } };
+  }
+
+  #replay(derived: string, stored: StoredResponse | undefined): Decision {
+    const status = stored?.status ?? 200;
+    if (status < 200 || status > 599) {
+      // P3
+      return {
+        answer: problem(
+          502,
+          "stored_response_invalid",
+          "Stored response invalid",
+          "the stored answer cannot be replayed",
+        ),
+        incident: { kind: "replay_invalid", idemdKey: derived },
+      };
+    }
+    // P1, P2, P4
+    const headers: Record<string, string | string[]> = {};
+    for (const [name, values] of Object.entries(stored?.headers ?? {})) {
+      if (!neverStored.has(name.toLowerCase())) headers[name.toLowerCase()] = values;
+    }
+    const body = Buffer.from(stored?.body ?? []);
+    headers["idempotent-replayed"] = "true";
+    headers["content-length"] = String(body.length);
+    return { answer: { status, headers, body } };
+  }
+
+  /**
+   * Runs the handler under the lease (R1 to R14): records its answer as it passes
+   * through, renews the lease, and finishes the key by how the handler ended. `proceed`
+   * starts the handler; it is called once, synchronously. Never rejects.
+   */
+  async run(
+    req: Req,
+    raw: IncomingMessage,
+    res: ServerResponse,
+    lease: { idemdKey: string; leaseToken: string },
+    proceed: () => void,
+  ): Promise<void> {
+    const recorder = new Recorder(res, this.#stored, this.#o.maxStoredBytes, this.#o.leaseMs);
+    try {
+      await this.#runRecorded(req, raw, res, lease, recorder, proceed);
+    } finally {
+      recorder.finish();
+    }
+  }
+
+  async #runRecorded(
+    req: Req,
+    raw: IncomingMessage,
+    res: ServerResponse,
+    lease: { idemdKey: string; leaseToken: string },
+    recorder: Recorder,
+    proceed: () => void,
+  ): Promise<void> {
+    const { idemdKey: key, leaseToken } = lease;
+    let ending: Awaited<Recorder["ending"]>;
+    try {
+      ending = await this.#client.underLease(key, leaseToken, this.#o.leaseMs, undefined, (signal) => {
+        signals.set(raw, signal);
+        signal.addEventListener("abort", () => {
+          if (signal.reason instanceof LeaseLostError && recorder.status === 0 && !res.headersSent) {
+            // R12: the handler wrote nothing; the key belongs to another request now.
+            const a = problem(409, "lease_lost", "Request taken over", signal.reason.detail, 1);
+            recorder.answer(a.status, a.headers as Record<string, string>, a.body);
+          } else {
+            recorder.block();
+          }
+        });
+        proceed();
+        return recorder.ending;
+      });
+    } catch (err) {
+      if (err instanceof LeaseLostError) {
+        this.#incident(req, { kind: "lease_lost", idemdKey: key, error: err });
+      }
+      return;
+    }
+
+    if (ending.kind === "cancelled") {
+      await this.#release(req, key, leaseToken); // R5
+      return;
+    }
+    const body = recorder.body();
+    if (ending.kind === "abandoned" || recorder.switchedProtocols || body === undefined) {
+      await this.#notStored(req, key, leaseToken, undefined); // R9, R10
+      return;
+    }
+    const status = recorder.status || 200;
+    if (status >= 500 || !this.#o.storeStatus(status)) {
+      await this.#release(req, key, leaseToken); // R2, R3, R4
+      return;
+    }
+    if (recorder.storedBytes() > this.#o.maxStoredBytes) {
+      await this.#notStored(req, key, leaseToken, undefined); // R10
+      return;
+    }
+    try {
+      await this.#client.complete(key, leaseToken, { status, headers: recorder.headers, body }); // R1
+    } catch (err) {
+      if (err instanceof ProblemError && (err.status === 413 || err.status === 400)) {
+        await this.#notStored(req, key, leaseToken, err); // R10: idemd refused to store it.
+        return;
+      }
+      this.#incident(req, { kind: "complete_failed", idemdKey: key, error: err }); // R13
+    }
+  }
+
+  async #release(req: Req, key: string, leaseToken: string): Promise<void> {
+    try {
+      await this.#client.release(key, leaseToken, "retry");
+    } catch (err) {
+      this.#incident(req, { kind: "release_failed", idemdKey: key, error: err }); // R14
+    }
+  }
+
+  async #notStored(req: Req, key: string, leaseToken: string, cause: unknown): Promise<void> {
+    try {
+      await this.#client.release(key, leaseToken, "fail", { response: notStored() });
+      this.#incident(req, { kind: "result_not_stored", idemdKey: key, error: cause });
+    } catch (err) {
+      this.#incident(req, { kind: "release_failed", idemdKey: key, error: err });
+    }
+  }
+
+  /** Reports an incident; a hook that throws changes nothing. */
+  report(req: Req, incident: Incident | undefined): void {
+    if (incident) this.#incident(req, incident);
+  }
+
+  #incident(req: Req, incident: Incident): void {
+    try {
+      this.#o.onIncident?.(req, incident);
+    } catch {
+      // The answer is written; a failing hook must not change it.
+    }
+  }
+}

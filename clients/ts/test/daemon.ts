@@ -1,0 +1,98 @@
+// Real idemd daemons for the tests: the binary test/run.js built from this repository,
+// started on a free loopback port with its embedded store in a temporary directory,
+// and stopped by its PID.
+import { type ChildProcess, spawn } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
+import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
+
+export class Daemon {
+  readonly url: string;
+  readonly #process: ChildProcess;
+  readonly #dataDir: string;
+  readonly #exited: Promise<void>;
+
+  private constructor(url: string, process: ChildProcess, dataDir: string) {
+    this.url = url;
+    this.#process = process;
+    this.#dataDir = dataDir;
+    this.#exited = new Promise((resolve) => process.once("exit", () => resolve()));
+  }
+
+  /** Starts idemd with args after --listen and --data-dir and waits until it is ready. */
+  static async start(...args: string[]): Promise<Daemon> {
+    const bin = process.env.IDEMD_BIN;
+    if (!bin) throw new Error("IDEMD_BIN is not set: run the tests with `npm test` (test/run.js builds idemd)");
+    const port = await freePort();
+    const dataDir = mkdtempSync(join(tmpdir(), "idemd-ts-data-"));
+    const child = spawn(bin, ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-level", "warn", ...args], {
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    let logs = "";
+    child.stderr?.on("data", (chunk: Buffer) => {
+      logs += chunk.toString();
+    });
+    const daemon = new Daemon(`http://127.0.0.1:${port}`, child, dataDir);
+    // A test process that ends without its after hooks (a cancelled test) still stops
+    // the daemons it started.
+    process.once("exit", () => {
+      if (child.exitCode === null && child.signalCode === null && child.pid !== undefined) {
+        process.kill(child.pid, "SIGKILL");
+      }
+    });
+    const deadline = Date.now() + 20_000;
+    while (Date.now() < deadline) {
+      if (child.exitCode !== null) throw new Error(`idemd exited with ${child.exitCode}:\n${logs}`);
+      try {
+        const res = await fetch(`${daemon.url}/readyz`);
+        if (res.status === 200) return daemon;
+      } catch {
+        // Not listening yet.
+      }
+      await sleep(20);
+    }
+    await daemon.stop();
+    throw new Error(`idemd was not ready within 20 s:\n${logs}`);
+  }
+
+  /** Kills the daemon by its PID, waits for it to exit, and removes its data. */
+  async stop(): Promise<void> {
+    if (this.#process.exitCode === null && this.#process.signalCode === null && this.#process.pid !== undefined) {
+      process.kill(this.#process.pid, "SIGKILL");
+      await this.#exited;
+    }
+    rmSync(this.#dataDir, { recursive: true, force: true });
+  }
+}
+
+/** A loopback port nobody listens on right now. */
+export async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const address = server.address();
+  await new Promise((resolve) => server.close(resolve));
+  if (address === null || typeof address === "string") throw new Error("no port");
+  return address.port;
+}
+
+let counter = 0;
+/** A key no other test uses. */
+export function freshKey(prefix: string): string {
+  counter++;
+  return `${prefix}-${process.pid}-${counter}-${Date.now()}`;
+}
+
+/** Waits until check() is true, failing after the deadline. */
+export async function waitFor(
+  what: string,
+  check: () => boolean | Promise<boolean>,
+  deadlineMs = 20_000,
+): Promise<void> {
+  const deadline = Date.now() + deadlineMs;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await sleep(10);
+  }
+}
