@@ -8,23 +8,23 @@ local key = KEYS[1]
 local token = ARGV[1]
 local now = now_ms()
 
-local cur = redis.call('HMGET', key, 'st', 'tok')
-local st, tok = cur[1], cur[2]
+local r = load(key)
+local st = r.st
 if not st then
-  return reply('not_found', now, key, false)
+  return answer('not_found', now, r, false)
 end
-if tok ~= token then
-  return reply('lease_lost', now, key, false)
+if r.tok ~= token then
+  return answer('lease_lost', now, r, false)
 end
 if st == 'c' then
-  return reply('ok', now, key, false)
+  return answer('ok', now, r, false)
 end
 if st ~= 'p' then
-  return reply('lease_lost', now, key, false)
+  return answer('lease_lost', now, r, false)
 end
 local xa = now + tonumber(ARGV[5])
-redis.call('HSET', key, 'st', 'c', 'rs', ARGV[2], 'rh', ARGV[3], 'rb', ARGV[4],
+set(key, r, 'st', 'c', 'rs', ARGV[2], 'rh', ARGV[3], 'rb', ARGV[4],
   'ua', int(now), 'xa', int(xa))
 redis.call('PEXPIREAT', key, int(xa))
-redis.call('PUBLISH', key, 'c')
-return reply('ok', now, key, false)
+notify(key, r, 'c')
+return answer('ok', now, r, false)

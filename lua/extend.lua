@@ -7,16 +7,16 @@ local key = KEYS[1]
 local token = ARGV[1]
 local now = now_ms()
 
-local cur = redis.call('HMGET', key, 'st', 'tok', 'xa')
-local st, tok = cur[1], cur[2]
+local r = load(key)
+local st = r.st
 if not st then
-  return reply('not_found', now, key, false)
+  return answer('not_found', now, r, false)
 end
-if st ~= 'p' or tok ~= token then
-  return reply('lease_lost', now, key, false)
+if st ~= 'p' or r.tok ~= token then
+  return answer('lease_lost', now, r, false)
 end
 local lx = now + tonumber(ARGV[2])
-local xa = math.max(tonumber(cur[3] or '0'), lx)
-redis.call('HSET', key, 'lx', int(lx), 'xa', int(xa))
+local xa = math.max(tonumber(r.xa or '0'), lx)
+set(key, r, 'lx', int(lx), 'xa', int(xa))
 redis.call('PEXPIREAT', key, int(xa))
-return reply('ok', now, key, false)
+return answer('ok', now, r, false)

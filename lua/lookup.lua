@@ -5,7 +5,8 @@
 -- Answers ok or not_found.
 local key = KEYS[1]
 local now = now_ms()
-if redis.call('EXISTS', key) == 0 then
-  return reply('not_found', now, key, false)
+local r = load(key)
+if not r.st then
+  return answer('not_found', now, r, false)
 end
-return reply('ok', now, key, true)
+return answer('ok', now, r, true)

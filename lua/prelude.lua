@@ -7,11 +7,16 @@
 --   tok current (or last) lease token                 lx  lease expiry, ms
 --   rec 1 when the lease was taken over after expiry
 --   cs  SHA-256 of the current lease's claim secret (never part of an answer)
+--   w   1 once a claim waited on the record: only then do changes PUBLISH
 --   ca  created, ms   ua  updated, ms   xa  when the record expires, ms
 --   rs  response status   rh  response headers, JSON   rb  response body, raw bytes
 --
--- Every script answers {status, now_ms, <META fields...>[, rs, rh, rb]}.
+-- Every script answers {status, now_ms, <META fields...>[, rs, rh, rb]}. A script
+-- reads the record once (load) and answers from what it read and wrote (answer):
+-- each redis.call inside a script costs about as much as a small command.
 local META = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa'}
+local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
+  'rs', 'rh', 'rb', 'cs', 'w'}
 
 -- Time comes from Redis, never from a daemon, so that daemons with skewed clocks agree.
 local function now_ms()
@@ -24,17 +29,47 @@ local function int(n)
   return string.format('%.0f', n)
 end
 
-local function reply(status, now, key, with_response)
+-- load returns the record's fields by name; an absent record has none (r.st is nil).
+local function load(key)
+  local vals = redis.call('HMGET', key, unpack(FIELDS))
+  local r = {}
+  for i = 1, #FIELDS do
+    r[FIELDS[i]] = vals[i]
+  end
+  return r
+end
+
+-- set writes fields (name, value, name, value, ...) to the record and to r.
+local function set(key, r, ...)
+  local kv = {...}
+  for i = 1, #kv, 2 do
+    r[kv[i]] = kv[i + 1]
+  end
+  redis.call('HSET', key, ...)
+end
+
+local function answer(status, now, r, with_response)
   local out = {status, int(now)}
-  local vals = redis.call('HMGET', key, unpack(META))
-  for i = 1, #vals do
-    out[#out + 1] = vals[i] or ''
+  for i = 1, #META do
+    out[i + 2] = r[META[i]] or ''
   end
   if with_response then
-    local r = redis.call('HMGET', key, 'rs', 'rh', 'rb')
-    for i = 1, 3 do
-      out[#out + 1] = r[i] or ''
-    end
+    out[15], out[16], out[17] = r.rs or '', r.rh or '', r.rb or ''
   end
   return out
+end
+
+-- notify wakes the daemons waiting on the record, once a watch or a waiting claim
+-- marked it. Redis 7 has sharded pub/sub: on a Cluster, SPUBLISH reaches only the
+-- nodes of the key's shard, PUBLISH every node. Daemons subscribe the same way (see
+-- notify.go), on the same test of the version.
+local function notify(key, r, msg)
+  if r.w ~= '1' then
+    return
+  end
+  if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
+    redis.call('SPUBLISH', key, msg)
+  else
+    redis.call('PUBLISH', key, msg)
+  end
 end

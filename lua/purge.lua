@@ -3,8 +3,9 @@
 -- Answers ok or not_found.
 local key = KEYS[1]
 local now = now_ms()
+local w = redis.call('HGET', key, 'w')
 if redis.call('DEL', key) == 0 then
-  return reply('not_found', now, key, false)
+  return answer('not_found', now, {}, false)
 end
-redis.call('PUBLISH', key, 'd')
-return reply('ok', now, key, false)
+notify(key, {w = w}, 'd')
+return answer('ok', now, {}, false)

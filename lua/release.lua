@@ -8,27 +8,27 @@ local key = KEYS[1]
 local token, mode = ARGV[1], ARGV[2]
 local now = now_ms()
 
-local cur = redis.call('HMGET', key, 'st', 'tok')
-local st, tok = cur[1], cur[2]
+local r = load(key)
+local st = r.st
 if not st then
-  return reply('not_found', now, key, false)
+  return answer('not_found', now, r, false)
 end
-if tok ~= token then
-  return reply('lease_lost', now, key, false)
+if r.tok ~= token then
+  return answer('lease_lost', now, r, false)
 end
 if (st == 'r' and mode == 'retry') or (st == 'f' and mode == 'fail') then
-  return reply('ok', now, key, false)
+  return answer('ok', now, r, false)
 end
 if st ~= 'p' then
-  return reply('lease_lost', now, key, false)
+  return answer('lease_lost', now, r, false)
 end
 local xa = now + tonumber(ARGV[6])
 if mode == 'retry' then
-  redis.call('HSET', key, 'st', 'r', 'lx', '0', 'ua', int(now), 'xa', int(xa))
+  set(key, r, 'st', 'r', 'lx', '0', 'ua', int(now), 'xa', int(xa))
 else
-  redis.call('HSET', key, 'st', 'f', 'rs', ARGV[3], 'rh', ARGV[4], 'rb', ARGV[5],
+  set(key, r, 'st', 'f', 'rs', ARGV[3], 'rh', ARGV[4], 'rb', ARGV[5],
     'ua', int(now), 'xa', int(xa))
 end
 redis.call('PEXPIREAT', key, int(xa))
-redis.call('PUBLISH', key, st)
-return reply('ok', now, key, false)
+notify(key, r, st)
+return answer('ok', now, r, false)

@@ -31,6 +31,7 @@ type Client struct {
 	token     string
 	timeout   time.Duration
 	retention time.Duration
+	replays   *replayCache
 }
 
 type settings struct {
@@ -41,6 +42,9 @@ type settings struct {
 	retries   int
 	backoff   time.Duration
 	retention time.Duration
+
+	replayBytes int
+	replayAge   time.Duration
 }
 
 // Option configures a Client.
@@ -75,7 +79,8 @@ func WithRetention(d time.Duration) Option { return func(s *settings) { s.retent
 
 // New returns a client of the idemd at baseURL, e.g. http://idemd.internal:8080.
 func New(baseURL string, opts ...Option) (*Client, error) {
-	s := settings{http: &http.Client{}, timeout: 10 * time.Second, retries: 3, backoff: 50 * time.Millisecond}
+	s := settings{http: &http.Client{Transport: newTransport()}, timeout: 10 * time.Second, retries: 3, backoff: 50 * time.Millisecond,
+		replayBytes: DefaultReplayCacheBytes, replayAge: DefaultReplayCacheMaxAge}
 	for _, o := range opts {
 		o(&s)
 	}
@@ -87,7 +92,8 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{api: api, owner: s.owner, token: s.token, timeout: s.timeout, retention: s.retention}, nil
+	return &Client{api: api, owner: s.owner, token: s.token, timeout: s.timeout, retention: s.retention,
+		replays: newReplayCache(s.replayBytes, s.replayAge)}, nil
 }
 
 func randomHex(n int) string {
@@ -202,6 +208,9 @@ func ptr[T comparable](v T) *T {
 // RetryAfter) when another caller holds a live lease, and ErrFingerprintMismatch when
 // the key was used with another fingerprint.
 func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Claim, error) {
+	if cl, ok := c.replays.get(key, opts.Fingerprint, time.Now()); ok {
+		return cl, nil
+	}
 	ctx, cancel := c.callContext(ctx, opts.Wait)
 	defer cancel()
 	owner := cmp.Or(opts.Owner, c.owner)
@@ -225,27 +234,46 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 	if err := decode(resp, &out, http.StatusOK); err != nil {
 		return nil, err
 	}
-	return &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt,
-		Response: fromStored(out.Response)}, nil
+	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt,
+		Response: fromStored(out.Response)}
+	if cl.Outcome == Completed || cl.Outcome == Failed {
+		// The claim matched the stored fingerprint exactly, so it is the record's.
+		c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now())
+	}
+	return cl, nil
 }
 
 // Complete stores the result of the operation the lease was for. Repeating it is safe.
 // It returns ErrLeaseLost when the lease was taken over.
 func (c *Client) Complete(ctx context.Context, key, token string, r Response) error {
+	_, err := c.complete(ctx, key, token, r)
+	return err
+}
+
+func (c *Client) complete(ctx context.Context, key, token string, r Response) (*idemapi.KeyRecord, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
 	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: toStored(r),
 		RetentionMs: ptr(c.retention.Milliseconds())}
 	resp, err := c.api.Complete(ctx, body, c.authorize)
 	if err != nil {
-		return transportError(err)
+		return nil, transportError(err)
 	}
-	return decode(resp, nil, http.StatusOK)
+	var out idemapi.KeyRecord
+	if err := decode(resp, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // Release gives the lease back: Retry frees the key, Fail stores r (which may be nil)
 // as a terminal failure.
 func (c *Client) Release(ctx context.Context, key, token string, mode ReleaseMode, r *Response) error {
+	_, err := c.release(ctx, key, token, mode, r)
+	return err
+}
+
+func (c *Client) release(ctx context.Context, key, token string, mode ReleaseMode, r *Response) (*idemapi.KeyRecord, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
 	body := idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: idemapi.ReleaseRequestMode(mode),
@@ -256,9 +284,13 @@ func (c *Client) Release(ctx context.Context, key, token string, mode ReleaseMod
 	}
 	resp, err := c.api.Release(ctx, body, c.authorize)
 	if err != nil {
-		return transportError(err)
+		return nil, transportError(err)
 	}
-	return decode(resp, nil, http.StatusOK)
+	var out idemapi.KeyRecord
+	if err := decode(resp, &out, http.StatusOK); err != nil {
+		return nil, err
+	}
+	return &out, nil
 }
 
 // Extend renews the lease for another lease and returns when it now runs out.
@@ -306,11 +338,19 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 func (c *Client) Purge(ctx context.Context, key string) error {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
+	// Forgotten before the call, so that even a purge that fails in transit leaves no
+	// stale replay here.
+	c.replays.remove(key)
 	resp, err := c.api.Purge(ctx, key, c.authorize)
 	if err != nil {
 		return transportError(err)
 	}
-	return decode(resp, nil, http.StatusNoContent, http.StatusOK)
+	if err := decode(resp, nil, http.StatusNoContent, http.StatusOK); err != nil {
+		return err
+	}
+	// And after it, in case a claim answered in the meantime put the record back.
+	c.replays.remove(key)
+	return nil
 }
 
 func toStored(r Response) idemapi.StoredResponse {

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/idemd/idemd/clients/go/idemapi"
 )
 
 // ErrFailed reports a key whose operation failed for good: Do returns it with the
@@ -117,9 +119,11 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 	var perm *PermanentError
 	switch {
 	case errors.As(fnErr, &perm):
-		if err := c.Release(fctx, key, token, Fail, &perm.Response); err != nil {
+		rec, err := c.release(fctx, key, token, Fail, &perm.Response)
+		if err != nil {
 			return Result{}, fmt.Errorf("%w (and storing the failure: %w)", fnErr, err)
 		}
+		c.remember(key, rec, Failed, &perm.Response)
 		return Result{Response: perm.Response}, fnErr
 	case fnErr != nil:
 		if err := c.Release(fctx, key, token, Retry, nil); err != nil {
@@ -127,10 +131,39 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 		}
 		return Result{}, fnErr
 	}
-	if err := c.Complete(fctx, key, token, r); err != nil {
+	rec, err := c.complete(fctx, key, token, r)
+	if err != nil {
 		return Result{}, fmt.Errorf("idem: %q ran but its result was not stored: %w", key, err)
 	}
+	c.remember(key, rec, Completed, &r)
 	return Result{Response: r}, nil
+}
+
+// completeOnce is Complete for a lease this client took and finishes exactly once
+// (Do's and Middleware's): the result it stores is r, so it goes to the replay cache
+// too.
+func (c *Client) completeOnce(ctx context.Context, key, token string, r Response) error {
+	rec, err := c.complete(ctx, key, token, r)
+	if err != nil {
+		return err
+	}
+	c.remember(key, rec, Completed, &r)
+	return nil
+}
+
+// remember puts a result this client just stored into the replay cache. Only the
+// callers that finish a lease exactly once call it, so the stored result is r: a
+// repeated completion with the same token keeps the first result, whatever it sends,
+// which is why the public Complete does not remember.
+func (c *Client) remember(key string, rec *idemapi.KeyRecord, outcome Outcome, r *Response) {
+	if c.replays == nil || string(rec.State) != string(outcome) {
+		return
+	}
+	fingerprint := ""
+	if rec.Fingerprint != nil {
+		fingerprint = *rec.Fingerprint
+	}
+	c.replays.put(key, fingerprint, outcome, rec.Attempt, rec.ExpiresAt, r, time.Now())
 }
 
 // keepAlive renews the lease every lease/3 until stop is called. When the daemon says

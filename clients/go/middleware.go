@@ -395,7 +395,7 @@ func (m *middleware) finishContext(r *http.Request) (context.Context, context.Ca
 func (m *middleware) complete(r *http.Request, key, token string, rec *recorder) {
 	ctx, cancel := m.finishContext(r)
 	defer cancel()
-	err := m.c.Complete(ctx, key, token, Response{Status: rec.status, Header: rec.kept, Body: rec.body.Bytes()})
+	err := m.c.completeOnce(ctx, key, token, Response{Status: rec.status, Header: rec.kept, Body: rec.body.Bytes()})
 	var p *Problem
 	switch {
 	case err == nil:

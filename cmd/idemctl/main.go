@@ -196,7 +196,10 @@ func (a *app) client(transport *http.Transport, opts ...idem.Option) (*idem.Clie
 			return nil, err
 		}
 	}
-	base := []idem.Option{idem.WithHTTPClient(&http.Client{Transport: transport}), idem.WithTimeout(a.timeout)}
+	// No replay cache: an operator's command shows what idemd says, and bench measures
+	// idemd, not the client's memory.
+	base := []idem.Option{idem.WithHTTPClient(&http.Client{Transport: transport}), idem.WithTimeout(a.timeout),
+		idem.WithReplayCache(0, 0)}
 	if a.token != "" {
 		base = append(base, idem.WithToken(a.token))
 	}

@@ -154,6 +154,10 @@ type Claim struct {
 	Lease     time.Duration
 	Retention time.Duration
 	Token     string
+	// Waiting is true when the caller waits for a live holder to finish: a store whose
+	// change notifications cost something (Redis Pub/Sub) sends them only for records
+	// that a waiting claim has seen.
+	Waiting bool
 }
 
 // ClaimResult is a claim's outcome and the record as the claim left it.

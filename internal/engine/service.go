@@ -27,7 +27,8 @@ type Store interface {
 	// Purge deletes the record, or returns ErrNotFound.
 	Purge(ctx context.Context, id ID) error
 	// Watch reports changes to a record, made through any daemon sharing the store, from
-	// the moment Watch returns.
+	// the moment Watch returns; for a record that did not exist then, from the moment a
+	// claim with Waiting set has seen it held.
 	Watch(ctx context.Context, id ID) (Watch, error)
 	// Ping reports whether the store can take writes.
 	Ping(ctx context.Context) error
@@ -91,6 +92,7 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		return s.store.Claim(ctx, c)
 	}
 
+	c.Waiting = true
 	deadline := time.Now().Add(r.Wait)
 	// Watch before the first claim, so that a change between that claim's answer and
 	// the wait below is not missed.

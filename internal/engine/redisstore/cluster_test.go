@@ -65,6 +65,9 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("one master on allkeys-lru: %v %v", bad, err)
 		}
 	})
+	t.Run("a completion is published only on its shard", func(t *testing.T) {
+		testShardedNotification(t, cluster)
+	})
 	t.Run("linearizable", func(t *testing.T) {
 		s, err := redisstore.Open(cluster.URL())
 		if err != nil {

@@ -27,6 +27,7 @@ type Client interface {
 	redis.Scripter
 	Ping(ctx context.Context) *redis.StatusCmd
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
+	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 	Close() error
 }
 
@@ -39,6 +40,7 @@ var (
 	extendScript   = load("extend")
 	lookupScript   = load("lookup")
 	purgeScript    = load("purge")
+	watchScript    = load("watch")
 )
 
 func load(transition string) *redis.Script {
@@ -70,10 +72,17 @@ func RecordKey(id engine.ID) string {
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
+func flag(b bool) string {
+	if b {
+		return "1"
+	}
+	return ""
+}
+
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	rep, err := s.run(ctx, claimScript, c.ID,
-		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret)
+		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting))
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
@@ -153,9 +162,23 @@ func (s *Store) Purge(ctx context.Context, id engine.ID) error {
 }
 
 // Watch implements engine.Store through Redis pub/sub: the scripts publish on the
-// record's key as channel name whenever a pending record changes.
+// record's key as channel name whenever a pending record changes, but only once the
+// record is marked as watched, so that the usual completion, which nobody waits for,
+// publishes nothing. Watch marks the record after subscribing; a record created after
+// that is marked by the first claim that waits on it (engine.Claim.Waiting), which a
+// waiter sends after Watch.
 func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
-	return s.notifier.watch(ctx, RecordKey(id))
+	key := RecordKey(id)
+	w, err := s.notifier.watch(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	if err := watchScript.Run(ctx, s.client, []string{key}).Err(); err != nil {
+		w.Close()
+		s.reloadOnNetworkError(err)
+		return nil, engine.Unavailable(err)
+	}
+	return w, nil
 }
 
 // reloadOnNetworkError asks a Cluster client to re-read the slot map after a failure
