@@ -41,8 +41,8 @@ const (
 	// IncidentScopeMissing: the scope function gave nothing; the request got 500.
 	IncidentScopeMissing IncidentKind = "scope_missing"
 	// IncidentResultNotStored: the handler ran but its answer could not be stored (too
-	// large, a hijacked connection, a protocol switch); a response_not_stored failure
-	// was stored instead.
+	// large, a hijacked connection, a protocol switch, a panic after its status); a
+	// response_not_stored failure was stored instead.
 	IncidentResultNotStored IncidentKind = "result_not_stored"
 	// IncidentCompleteFailed: the handler ran but storing its result failed; once the
 	// lease runs out a retry runs the handler again.
@@ -180,8 +180,9 @@ func defaultStoreStatus(status int) bool {
 //     waits, WithWait);
 //   - the key reused with a different request (method, path, query, media type or
 //     body; see Fingerprint) gets 422;
-//   - any other 4xx, a 5xx, a panic, or a client that went away before the handler
-//     answered frees the key, so that a retry runs the handler again;
+//   - any other 4xx, a 5xx, a panic before any status, or a client that went away
+//     before the handler answered frees the key, so that a retry runs the handler
+//     again; a panic after a status to store keeps a response_not_stored failure;
 //   - when idemd cannot be reached the answer is 503 (WithFailOpen to let requests
 //     through instead); when idemd answers an error, 503 and never fail-open.
 //
@@ -335,8 +336,8 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, key, token stri
 	defer func() {
 		stop()
 		if !finished {
-			// The handler panicked: free the key, then let the panic go on.
-			m.release(r, key, token)
+			// The handler panicked; the panic goes on once the key is finished.
+			m.cutShort(r, key, token, rec)
 		}
 	}()
 	m.next.ServeHTTP(rec, r.WithContext(ctx))
@@ -367,6 +368,21 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, key, token stri
 		m.notStored(r, key, token, fmt.Errorf("the answer is over %d bytes", m.s.maxStored))
 	default:
 		m.complete(r, key, token, rec)
+	}
+}
+
+// cutShort finishes the key of a handler that panicked. Before a final status nothing
+// was answered and a retry may run it again. After a status to store, the work started
+// and part of a success reached the client: running it again could do it twice, and
+// the part written is no answer to replay.
+func (m *middleware) cutShort(r *http.Request, key, token string, rec *recorder) {
+	switch {
+	case rec.hijacked || rec.status == http.StatusSwitchingProtocols:
+		m.notStored(r, key, token, errors.New("the handler panicked after taking the connection over"))
+	case rec.wrote && rec.status < 500 && m.s.storeStatus(rec.status):
+		m.notStored(r, key, token, fmt.Errorf("the handler panicked after answering %d", rec.status))
+	default:
+		m.release(r, key, token)
 	}
 }
 

@@ -331,6 +331,58 @@ func TestMiddlewareReleasesOn5xxAndPanic(t *testing.T) {
 	})
 }
 
+// R15: a handler that panics after its status is on the wire cut its answer short.
+// A status to store means the work started, so the key keeps a response_not_stored
+// failure instead of running again; a status the middleware frees the key for still
+// frees it.
+func TestMiddlewarePanicAfterTheStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		status   int
+		wantRuns int32
+	}{
+		{"after 201 and part of the body", http.StatusCreated, 1},
+		{"after a 503", http.StatusServiceUnavailable, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs atomic.Int32
+			var inc incidents
+			url := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n := runs.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				if n > 1 {
+					w.WriteHeader(http.StatusCreated)
+					fmt.Fprint(w, `{"run":2}`)
+					return
+				}
+				w.WriteHeader(tc.status)
+				fmt.Fprint(w, `{"partial":`)
+				http.NewResponseController(w).Flush()
+				panic("handler panicked")
+			}), inc.option())
+			key := freshKey("mw-panic-after-status")
+			first, err := call{key: key, body: `{}`}.send(t, t.Context(), url)
+			if err == nil && first.body != `{"partial":` {
+				t.Fatalf("first: %+v", first)
+			}
+			retry := call{key: key, body: `{}`}.do(t, url)
+			if tc.wantRuns == 1 {
+				if retry.status != 409 || retry.problemCode() != "response_not_stored" || !retry.replayed() {
+					t.Fatalf("retry after a panic past a 201: %+v", retry)
+				}
+				if n := inc.count(idem.IncidentResultNotStored); n != 1 {
+					t.Fatalf("%d result_not_stored incidents, want 1: %s", n, &inc)
+				}
+			} else if retry.status != 201 || retry.replayed() {
+				t.Fatalf("retry after a panic past a 503: %+v", retry)
+			}
+			if n := runs.Load(); n != tc.wantRuns {
+				t.Fatalf("handler ran %d times, want %d", n, tc.wantRuns)
+			}
+		})
+	}
+}
+
 // Finding 5: only results are stored. A 4xx other than 402 says the operation did
 // not run, so the client may fix its request or wait, and retry with the same key.
 func TestMiddlewareStoresOnlyResults(t *testing.T) {

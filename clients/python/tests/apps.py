@@ -96,6 +96,17 @@ def starlette_app(state: Orders) -> Starlette:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
             await quiet(scope, receive, send)
 
+    class LateBoom:
+        """R15: raises after its status and part of its body went out."""
+
+        async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+            state.run("late-boom")
+            status = int(dict(_query(scope)).get("status", "201"))
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": b'{"partial":', "more_body": True})
+            raise RuntimeError("handler failed after its status")
+
     return Starlette(
         routes=[
             Route("/slow", slow, methods=["POST"]),
@@ -104,8 +115,21 @@ def starlette_app(state: Orders) -> Starlette:
             Route("/boom", boom, methods=["POST"]),
             Route("/stream", stream, methods=["POST"]),
             Route("/big", big, methods=["POST"]),
+            Route("/late-boom", LateBoom(), methods=["POST"]),
         ]
     )
+
+
+def _query(scope: Any) -> list[tuple[str, str]]:
+    from urllib.parse import parse_qsl
+
+    return parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+
+
+def late_chunks(message: str) -> Iterator[bytes]:
+    """R15: a WSGI answer whose first chunk went out before the handler raised."""
+    yield b'{"partial":'
+    raise RuntimeError(message)
 
 
 def flask_app(state: Orders) -> Any:
@@ -141,6 +165,14 @@ def flask_app(state: Orders) -> Any:
     def big() -> Any:
         state.run("big")
         return flask.Response(BIG, 200, mimetype="text/plain")
+
+    @app.post("/late-boom")
+    def late_boom() -> Any:
+        state.run("late-boom")
+        status = int(flask.request.args.get("status", 201))
+        return flask.Response(
+            late_chunks("handler failed after its status"), status, mimetype="application/json"
+        )
 
     @app.post("/slow")
     def slow() -> Any:
@@ -215,6 +247,16 @@ def _django_stream(request: Any) -> Any:
     return StreamingHttpResponse(chunks(), content_type="text/plain")
 
 
+def _django_late_boom(request: Any) -> Any:
+    from django.http import StreamingHttpResponse
+
+    _dstate().run("late-boom")
+    status = int(request.GET.get("status", 201))
+    return StreamingHttpResponse(
+        late_chunks("handler failed after its status"), status=status, content_type="application/json"
+    )
+
+
 def _django_big(request: Any) -> Any:
     from django.http import HttpResponse
 
@@ -240,6 +282,7 @@ def _urls() -> list[Any]:
         path("stream", csrf_exempt(_django_stream)),
         path("big", csrf_exempt(_django_big)),
         path("slow", csrf_exempt(_django_slow)),
+        path("late-boom", csrf_exempt(_django_late_boom)),
     ]
 
 

@@ -5,6 +5,7 @@ runs once per framework and expects the same answers."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import socket
@@ -269,6 +270,38 @@ def test_an_exception_releases_the_key(serve: ServeFn) -> None:
     assert retry.status_code == 201
     assert "idempotent-replayed" not in retry.headers
     assert s.state.runs["boom"] == 2
+
+
+@pytest.mark.parametrize(("status", "runs"), [(201, 1), (503, 2)])
+def test_an_exception_after_the_status(serve: ServeFn, status: int, runs: int) -> None:
+    """R15: an exception after the status and the first chunk went out. A status to store
+    keeps 409 response_not_stored (never the partial body, never a second run); a 5xx
+    releases the key, as R3."""
+    s = serve()
+    key = fresh_key("late-boom")
+    path = f"/late-boom?status={status}"
+    with pytest.raises(httpx.HTTPError):
+        s.post(path, key=key).read()
+
+    def settled() -> bool:
+        r = s.post(path, key=key)
+        return r.status_code != 409 or r.json()["code"] != "in_progress"
+
+    if status == 201:
+        wait_until("the key to be settled", settled)
+        replay = s.post(path, key=key)
+        assert (replay.status_code, replay.json()["code"]) == (409, "response_not_stored")
+        assert replay.headers["idempotent-replayed"] == "true"
+        s.expect_incidents(["result_not_stored"])
+    else:
+
+        def retried() -> bool:
+            with contextlib.suppress(httpx.HTTPError):  # the retry ran, and was cut short too
+                s.post(path, key=key)
+            return s.state.runs["late-boom"] >= 2
+
+        wait_until("a retry to run the handler", retried)
+    assert s.state.runs["late-boom"] == runs
 
 
 def test_requests_it_does_not_touch(serve: ServeFn) -> None:

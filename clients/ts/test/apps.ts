@@ -37,6 +37,8 @@ interface Ctx {
   user: string;
   body: unknown;
   signal: AbortSignal | undefined;
+  /** The raw response, still the framework's (not taken over). */
+  res: ServerResponse;
 }
 
 export async function startApp(
@@ -99,6 +101,16 @@ export async function startApp(
       }
       case "throw":
         throw new Error("handler failed");
+      case "throw-after-status": {
+        // R15: the status (the one the body asks for) and part of the body are on the
+        // wire when the handler throws.
+        const status = Number((ctx.body as { status: number }).status);
+        const res = ctx.res;
+        res.writeHead(status, { "content-type": "application/json" });
+        res.write('{"partial":');
+        await new Promise<void>((resolve) => setImmediate(resolve));
+        throw new Error("handler failed after its status");
+      }
       case "slow":
         await gate;
         return json(200, { slow: true });
@@ -157,6 +169,7 @@ export async function startApp(
             user: String(request.headers["x-user"]),
             body: request.body,
             signal: idempotencySignal(request),
+            res: reply.raw,
           },
           (status, body, headers) => {
             void reply.code(status).headers(headers).send(body);
@@ -190,6 +203,7 @@ export async function startApp(
             user: String(req.headers["x-user"]),
             body: req.body,
             signal: idempotencySignal(req),
+            res,
           },
           (status, body, headers) => {
             res.status(status).set(headers).send(body);

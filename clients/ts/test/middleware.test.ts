@@ -175,6 +175,32 @@ for (const framework of frameworks) {
       assert.equal(app.runs.get(`throw ${key}`), 2);
     });
 
+    test("R15: a throw after a stored status keeps 409 response_not_stored; after a 503 it releases", async () => {
+      const key = freshKey("throw-late");
+      await send(`${app.url}/throw-after-status`, json(key, { status: 201 })).catch(() => undefined);
+      await waitFor("the key to be failed", async () => {
+        const record = await client.lookup(idemdKey("user-1", key)).catch(() => undefined);
+        return record?.state === "failed";
+      });
+      const retry = await send(`${app.url}/throw-after-status`, json(key, { status: 201 }));
+      assert.equal(retry.status, 409);
+      assert.equal(JSON.parse(retry.body).code, "response_not_stored");
+      assert.equal(retry.headers["idempotent-replayed"], "true");
+      assert.equal(app.runs.get(`throw-after-status ${key}`), 1);
+      await waitFor("the result_not_stored incident", () =>
+        app.incidents.some((i) => i.kind === "result_not_stored" && i.idemdKey === idemdKey("user-1", key)),
+      );
+
+      const failed = freshKey("throw-late-503");
+      await send(`${app.url}/throw-after-status`, json(failed, { status: 503 })).catch(() => undefined);
+      await waitFor("the key to be released", async () => {
+        const record = await client.lookup(idemdKey("user-1", failed)).catch(() => undefined);
+        return record?.state === "released";
+      });
+      await send(`${app.url}/throw-after-status`, json(failed, { status: 503 })).catch(() => undefined);
+      assert.equal(app.runs.get(`throw-after-status ${failed}`), 2);
+    });
+
     test("R5: a client that goes away before the status releases the key", async () => {
       const key = freshKey("gone");
       const { headers, body } = json(key, {});

@@ -420,3 +420,13 @@ def finish(recorder: Recorder, options: Options[Any]) -> Finish:
     if recorder.too_large:
         return "not_stored"
     return "complete"
+
+
+def cut_short(recorder: Recorder, options: Options[Any], status_sent: bool) -> Finish:
+    """What to do with the key once the handler has raised (R4, R15). Before its status
+    went out nothing was answered, and a retry may run it. After a status to store, the
+    work started and part of a success reached the client: running it again could do it
+    twice, and the part written is no answer to replay."""
+    if status_sent and finish(recorder, options) != "release":
+        return "not_stored"
+    return "release"

@@ -8,7 +8,8 @@ by chunk as the handler sends it; a copy is kept, up to ``max_stored_bytes``, an
 when the handler sends its last chunk (R11). An answer that never ends (the handler
 returns or is stopped before its last chunk, e.g. because the client went away) ran
 but cannot be replayed whole: ``409 response_not_stored`` is stored for it, as for an
-answer too large to store (R10).
+answer too large to store (R10). So is an exception raised after the status of a
+result went out (R15); after a 5xx, or before any status, the key is released (R4).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ._middleware import (
     InvalidKey,
     Options,
     Recorder,
+    cut_short,
     default_store_status,
     fingerprint,
     finish,
@@ -232,7 +234,10 @@ class IdempotencyMiddleware:
                         send, problem(409, "lease_lost", "Request taken over", "the lease was lost", 1)
                     )
                 return
-            await self._release(scope, held)  # R4
+            if cut_short(recorder, o, started) == "not_stored":  # R15
+                await self._not_stored(scope, held)
+            else:
+                await self._release(scope, held)  # R4
             raise
         if settled:
             return
@@ -264,12 +269,15 @@ class IdempotencyMiddleware:
             except IdemdError as err:
                 o.incident(scope, "complete_failed", held.key, err)
                 return
-        # R10: the handler ran but its answer cannot be replayed; say so to later requests.
+        await self._not_stored(scope, held)  # R10
+
+    async def _not_stored(self, scope: Scope, held: AsyncLease) -> None:
+        """The handler ran but its answer cannot be replayed; say so to later requests."""
         try:
             await asyncio.shield(self.client.release(held.key, held.token, "fail", NOT_STORED))
         except IdemdError as err:
-            o.incident(scope, "release_failed", held.key, err)
-        o.incident(scope, "result_not_stored", held.key)
+            self.options.incident(scope, "release_failed", held.key, err)
+        self.options.incident(scope, "result_not_stored", held.key)
 
     async def _release(self, scope: Scope, held: AsyncLease) -> None:
         try:

@@ -9,7 +9,8 @@ afterwards is stored. A streaming answer (an iterable of chunks) reaches the ser
 chunk by chunk; a copy is kept, up to ``max_stored_bytes``, and stored once the server
 has consumed the whole iterable (R11). An iterable the server closes before its end
 (the client went away) ran but cannot be replayed whole: ``409 response_not_stored`` is
-stored for it, as for an answer too large to store (R10).
+stored for it, as for an answer too large to store (R10), and for an exception raised
+after the first chunk of a result went out (R15).
 
 WSGI servers join repeated header lines into one value with commas, so two
 ``Idempotency-Key`` lines arrive as one value that is refused like a list (M3).
@@ -33,6 +34,7 @@ from ._middleware import (
     InvalidKey,
     Options,
     Recorder,
+    cut_short,
     default_store_status,
     fingerprint,
     finish,
@@ -238,6 +240,7 @@ class _Leased:
         self._length: int | None = None
         self._written = 0
         self._finished = False
+        self._sent = False  # whether the status went out to the client
         self._stop = threading.Event()
         self._renewer = threading.Thread(
             target=mw.client._keep_alive, args=(held, mw.options.lease, self._stop), daemon=True
@@ -262,6 +265,7 @@ class _Leased:
         write = self._start_response(status, headers, exc_info)
 
         def recording_write(chunk: bytes) -> object:
+            self._sent = True
             self._recorder.write(chunk)
             return write(chunk)
 
@@ -278,6 +282,7 @@ class _Leased:
                 if self._length is not None and self._written >= self._length:
                     self._ended = True
                     self._finish()
+                self._sent = True
                 yield chunk
             self._ended = True
             self._finish()
@@ -306,12 +311,16 @@ class _Leased:
             return True
         return False
 
-    def _fail(self) -> None:  # R4
+    def _fail(self) -> None:
         if self._finished:
             return
         self._finished = True
-        if not self._halt():
-            self._release("retry", None)
+        if self._halt():
+            return
+        if cut_short(self._recorder, self._mw.options, self._sent) == "not_stored":  # R15
+            self._not_stored()
+        else:
+            self._release("retry", None)  # R4
 
     def _finish(self) -> None:
         if self._finished:
@@ -340,8 +349,12 @@ class _Leased:
             except IdemdError as err:
                 o.incident(self._environ, "complete_failed", held.key, err)
                 return
-        self._release("fail", NOT_STORED)  # R10
-        o.incident(self._environ, "result_not_stored", held.key)
+        self._not_stored()  # R10
+
+    def _not_stored(self) -> None:
+        """The handler ran but its answer cannot be replayed; say so to later requests."""
+        self._release("fail", NOT_STORED)
+        self._mw.options.incident(self._environ, "result_not_stored", self._held.key)
 
     def _release(self, mode: ReleaseMode, response: Response | None) -> None:
         try:

@@ -371,13 +371,19 @@ export class Guard<Req> {
       return;
     }
     const body = recorder.body();
-    if (ending.kind === "abandoned" || recorder.switchedProtocols || body === undefined) {
+    if (recorder.switchedProtocols || (ending.kind !== "abandoned" && body === undefined)) {
       await this.#notStored(req, key, leaseToken, undefined); // R9, R10
       return;
     }
     const status = recorder.status || 200;
     if (status >= 500 || !this.#o.storeStatus(status)) {
-      await this.#release(req, key, leaseToken); // R2, R3, R4
+      await this.#release(req, key, leaseToken); // R2, R3, R4, R15
+      return;
+    }
+    if (ending.kind === "abandoned") {
+      // R15: a result began to reach the client and was cut short; the part written is
+      // no answer, and running the handler again could do the work twice.
+      await this.#notStored(req, key, leaseToken, undefined);
       return;
     }
     if (recorder.storedBytes() > this.#o.maxStoredBytes) {

@@ -6,7 +6,10 @@ export type Ending =
   | { kind: "ended" }
   /** The client went away before the handler wrote a status (R5). */
   | { kind: "cancelled" }
-  /** The client went away after the status and the handler never ended the answer. */
+  /**
+   * The answer was cut short after its status: the client went away, or the handler
+   * threw and the framework closed the connection, and the handler never ended it (R15).
+   */
   | { kind: "abandoned" };
 
 /**
