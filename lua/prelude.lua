@@ -1,6 +1,10 @@
 -- Shared by every transition script: idemd prepends this file to each script when it
 -- loads them, so each script still runs as one EVALSHA on one key.
 --
+-- The scripts are the second copy of the rules in internal/engine/rules.go, which
+-- Redis cannot run; enginetest.Rules holds both to the same table. Change a rule in
+-- both places.
+--
 -- A record is one hash. Fields:
 --   k   the client's key          t   tenant          st  state: p, r, c or f
 --   fp  fingerprint               ow  owner           at  attempt
