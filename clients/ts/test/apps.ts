@@ -146,6 +146,17 @@ export async function startApp(
         raw();
         await waitFor("the lease signal to abort", () => ctx.signal?.aborted === true);
         return;
+      case "lose-after-status": {
+        // R12 after the status went out: the key is deleted while the answer is being
+        // written; the handler sees its signal abort and ends the answer.
+        const res = raw();
+        res.writeHead(200, { "content-type": "text/plain" });
+        res.write("before ");
+        await admin.purge(idemdKey(ctx.user, ctx.key));
+        await waitFor("the lease signal to abort", () => ctx.signal?.aborted === true);
+        res.end("after");
+        return;
+      }
       default:
         return json(404, { route: ctx.route });
     }

@@ -323,6 +323,18 @@ for (const framework of frameworks) {
       await assert.rejects(client.lookup(idemdKey("user-1", key)), NotFoundError);
     });
 
+    test("R12: a lease lost after the status lets the handler end its answer, reports lease_lost, stores nothing", async () => {
+      const key = freshKey("lose-late");
+      const before = app.incidents.length;
+      const answer = send(`${app.url}/lose-after-status`, json(key, {}));
+      await waitFor("the lease_lost incident", () => app.incidents.slice(before).some((i) => i.kind === "lease_lost"));
+      const res = await answer;
+      assert.equal(res.status, 200);
+      assert.equal(res.body, "before after");
+      await assert.rejects(client.lookup(idemdKey("user-1", key)), NotFoundError);
+      assert.equal(app.runs.get(`lose-after-status ${key}`), 1);
+    });
+
     test("P3: a stored status outside 200-599 is 502 stored_response_invalid with an incident", async () => {
       const key = freshKey("invalid");
       const derived = idemdKey("user-1", key);

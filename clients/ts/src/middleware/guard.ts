@@ -352,9 +352,9 @@ export class Guard<Req> {
             // R12: the handler wrote nothing; the key belongs to another request now.
             const a = problem(409, "lease_lost", "Request taken over", signal.reason.detail, 1);
             recorder.answer(a.status, a.headers as Record<string, string>, a.body);
-          } else {
-            recorder.block();
           }
+          // Else the status went out: the handler's answer goes on to the client, so
+          // that it ends; nothing of it is stored.
         });
         proceed();
         return recorder.ending;
