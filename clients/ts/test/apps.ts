@@ -25,6 +25,8 @@ export interface App {
   open(): void;
   /** What a handler saw of its lease signal. */
   signals: AbortSignal[];
+  /** Runs of /slow, by route and Idempotency-Key, whose client went away before the answer. */
+  gone: Set<string>;
   close(): Promise<void>;
 }
 
@@ -50,6 +52,7 @@ export async function startApp(
   const runs = new Map<string, number>();
   const incidents: Incident[] = [];
   const signals: AbortSignal[] = [];
+  const gone = new Set<string>();
   let openGate: () => void = () => undefined;
   let gate = new Promise<void>((resolve) => {
     openGate = resolve;
@@ -112,6 +115,9 @@ export async function startApp(
         throw new Error("handler failed after its status");
       }
       case "slow":
+        ctx.res.once("close", () => {
+          if (!ctx.res.writableEnded) gone.add(runKey);
+        });
         await gate;
         return json(200, { slow: true });
       case "stream": {
@@ -240,6 +246,7 @@ export async function startApp(
     runs,
     incidents,
     signals,
+    gone,
     open: () => {
       openGate();
       gate = new Promise<void>((resolve) => {

@@ -219,6 +219,26 @@ for (const framework of frameworks) {
       assert.equal((await retry).status, 200);
     });
 
+    test("R5, R6: a client that goes away while the handler still runs: its later answer is stored, it runs once", async () => {
+      const key = freshKey("gone-running");
+      const { headers, body } = json(key, {});
+      const req = httpRequest(`${app.url}/slow`, { method: "POST", headers });
+      req.on("error", () => undefined);
+      req.end(body);
+      await waitFor("the handler to run", () => app.runs.get(`slow ${key}`) === 1);
+      req.destroy();
+      await waitFor("the server to see the client gone", () => app.gone.has(`slow ${key}`));
+      app.open();
+      await waitFor("the result to be stored", async () => {
+        const record = await client.lookup(idemdKey("user-1", key));
+        return record.state === "completed";
+      });
+      const again = await send(`${app.url}/slow`, json(key, {}));
+      assert.equal(again.status, 200);
+      assert.equal(again.headers["idempotent-replayed"], "true");
+      assert.equal(app.runs.get(`slow ${key}`), 1);
+    });
+
     test("R6: a client that goes away after the status still gets its result stored", async () => {
       const key = freshKey("gone-late");
       const { headers, body } = json(key, {});

@@ -4,7 +4,7 @@ import type { ServerResponse } from "node:http";
 export type Ending =
   /** The handler ended its answer (res.end). */
   | { kind: "ended" }
-  /** The client went away before the handler wrote a status (R5). */
+  /** The client went away and the handler wrote no status within a lease (R5). */
   | { kind: "cancelled" }
   /**
    * The answer was cut short after its status: the client went away, or the handler
@@ -66,13 +66,13 @@ export class Recorder {
     } as ServerResponse["end"];
     res.once("close", () => {
       if (this.#ended) return;
-      if (this.status === 0 && !res.headersSent) {
-        this.#end({ kind: "cancelled" });
-        return;
-      }
-      // The status went out but the handler may still be writing: give it a lease's
-      // time to end the answer before calling it abandoned.
-      setTimeout(() => this.#end({ kind: "abandoned" }), abandonAfterMs).unref();
+      // The handler may still be running, and may still do the work and answer: give it
+      // a lease's time to end the answer (then its status decides, R6) before calling
+      // it cancelled (no status, R5) or abandoned (R15).
+      setTimeout(
+        () => this.#end(this.status === 0 && !res.headersSent ? { kind: "cancelled" } : { kind: "abandoned" }),
+        abandonAfterMs,
+      ).unref();
     });
   }
 
