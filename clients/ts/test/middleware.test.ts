@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { writeFileSync } from "node:fs";
 import { Agent, request as httpRequest } from "node:http";
+import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
@@ -353,6 +354,36 @@ for (const framework of frameworks) {
       assert.equal(res.body, "before after");
       await assert.rejects(client.lookup(idemdKey("user-1", key)), NotFoundError);
       assert.equal(app.runs.get(`lose-after-status ${key}`), 1);
+    });
+
+    test("fingerprint: an absolute-form target is hashed by its path and query, as Go does", async () => {
+      const key = freshKey("absolute");
+      const port = Number(new URL(app.url).port);
+      const answer = await new Promise<string>((resolve, reject) => {
+        const socket = connect(port, "127.0.0.1", () => {
+          socket.write(
+            `POST http://127.0.0.1:${port}/orders?x=1 HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\n` +
+              `Idempotency-Key: ${key}\r\nX-User: user-1\r\nContent-Type: application/json\r\n` +
+              "Content-Length: 2\r\nConnection: close\r\n\r\n{}",
+          );
+        });
+        let got = "";
+        socket.on("data", (chunk: Buffer) => {
+          got += chunk.toString();
+        });
+        socket.on("error", reject);
+        socket.on("close", () => resolve(got));
+      });
+      assert.match(answer, /^HTTP\/1\.1 201 /);
+      const record = await client.lookup(idemdKey("user-1", key));
+      const expected = fingerprint({
+        method: "POST",
+        path: "/orders",
+        query: "x=1",
+        contentType: "application/json",
+        body: Buffer.from("{}"),
+      });
+      assert.equal(record.fingerprint, expected.fingerprint);
     });
 
     test("P3: a stored status outside 200-599 is 502 stored_response_invalid with an incident", async () => {

@@ -112,6 +112,18 @@ const notStored = () =>
     "the request with this Idempotency-Key ran, but its answer could not be stored: do not resend it, look the result up",
   );
 
+/** The target without the scheme and authority of an absolute-form target (through a proxy), as Go reads it. */
+function originForm(target: string): string {
+  if (target.startsWith("/")) return target;
+  const scheme = target.indexOf("://");
+  if (scheme >= 0) {
+    const rest = target.slice(scheme + 3);
+    const at = rest.search(/[/?]/);
+    target = at >= 0 ? rest.slice(at) : "";
+  }
+  return target.startsWith("/") ? target : `/${target}`;
+}
+
 /** What to do with a request, decided before the handler runs. */
 export type Decision =
   /** Run the handler without protection (M1, M2, fail-open); then report the incident, if any. */
@@ -212,6 +224,7 @@ export class Guard<Req> {
     if (typeof scope !== "string" || scope === "" || /\p{Surrogate}/u.test(scope)) return this.#scopeMissing(undefined);
 
     const derived = idemdKey(scope, key);
+    target = originForm(target);
     const queryAt = target.indexOf("?");
     const fp = fingerprint({
       method: raw.method ?? "",
