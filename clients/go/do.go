@@ -93,7 +93,10 @@ type Result struct {
 func (c *Client) run(ctx context.Context, key, token string, lease time.Duration, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
 	fnCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := c.keepAlive(fnCtx, cancel, key, token, lease)
+	// Renewals go on until fn returns, even after ctx ends: fn may still be finishing
+	// work it cannot stop, and a lease that runs out meanwhile lets another caller run
+	// it again.
+	stop := c.keepAlive(context.WithoutCancel(ctx), cancel, key, token, lease)
 
 	finished := false
 	defer func() {

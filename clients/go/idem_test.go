@@ -465,3 +465,38 @@ func TestDoLeaseLost(t *testing.T) {
 		t.Fatalf("a result was stored after the lease was lost: %v", err)
 	}
 }
+
+// TestDoKeepsTheLeaseAfterTheCallerCancels: fn's context is cancelled with the
+// caller's, but fn may still be finishing work it cannot stop; until it returns the
+// lease must be renewed, or another caller takes the key over and runs it again.
+func TestDoKeepsTheLeaseAfterTheCallerCancels(t *testing.T) {
+	c := newClient(t)
+	other := newClient(t)
+	key := freshKey("do-cancel")
+	const lease = 1500 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	res, err := c.Do(ctx, key, "", func(fnCtx context.Context) (idem.Response, error) {
+		cancel()
+		<-fnCtx.Done()
+		// The work goes on past the lease held when the caller left.
+		rec, err := other.Lookup(t.Context(), key)
+		if err != nil {
+			return idem.Response{}, err
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for !time.Now().After(rec.LeaseExpiresAt.Add(100 * time.Millisecond)) {
+			if time.Now().After(deadline) {
+				return idem.Response{}, fmt.Errorf("lease_expires_at %s is not near", rec.LeaseExpiresAt)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if cl, err := other.Claim(t.Context(), key, idem.ClaimOptions{}); !errors.Is(err, idem.ErrInProgress) {
+			return idem.Response{}, fmt.Errorf("another caller's claim while fn still runs after its caller left: %+v %v, want ErrInProgress", cl, err)
+		}
+		return idem.Response{Status: 200}, nil
+	}, idem.DoOptions{Lease: lease})
+	if err != nil || res.Status != 200 {
+		t.Fatalf("Do whose caller left while fn ran: %+v %v", res, err)
+	}
+}
