@@ -211,6 +211,7 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 	if cl, ok := c.replays.get(key, opts.Fingerprint, time.Now()); ok {
 		return cl, nil
 	}
+	gen := c.replays.generation()
 	ctx, cancel := c.callContext(ctx, opts.Wait)
 	defer cancel()
 	owner := cmp.Or(opts.Owner, c.owner)
@@ -238,7 +239,7 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 		Response: fromStored(out.Response)}
 	if cl.Outcome == Completed || cl.Outcome == Failed {
 		// The claim matched the stored fingerprint exactly, so it is the record's.
-		c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now())
+		c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now(), gen)
 	}
 	return cl, nil
 }
