@@ -500,3 +500,32 @@ func TestDoKeepsTheLeaseAfterTheCallerCancels(t *testing.T) {
 		t.Fatalf("Do whose caller left while fn ran: %+v %v", res, err)
 	}
 }
+
+// roundTripperFunc is a RoundTripper made of a function.
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestNewWithAWrappedDefaultTransport: programs replace http.DefaultTransport with a
+// wrapper (instrumentation, HTTP mocking in their tests); a client built there must
+// still work.
+func TestNewWithAWrappedDefaultTransport(t *testing.T) {
+	original := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = original })
+	http.DefaultTransport = roundTripperFunc(original.RoundTrip)
+	var c *idem.Client
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("idem.New panicked: %v", p)
+			}
+		}()
+		var err error
+		if c, err = idem.New(daemonURL); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	if cl, err := c.Claim(t.Context(), freshKey("wrapped"), idem.ClaimOptions{}); err != nil || cl.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v %v", cl, err)
+	}
+}
