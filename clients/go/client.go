@@ -54,7 +54,7 @@ type Option func(*settings)
 func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.http = c } }
 
 // WithTimeout bounds each call, retries included. A claim that waits (Wait) gets its
-// wait on top. The default is 10 s.
+// wait on top. The default is 10 s; zero leaves calls unbounded.
 func WithTimeout(d time.Duration) Option { return func(s *settings) { s.timeout = d } }
 
 // WithOwner names this client's process in the owner label of its claims (for

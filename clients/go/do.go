@@ -105,7 +105,7 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 			return
 		}
 		// fn panicked: free the key, then let the panic go on.
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+		rctx, rcancel := c.callContext(context.WithoutCancel(ctx), 0)
 		defer rcancel()
 		_ = c.Release(rctx, key, token, Retry, nil)
 	}()
@@ -117,7 +117,7 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 	}
 
 	// Finish even if ctx ended while fn ran: the work is done and must be recorded.
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	fctx, fcancel := c.callContext(context.WithoutCancel(ctx), 0)
 	defer fcancel()
 	gen := c.replays.generation()
 	var perm *PermanentError

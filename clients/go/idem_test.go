@@ -529,3 +529,30 @@ func TestNewWithAWrappedDefaultTransport(t *testing.T) {
 		t.Fatalf("claim: %+v %v", cl, err)
 	}
 }
+
+// TestNoTimeout: WithTimeout(0) leaves calls unbounded; the calls that finish a key
+// must still be made, or the work runs and its result is lost.
+func TestNoTimeout(t *testing.T) {
+	c := newClient(t, idem.WithTimeout(0))
+	key := freshKey("no-timeout")
+	var runs atomic.Int64
+	if res, err := c.Do(t.Context(), key, "fp", countingWork(&runs)); err != nil || res.Status != 201 {
+		t.Fatalf("Do: %+v %v", res, err)
+	}
+	if rec, err := newClient(t).Lookup(t.Context(), key); err != nil || rec.State != "completed" {
+		t.Fatalf("record after Do: %+v %v", rec, err)
+	}
+
+	var inc incidents
+	h := &orders{}
+	url := serveWith(t, c, h, inc.option())
+	mwKey := freshKey("no-timeout-mw")
+	for range 2 {
+		if r := (call{key: mwKey, body: `{"amount":1}`}).do(t, url); r.status != 201 {
+			t.Fatalf("answer: %+v", r)
+		}
+	}
+	if n := h.runs.Load(); n != 1 || len(inc.seen) != 0 {
+		t.Fatalf("two requests with one key ran the handler %d times; incidents %v", n, &inc)
+	}
+}

@@ -389,7 +389,7 @@ func (m *middleware) cutShort(r *http.Request, key, token string, rec *recorder)
 // finishContext is for the calls that finish a key: they must happen even when the
 // client has gone.
 func (m *middleware) finishContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.Context()), m.c.timeout)
+	return m.c.callContext(context.WithoutCancel(r.Context()), 0)
 }
 
 func (m *middleware) complete(r *http.Request, key, token string, rec *recorder) {
