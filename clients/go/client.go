@@ -54,7 +54,7 @@ type Option func(*settings)
 func WithHTTPClient(c *http.Client) Option { return func(s *settings) { s.http = c } }
 
 // WithTimeout bounds each call, retries included. A claim that waits (Wait) gets its
-// wait on top. The default is 10 s.
+// wait on top. The default is 10 s; zero leaves calls unbounded.
 func WithTimeout(d time.Duration) Option { return func(s *settings) { s.timeout = d } }
 
 // WithOwner names this client's process in the owner label of its claims (for
@@ -211,6 +211,7 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 	if cl, ok := c.replays.get(key, opts.Fingerprint, time.Now()); ok {
 		return cl, nil
 	}
+	gen := c.replays.generation()
 	ctx, cancel := c.callContext(ctx, opts.Wait)
 	defer cancel()
 	owner := cmp.Or(opts.Owner, c.owner)
@@ -227,6 +228,10 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 		if err := decode(resp, &out, http.StatusCreated); err != nil {
 			return nil, err
 		}
+		if out.LeaseToken == "" {
+			// Not idemd's answer (a wrong base URL): nothing may run on it.
+			return nil, errors.New("idem: the claim was answered 201 without a lease token; is the base URL idemd's?")
+		}
 		return &Claim{Outcome: Acquired, Token: out.LeaseToken, Attempt: out.Attempt, LeaseExpiresAt: out.LeaseExpiresAt,
 			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered}, nil
 	}
@@ -236,10 +241,12 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 	}
 	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt,
 		Response: fromStored(out.Response)}
-	if cl.Outcome == Completed || cl.Outcome == Failed {
-		// The claim matched the stored fingerprint exactly, so it is the record's.
-		c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now())
+	if cl.Outcome != Completed && cl.Outcome != Failed {
+		// Not idemd's answer (a wrong base URL): callers would take it for a lease.
+		return nil, fmt.Errorf("idem: the claim was answered 200 with outcome %q; is the base URL idemd's?", out.Outcome)
 	}
+	// The claim matched the stored fingerprint exactly, so it is the record's.
+	c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now(), gen)
 	return cl, nil
 }
 

@@ -93,7 +93,10 @@ type Result struct {
 func (c *Client) run(ctx context.Context, key, token string, lease time.Duration, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
 	fnCtx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	stop := c.keepAlive(fnCtx, cancel, key, token, lease)
+	// Renewals go on until fn returns, even after ctx ends: fn may still be finishing
+	// work it cannot stop, and a lease that runs out meanwhile lets another caller run
+	// it again.
+	stop := c.keepAlive(context.WithoutCancel(ctx), cancel, key, token, lease)
 
 	finished := false
 	defer func() {
@@ -102,7 +105,7 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 			return
 		}
 		// fn panicked: free the key, then let the panic go on.
-		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+		rctx, rcancel := c.callContext(context.WithoutCancel(ctx), 0)
 		defer rcancel()
 		_ = c.Release(rctx, key, token, Retry, nil)
 	}()
@@ -114,8 +117,9 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 	}
 
 	// Finish even if ctx ended while fn ran: the work is done and must be recorded.
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
+	fctx, fcancel := c.callContext(context.WithoutCancel(ctx), 0)
 	defer fcancel()
+	gen := c.replays.generation()
 	var perm *PermanentError
 	switch {
 	case errors.As(fnErr, &perm):
@@ -123,7 +127,7 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 		if err != nil {
 			return Result{}, fmt.Errorf("%w (and storing the failure: %w)", fnErr, err)
 		}
-		c.remember(key, rec, Failed, &perm.Response)
+		c.remember(key, rec, Failed, &perm.Response, gen)
 		return Result{Response: perm.Response}, fnErr
 	case fnErr != nil:
 		if err := c.Release(fctx, key, token, Retry, nil); err != nil {
@@ -135,7 +139,7 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 	if err != nil {
 		return Result{}, fmt.Errorf("idem: %q ran but its result was not stored: %w", key, err)
 	}
-	c.remember(key, rec, Completed, &r)
+	c.remember(key, rec, Completed, &r, gen)
 	return Result{Response: r}, nil
 }
 
@@ -143,19 +147,21 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 // (Do's and Middleware's): the result it stores is r, so it goes to the replay cache
 // too.
 func (c *Client) completeOnce(ctx context.Context, key, token string, r Response) error {
+	gen := c.replays.generation()
 	rec, err := c.complete(ctx, key, token, r)
 	if err != nil {
 		return err
 	}
-	c.remember(key, rec, Completed, &r)
+	c.remember(key, rec, Completed, &r, gen)
 	return nil
 }
 
 // remember puts a result this client just stored into the replay cache. Only the
 // callers that finish a lease exactly once call it, so the stored result is r: a
 // repeated completion with the same token keeps the first result, whatever it sends,
-// which is why the public Complete does not remember.
-func (c *Client) remember(key string, rec *idemapi.KeyRecord, outcome Outcome, r *Response) {
+// which is why the public Complete does not remember. gen is the cache's generation
+// taken before the call that stored it.
+func (c *Client) remember(key string, rec *idemapi.KeyRecord, outcome Outcome, r *Response, gen uint64) {
 	if c.replays == nil || string(rec.State) != string(outcome) {
 		return
 	}
@@ -163,7 +169,7 @@ func (c *Client) remember(key string, rec *idemapi.KeyRecord, outcome Outcome, r
 	if rec.Fingerprint != nil {
 		fingerprint = *rec.Fingerprint
 	}
-	c.replays.put(key, fingerprint, outcome, rec.Attempt, rec.ExpiresAt, r, time.Now())
+	c.replays.put(key, fingerprint, outcome, rec.Attempt, rec.ExpiresAt, r, time.Now(), gen)
 }
 
 // keepAlive renews the lease every lease/3 until stop is called. When the daemon says

@@ -123,7 +123,8 @@ func ExampleMiddleware() {
 		user, _ := r.Context().Value(userKey{}).(string)
 		return user
 	})
-	// net/http: wrap the handler. Echo: e.Use(echo.WrapMiddleware(idem.Middleware(client, scope))).
+	// net/http: wrap the handler. Echo: e.Use(echo.WrapMiddleware(idem.Middleware(client, scope))),
+	// then a middleware that renders returned errors with c.Error (see Middleware).
 	srv := httptest.NewServer(authenticate(idem.Middleware(client, scope)(createOrder)))
 	defer srv.Close()
 

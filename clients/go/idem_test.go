@@ -465,3 +465,94 @@ func TestDoLeaseLost(t *testing.T) {
 		t.Fatalf("a result was stored after the lease was lost: %v", err)
 	}
 }
+
+// TestDoKeepsTheLeaseAfterTheCallerCancels: fn's context is cancelled with the
+// caller's, but fn may still be finishing work it cannot stop; until it returns the
+// lease must be renewed, or another caller takes the key over and runs it again.
+func TestDoKeepsTheLeaseAfterTheCallerCancels(t *testing.T) {
+	c := newClient(t)
+	other := newClient(t)
+	key := freshKey("do-cancel")
+	const lease = 1500 * time.Millisecond
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	res, err := c.Do(ctx, key, "", func(fnCtx context.Context) (idem.Response, error) {
+		cancel()
+		<-fnCtx.Done()
+		// The work goes on past the lease held when the caller left.
+		rec, err := other.Lookup(t.Context(), key)
+		if err != nil {
+			return idem.Response{}, err
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for !time.Now().After(rec.LeaseExpiresAt.Add(100 * time.Millisecond)) {
+			if time.Now().After(deadline) {
+				return idem.Response{}, fmt.Errorf("lease_expires_at %s is not near", rec.LeaseExpiresAt)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if cl, err := other.Claim(t.Context(), key, idem.ClaimOptions{}); !errors.Is(err, idem.ErrInProgress) {
+			return idem.Response{}, fmt.Errorf("another caller's claim while fn still runs after its caller left: %+v %v, want ErrInProgress", cl, err)
+		}
+		return idem.Response{Status: 200}, nil
+	}, idem.DoOptions{Lease: lease})
+	if err != nil || res.Status != 200 {
+		t.Fatalf("Do whose caller left while fn ran: %+v %v", res, err)
+	}
+}
+
+// roundTripperFunc is a RoundTripper made of a function.
+type roundTripperFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripperFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestNewWithAWrappedDefaultTransport: programs replace http.DefaultTransport with a
+// wrapper (instrumentation, HTTP mocking in their tests); a client built there must
+// still work.
+func TestNewWithAWrappedDefaultTransport(t *testing.T) {
+	original := http.DefaultTransport
+	t.Cleanup(func() { http.DefaultTransport = original })
+	http.DefaultTransport = roundTripperFunc(original.RoundTrip)
+	var c *idem.Client
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Fatalf("idem.New panicked: %v", p)
+			}
+		}()
+		var err error
+		if c, err = idem.New(daemonURL); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	if cl, err := c.Claim(t.Context(), freshKey("wrapped"), idem.ClaimOptions{}); err != nil || cl.Outcome != idem.Acquired {
+		t.Fatalf("claim: %+v %v", cl, err)
+	}
+}
+
+// TestNoTimeout: WithTimeout(0) leaves calls unbounded; the calls that finish a key
+// must still be made, or the work runs and its result is lost.
+func TestNoTimeout(t *testing.T) {
+	c := newClient(t, idem.WithTimeout(0))
+	key := freshKey("no-timeout")
+	var runs atomic.Int64
+	if res, err := c.Do(t.Context(), key, "fp", countingWork(&runs)); err != nil || res.Status != 201 {
+		t.Fatalf("Do: %+v %v", res, err)
+	}
+	if rec, err := newClient(t).Lookup(t.Context(), key); err != nil || rec.State != "completed" {
+		t.Fatalf("record after Do: %+v %v", rec, err)
+	}
+
+	var inc incidents
+	h := &orders{}
+	url := serveWith(t, c, h, inc.option())
+	mwKey := freshKey("no-timeout-mw")
+	for range 2 {
+		if r := (call{key: mwKey, body: `{"amount":1}`}).do(t, url); r.status != 201 {
+			t.Fatalf("answer: %+v", r)
+		}
+	}
+	if n := h.runs.Load(); n != 1 || len(inc.seen) != 0 {
+		t.Fatalf("two requests with one key ran the handler %d times; incidents %v", n, &inc)
+	}
+}

@@ -191,7 +191,20 @@ func defaultStoreStatus(status int) bool {
 // Middleware panics without WithScope, or when WithStoredHeaders names a header that
 // is never stored.
 //
-// Echo users wrap it: e.Use(echo.WrapMiddleware(idem.Middleware(client, idem.WithScope(...)))).
+// Echo users wrap it, and render a handler's returned error inside it, because Echo
+// writes returned errors only after every middleware has returned: the middleware
+// would see a handler that wrote nothing, store an empty 200, and replay it for a
+// request that failed.
+//
+//	e.Use(echo.WrapMiddleware(idem.Middleware(client, idem.WithScope(...))))
+//	e.Use(func(next echo.HandlerFunc) echo.HandlerFunc {
+//		return func(c echo.Context) error {
+//			if err := next(c); err != nil {
+//				c.Error(err)
+//			}
+//			return nil
+//		}
+//	})
 func Middleware(c *Client, opts ...MiddlewareOption) func(http.Handler) http.Handler {
 	s := middlewareSettings{
 		methods:     []string{http.MethodPost, http.MethodPatch},
@@ -389,7 +402,7 @@ func (m *middleware) cutShort(r *http.Request, key, token string, rec *recorder)
 // finishContext is for the calls that finish a key: they must happen even when the
 // client has gone.
 func (m *middleware) finishContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(r.Context()), m.c.timeout)
+	return m.c.callContext(context.WithoutCancel(r.Context()), 0)
 }
 
 func (m *middleware) complete(r *http.Request, key, token string, rec *recorder) {

@@ -906,3 +906,50 @@ func TestMiddlewareIncidents(t *testing.T) {
 		testenv.WaitFor(t, 10*time.Second, "the lease_lost incident", func() bool { return inc.count(idem.IncidentLeaseLost) == 1 })
 	})
 }
+
+// A client pointed at something that is not idemd (a wrong base URL, a catch-all
+// route) hears successes that are not claim answers: nothing may run on them, fail-open
+// or not, since they hold for every retry.
+func TestNothingRunsOnASuccessThatIsNotAClaimAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+	}{
+		{"200 that is no finished claim", http.StatusOK, `{"status":"ok"}`},
+		{"201 that holds no lease", http.StatusCreated, `{"id":1}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, tc.body)
+			}))
+			t.Cleanup(other.Close)
+			c, err := idem.New(other.URL, idem.WithRetries(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inc incidents
+			h := &orders{}
+			url := serveWith(t, c, h, idem.WithFailOpen(nil), inc.option())
+			key := freshKey("not-idemd")
+			for range 3 {
+				if r := (call{key: key, body: `{"amount":1}`}).do(t, url); r.status != 503 || r.problemCode() != "idempotency_unavailable" {
+					t.Fatalf("answer: %+v", r)
+				}
+			}
+			if n := h.runs.Load(); n != 0 || inc.count(idem.IncidentIdemdRefused) != 3 {
+				t.Fatalf("the handler ran %d times; incidents %v", n, &inc)
+			}
+			var runs atomic.Int32
+			if _, err := c.Do(t.Context(), key, "", func(context.Context) (idem.Response, error) {
+				runs.Add(1)
+				return idem.Response{Status: 200}, nil
+			}); err == nil || runs.Load() != 0 {
+				t.Fatalf("Do: %v, fn ran %d times; want an error and no run", err, runs.Load())
+			}
+		})
+	}
+}

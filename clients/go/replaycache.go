@@ -37,8 +37,11 @@ type replayCache struct {
 	maxBytes int
 	maxAge   time.Duration
 
-	mu      sync.Mutex
-	bytes   int
+	mu    sync.Mutex
+	bytes int
+	// purges counts the removals, so that an answer fetched before one is not put
+	// back after it.
+	purges  uint64
 	entries map[string]*list.Element
 	order   list.List // of *replayEntry, most recently used at the front
 }
@@ -95,9 +98,21 @@ func (c *replayCache) get(key, fingerprint string, now time.Time) (*Claim, bool)
 	return &Claim{Outcome: e.outcome, Attempt: e.attempt, ExpiresAt: e.expiresAt, Response: &r}, true
 }
 
-// put remembers a finished result. An entry larger than a sixteenth of the cache is
+// generation is taken before asking idemd for a result that may go to put.
+func (c *replayCache) generation() uint64 {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.purges
+}
+
+// put remembers a finished result that idemd answered after generation gen was
+// taken; when a purge through this client came in between, the result may be the
+// purged record's and is not kept. An entry larger than a sixteenth of the cache is
 // not kept, so that one large answer cannot empty it.
-func (c *replayCache) put(key, fingerprint string, outcome Outcome, attempt int64, expiresAt time.Time, r *Response, now time.Time) {
+func (c *replayCache) put(key, fingerprint string, outcome Outcome, attempt int64, expiresAt time.Time, r *Response, now time.Time, gen uint64) {
 	if c == nil || expiresAt.IsZero() || !now.Before(expiresAt) {
 		return
 	}
@@ -121,6 +136,9 @@ func (c *replayCache) put(key, fingerprint string, outcome Outcome, attempt int6
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.purges != gen {
+		return
+	}
 	if el, ok := c.entries[key]; ok {
 		c.removeElement(el)
 	}
@@ -138,6 +156,7 @@ func (c *replayCache) remove(key string) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.purges++
 	if el, ok := c.entries[key]; ok {
 		c.removeElement(el)
 	}

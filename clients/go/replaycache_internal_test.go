@@ -13,7 +13,7 @@ func TestReplayCacheBoundsMemory(t *testing.T) {
 	now := time.Now()
 	body := make([]byte, 100)
 	for i := range 10000 {
-		c.put(fmt.Sprintf("key-%d", i), "fp", Completed, 1, now.Add(time.Hour), &Response{Status: 201, Body: body}, now)
+		c.put(fmt.Sprintf("key-%d", i), "fp", Completed, 1, now.Add(time.Hour), &Response{Status: 201, Body: body}, now, 0)
 		if c.bytes > maxBytes {
 			t.Fatalf("after %d entries the cache holds %d bytes, over %d", i+1, c.bytes, maxBytes)
 		}
@@ -27,7 +27,7 @@ func TestReplayCacheBoundsMemory(t *testing.T) {
 	if _, ok := c.get("key-9999", "fp", now); !ok {
 		t.Error("the newest entry was dropped")
 	}
-	c.put("large", "fp", Completed, 1, now.Add(time.Hour), &Response{Status: 201, Body: make([]byte, maxBytes/8)}, now)
+	c.put("large", "fp", Completed, 1, now.Add(time.Hour), &Response{Status: 201, Body: make([]byte, maxBytes/8)}, now, 0)
 	if _, ok := c.get("large", "fp", now); ok {
 		t.Error("an entry over a sixteenth of the cache was kept")
 	}
@@ -36,7 +36,7 @@ func TestReplayCacheBoundsMemory(t *testing.T) {
 func TestReplayCacheEntries(t *testing.T) {
 	now := time.Now()
 	c := newReplayCache(1<<20, time.Minute)
-	c.put("k", "fp", Completed, 2, now.Add(time.Hour), &Response{Status: 201, Header: http.Header{"Location": {"/1"}}, Body: []byte("one")}, now)
+	c.put("k", "fp", Completed, 2, now.Add(time.Hour), &Response{Status: 201, Header: http.Header{"Location": {"/1"}}, Body: []byte("one")}, now, 0)
 
 	cl, ok := c.get("k", "fp", now)
 	if !ok || cl.Outcome != Completed || cl.Attempt != 2 || !cl.ExpiresAt.Equal(now.Add(time.Hour)) || string(cl.Response.Body) != "one" {
@@ -54,15 +54,15 @@ func TestReplayCacheEntries(t *testing.T) {
 		t.Error("an entry older than the max age was answered")
 	}
 
-	c.put("short", "", Failed, 1, now.Add(time.Second), nil, now)
+	c.put("short", "", Failed, 1, now.Add(time.Second), nil, now, 0)
 	if _, ok := c.get("short", "", now.Add(time.Second)); ok {
 		t.Error("an entry was answered at its record's expires_at")
 	}
-	c.put("gone", "", Completed, 1, now, nil, now)
+	c.put("gone", "", Completed, 1, now, nil, now, 0)
 	if _, ok := c.get("gone", "", now); ok {
 		t.Error("an expired record was cached")
 	}
-	c.put("k2", "", Completed, 1, now.Add(time.Hour), nil, now)
+	c.put("k2", "", Completed, 1, now.Add(time.Hour), nil, now, 0)
 	c.remove("k2")
 	if _, ok := c.get("k2", "", now); ok {
 		t.Error("a removed entry was answered")

@@ -1,9 +1,13 @@
 package idem_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -237,5 +241,67 @@ func TestMiddlewareReplaysFromTheCache(t *testing.T) {
 	other := call{key: key, user: "bob", body: `{"amount":1}`}.do(t, url)
 	if other.status != 503 || h.runs.Load() != 1 {
 		t.Fatalf("another user's request with idemd down: %+v, %d runs", other, h.runs.Load())
+	}
+}
+
+// TestReplayCacheOwnPurgeBeatsAClaimInFlight: a claim that idemd answered before a
+// purge through the same client, but whose answer arrives after the purge returned,
+// must not put the purged record back into the cache.
+func TestReplayCacheOwnPurgeBeatsAClaimInFlight(t *testing.T) {
+	ctx := t.Context()
+	held, resume := make(chan struct{}), make(chan struct{})
+	var claims atomic.Int32
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, daemonURL+r.URL.RequestURI(), bytes.NewReader(body))
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultTransport.RoundTrip(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		answer, _ := io.ReadAll(resp.Body)
+		if r.URL.Path == "/v1/claim" && claims.Add(1) == 1 {
+			// idemd has answered; the answer is late to reach the client.
+			close(held)
+			<-resume
+		}
+		for k, vs := range resp.Header {
+			w.Header()[k] = vs
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(answer)
+	}))
+	t.Cleanup(proxy.Close)
+	c, err := idem.New(proxy.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := freshKey("purge-race")
+	var runs atomic.Int64
+	if _, err := newClient(t).Do(ctx, key, "fp", countingWork(&runs)); err != nil {
+		t.Fatal(err)
+	}
+
+	late := make(chan error, 1)
+	go func() {
+		cl, err := c.Claim(ctx, key, idem.ClaimOptions{Fingerprint: "fp"})
+		if err == nil && cl.Outcome != idem.Completed {
+			err = fmt.Errorf("the claim answered before the purge: %+v, want completed", cl)
+		}
+		late <- err
+	}()
+	<-held
+	if err := c.Purge(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if err := <-late; err != nil {
+		t.Fatal(err)
+	}
+	res, err := c.Do(ctx, key, "fp", countingWork(&runs))
+	if err != nil || res.Replayed || runs.Load() != 2 {
+		t.Fatalf("Do after its own client's purge: %+v %v, %d runs; want a new run, not the purged answer", res, err, runs.Load())
 	}
 }

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"net"
 	"net/http"
 	"time"
 )
@@ -15,7 +16,20 @@ const maxIdleConns = 256
 // environment, dial and TLS timeouts, HTTP/2 when offered) with room to keep
 // connections to idemd open.
 func newTransport() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
+	var t *http.Transport
+	if d, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = d.Clone()
+	} else {
+		// The program replaced http.DefaultTransport with a wrapper; start from the
+		// same defaults net/http's has.
+		t = &http.Transport{
+			Proxy:                 http.ProxyFromEnvironment,
+			DialContext:           (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			ForceAttemptHTTP2:     true,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ExpectContinueTimeout: time.Second,
+		}
+	}
 	t.MaxIdleConns = maxIdleConns
 	t.MaxIdleConnsPerHost = maxIdleConns
 	t.IdleConnTimeout = 90 * time.Second
