@@ -187,7 +187,7 @@ export class IdemClient {
     const data = await this.#call(options.signal, options.waitMs ?? 0, (signal) =>
       sdk.claim({ client: this.#api, body, signal }),
     );
-    if (data.outcome === "acquired") {
+    if (data?.outcome === "acquired" && typeof data.lease_token === "string" && data.lease_token !== "") {
       return {
         outcome: "acquired",
         leaseToken: data.lease_token,
@@ -196,6 +196,11 @@ export class IdemClient {
         leaseExpiresAt: new Date(data.lease_expires_at),
         expiresAt: new Date(data.expires_at),
       };
+    }
+    if (data?.outcome !== "completed" && data?.outcome !== "failed") {
+      // Not idemd's answer (a base URL that points at something else): nothing may run
+      // or be replayed on it.
+      throw new IdemError("idem: the claim's answer is neither a lease nor a stored result; is the base URL idemd's?");
     }
     return {
       outcome: data.outcome,

@@ -3,7 +3,8 @@
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { writeFileSync } from "node:fs";
-import { Agent, request as httpRequest } from "node:http";
+import { Agent, createServer, request as httpRequest } from "node:http";
+import type { AddressInfo } from "node:net";
 import { connect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -564,6 +565,39 @@ describe("options", () => {
       }
     } finally {
       await authed.stop();
+    }
+  });
+
+  test("C6: a claim answered by something that is not idemd (a success without a lease or an outcome) runs nothing", async () => {
+    for (const status of [200, 201]) {
+      const other = createServer((_req, res) => {
+        res.writeHead(status, { "content-type": "application/json" });
+        res.end('{"ok":true}');
+      });
+      await new Promise<void>((resolve) => other.listen(0, "127.0.0.1", resolve));
+      const base = `http://127.0.0.1:${(other.address() as AddressInfo).port}`;
+      try {
+        for (const framework of frameworks) {
+          const app = await startApp(framework, new IdemClient({ baseUrl: base }), client, { failOpen: true });
+          try {
+            const key = freshKey("not-idemd");
+            const res = await send(`${app.url}/orders`, json(key, {}));
+            assert.equal(res.status, 503, `${framework} ${status}`);
+            assert.equal(JSON.parse(res.body).code, "idempotency_unavailable");
+            assert.equal(res.headers["idempotent-replayed"], undefined);
+            assert.equal(app.runs.get(`orders ${key}`), undefined);
+            assert.deepEqual(
+              app.incidents.map((i) => i.kind),
+              ["idemd_refused"],
+            );
+          } finally {
+            await app.close();
+          }
+        }
+      } finally {
+        other.closeAllConnections();
+        await new Promise((resolve) => other.close(resolve));
+      }
     }
   });
 
