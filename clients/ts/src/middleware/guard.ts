@@ -90,7 +90,7 @@ const signals = new WeakMap<IncomingMessage, AbortSignal>();
 
 /**
  * The signal of a request the middleware runs under a lease: it aborts when the lease is
- * lost (R12) or the client goes away. Undefined for a request it does not protect.
+ * lost (R12). Undefined for a request it does not protect.
  */
 export function idempotencySignal(req: IncomingMessage | { raw: IncomingMessage }): AbortSignal | undefined {
   return signals.get("raw" in req ? req.raw : req);
