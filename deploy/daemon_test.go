@@ -2,20 +2,18 @@ package deploy
 
 import (
 	"bufio"
-	"bytes"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/testdaemon"
 	"github.com/idemd/idemd/internal/wait"
 )
 
@@ -53,77 +51,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 // startDaemon runs the idemd binary with flags until the test ends, and returns its
 // base URL once it answers /healthz (it may not be ready, if its store is down).
 func startDaemon(t *testing.T, flags ...string) string {
 	t.Helper()
-	addr := freePort(t)
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "IDEMD_") {
-			env = append(env, kv)
-		}
-	}
-	cmd := exec.Command(idemd(t), append([]string{"--listen", addr, "--data-dir", t.TempDir(), "--log-level", "error"}, flags...)...)
-	cmd.Env = env
-	logs := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	base := "http://" + addr
-	wait.For(t, 30*time.Second, "idemd to answer /healthz", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("idemd exited:\n%s", logs)
-		default:
-		}
-		resp, err := http.Get(base + "/healthz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return base
+	return testdaemon.Start(t, idemd(t), "/healthz", append([]string{"--log-level", "error"}, flags...)...)
 }
 
 // call sends one JSON request and returns the status.
@@ -238,7 +170,7 @@ func exported(t *testing.T) series {
 	for i := 0; i < 10 && call(t, embedded, "GET", "/v1/records/x", "tiny-token", "") != http.StatusTooManyRequests; i++ {
 	}
 
-	store := startDaemon(t, "--store", "redis://"+freePort(t)+"/0")
+	store := startDaemon(t, "--store", "redis://"+testdaemon.FreeAddr(t)+"/0")
 	if code := call(t, store, "POST", "/v1/claim", "", `{"key":"a"}`); code != http.StatusServiceUnavailable {
 		t.Fatalf("claim over an unreachable Redis: %d, want 503", code)
 	}

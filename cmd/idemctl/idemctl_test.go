@@ -8,18 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/testdaemon"
 	"github.com/idemd/idemd/internal/wait"
 )
 
@@ -50,83 +49,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// syncBuffer is a buffer a process writes while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// daemonEnv is the environment without IDEMD_ variables, which would configure idemd.
-func daemonEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "IDEMD_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// startDaemon runs the idemd binary on the embedded store in a temporary directory,
-// with the extra flags, and stops it when the test ends.
+// startDaemon runs the idemd binary on the embedded store, with the extra flags, until
+// the test ends.
 func startDaemon(t *testing.T, flags ...string) string {
 	t.Helper()
-	addr := freeAddr(t)
-	logs := &syncBuffer{}
-	cmd := exec.Command(binaries.idemd, append([]string{"--listen", addr, "--data-dir", t.TempDir(), "--log-level", "warn"}, flags...)...)
-	cmd.Env = daemonEnv()
-	cmd.Stdout, cmd.Stderr = logs, logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-	base := "http://" + addr
-	wait.For(t, 20*time.Second, "idemd to be ready", func() bool {
-		select {
-		case <-exited:
-			t.Fatalf("idemd exited:\n%s", logs)
-		default:
-		}
-		resp, err := http.Get(base + "/readyz")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
-	return base
+	return testdaemon.Start(t, binaries.idemd, "/readyz", append([]string{"--log-level", "warn"}, flags...)...)
 }
 
 // result is one idemctl run.
@@ -314,7 +241,7 @@ func TestRecordsEndToEnd(t *testing.T) {
 }
 
 func TestUnreachable(t *testing.T) {
-	url := "http://" + freeAddr(t)
+	url := "http://" + testdaemon.FreeAddr(t)
 	r := idemctl(nil, "--url", url, "lookup", "k")
 	expect(t, r, exitUnavailable, "lookup of a daemon that is not there")
 	if !strings.Contains(r.stderr, "unavailable") {
@@ -367,12 +294,12 @@ func TestUsage(t *testing.T) {
 // error it stopped with.
 func daemonVerdict(t *testing.T, authPath string) string {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testdaemon.FreeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binaries.idemd, "--listen", addr, "--data-dir", t.TempDir(), "--auth-file", authPath)
-	cmd.Env = daemonEnv()
-	logs := &syncBuffer{}
+	cmd.Env = testdaemon.Env()
+	logs := &testdaemon.Logs{}
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -543,7 +470,7 @@ func TestBinary(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, binaries.idemctl, args...)
-		cmd.Env = append(daemonEnv(), env...)
+		cmd.Env = append(testdaemon.Env(), env...)
 		out, err := cmd.CombinedOutput()
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {

@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -14,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/testdaemon"
 )
 
 // buildDaemon compiles this command into a temporary binary.
@@ -25,16 +26,6 @@ func buildDaemon(t *testing.T) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // process is a daemon binary running on the embedded store.
@@ -95,7 +86,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 	t.Parallel()
 	bin := buildDaemon(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
-	addr := freeAddr(t)
+	addr := testdaemon.FreeAddr(t)
 	p := startBinary(t, bin, dataDir, addr)
 
 	const completed, held, clients = 400, 50, 16
@@ -181,9 +172,9 @@ func TestSecondDaemonOnSameDataDir(t *testing.T) {
 	t.Parallel()
 	bin := buildDaemon(t)
 	dataDir := filepath.Join(t.TempDir(), "data")
-	startBinary(t, bin, dataDir, freeAddr(t))
+	startBinary(t, bin, dataDir, testdaemon.FreeAddr(t))
 
-	cmd := exec.Command(bin, "--listen", freeAddr(t), "--data-dir", dataDir)
+	cmd := exec.Command(bin, "--listen", testdaemon.FreeAddr(t), "--data-dir", dataDir)
 	done := make(chan struct{})
 	var out []byte
 	var err error

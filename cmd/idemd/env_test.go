@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/testdaemon"
+
 	"github.com/idemd/idemd/internal/wait"
 )
 
@@ -92,7 +94,7 @@ func TestBinaryConfiguration(t *testing.T) {
 
 	t.Run("environment sets flags, flags beat it", func(t *testing.T) {
 		dataDir := filepath.Join(t.TempDir(), "from-env")
-		addr := freeAddr(t)
+		addr := testdaemon.FreeAddr(t)
 		p := &process{base: "http://" + addr, logs: &strings.Builder{}}
 		// The variable's address is not one this test could serve on: the flag must win.
 		p.cmd = exec.Command(bin, "--listen", addr)

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/testdaemon"
+
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
@@ -77,7 +79,7 @@ func TestTracingToOTLP(t *testing.T) {
 	bin := buildDaemon(t)
 	start := func(t *testing.T, env ...string) (*process, *syncBuffer) {
 		t.Helper()
-		addr := freeAddr(t)
+		addr := testdaemon.FreeAddr(t)
 		p := &process{base: "http://" + addr, logs: &strings.Builder{}}
 		p.cmd = exec.Command(bin, "--listen", addr, "--data-dir", filepath.Join(t.TempDir(), "data"), "--log-level", "warn")
 		p.cmd.Env = daemonEnv(env...)
