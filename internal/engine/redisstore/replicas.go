@@ -19,6 +19,10 @@ type Options struct {
 	// ReplicaTimeout.
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration
+	// Pipelines is how many pipelines may be in flight at once (DefaultPipelines
+	// when zero): calls that arrive while all are in flight wait and go out
+	// together in the next one.
+	Pipelines int
 }
 
 // DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.

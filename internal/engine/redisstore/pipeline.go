@@ -1,0 +1,218 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPipelines is Options.Pipelines when it is not set.
+const DefaultPipelines = 2
+
+// maxBatch bounds the calls one pipeline carries, so that one pipeline's answers do
+// not hold its connection, and Redis's other clients, for long.
+const maxBatch = 128
+
+// errClosed answers the calls made after Close, and those still queued at Close.
+var errClosed = errors.New("redis store closed")
+
+// pipeliner sends the scripts of concurrent calls to Redis as pipelines, batching
+// naturally rather than by a timer: a few workers each take one call, waiting if none
+// is queued, add whatever else is queued by then, and send the lot as one pipeline.
+// A call that finds a worker idle goes out at once, alone; calls that arrive while
+// every worker has a pipeline in flight gather in the queue and go out together in
+// the next one. Redis then reads, runs and answers many scripts per system call, and
+// go-redis writes and reads them with one system call each way, which is where most
+// of the CPU of a single script went, on both sides.
+//
+// Several workers, rather than one, keep a slow pipeline (a Cluster node that fails,
+// a large answer) from stalling every call behind it.
+type pipeliner struct {
+	client Client
+	queue  chan *call
+
+	// mu orders sends on queue before Close: a call that saw closed unset is in the
+	// queue before Close lets the workers go, so a worker answers it.
+	mu     sync.RWMutex
+	closed bool
+	quit   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// call is one script of one caller, with the caller's context. The worker sets val
+// and err, then closes done.
+type call struct {
+	ctx    context.Context
+	script script
+	key    string
+	args   []any
+	val    any
+	err    error
+	done   chan struct{}
+}
+
+func (c *call) finish(val any, err error) {
+	c.val, c.err = val, err
+	close(c.done)
+}
+
+func newPipeliner(client Client, workers int) *pipeliner {
+	if workers <= 0 {
+		workers = DefaultPipelines
+	}
+	p := &pipeliner{client: client, queue: make(chan *call, 4*maxBatch), quit: make(chan struct{})}
+	p.wg.Add(workers)
+	for range workers {
+		go p.work()
+	}
+	return p
+}
+
+// do runs script on key in the next pipeline and returns its answer, or ctx's error
+// as soon as ctx is done: a caller never waits on another's pipeline past its own
+// deadline. A call whose ctx is done before its pipeline goes out is not sent.
+func (p *pipeliner) do(ctx context.Context, script script, key string, args []any) (any, error) {
+	c := &call{ctx: ctx, script: script, key: key, args: args, done: make(chan struct{})}
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		return nil, errClosed
+	}
+	select {
+	case p.queue <- c:
+		p.mu.RUnlock()
+	case <-ctx.Done():
+		p.mu.RUnlock()
+		return nil, ctx.Err()
+	}
+	select {
+	case <-c.done:
+		return c.val, c.err
+	case <-ctx.Done():
+		select {
+		case <-c.done:
+			return c.val, c.err
+		default:
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// close answers errClosed to every call still queued, lets the workers finish the
+// pipelines they have in flight, and returns once they have exited.
+func (p *pipeliner) close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.mu.Unlock()
+	close(p.quit)
+	p.wg.Wait()
+	// No call can be added any more; answer those the workers left.
+	for {
+		select {
+		case c := <-p.queue:
+			c.finish(nil, errClosed)
+		default:
+			return
+		}
+	}
+}
+
+func (p *pipeliner) work() {
+	defer p.wg.Done()
+	batch := make([]*call, 0, maxBatch)
+	for {
+		select {
+		case c := <-p.queue:
+			batch = append(batch[:0], c)
+		case <-p.quit:
+			return
+		}
+		select {
+		case <-p.quit:
+			// Close came first; the call is answered with the rest of the queue.
+			batch[0].finish(nil, errClosed)
+			return
+		default:
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case c := <-p.queue:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		p.send(batch)
+		clear(batch)
+	}
+}
+
+// send runs batch as one pipeline (go-redis splits a Cluster pipeline by node and
+// follows MOVED and ASK itself). Scripts the server does not know yet, after a
+// restart or a SCRIPT FLUSH, answer NOSCRIPT each; those are sent again in full with
+// EVAL, in a second pipeline.
+func (p *pipeliner) send(batch []*call) {
+	live := make([]*call, 0, len(batch))
+	// The pipeline must not fail because one caller left: it runs until the latest
+	// deadline among its calls, or without one if any call has none (the daemon
+	// gives every store call a deadline).
+	var latest time.Time
+	bounded := true
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.finish(nil, err)
+			continue
+		}
+		if d, ok := c.ctx.Deadline(); !ok {
+			bounded = false
+		} else if d.After(latest) {
+			latest = d
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx := context.Background()
+	if bounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
+	retry := p.exec(ctx, live, false)
+	if len(retry) > 0 {
+		p.exec(ctx, retry, true)
+	}
+}
+
+// exec sends calls as one pipeline, EVALSHA or (full) EVAL, answers every call, and
+// returns, when not full, those that met NOSCRIPT unanswered.
+func (p *pipeliner) exec(ctx context.Context, calls []*call, full bool) (noScript []*call) {
+	pipe := p.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		if full {
+			cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
+		} else {
+			cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, c := range calls {
+		val, err := cmds[i].Result()
+		if !full && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			noScript = append(noScript, c)
+			continue
+		}
+		c.finish(val, err)
+	}
+	return noScript
+}
