@@ -101,8 +101,8 @@ func (p *pipeliner) do(ctx context.Context, script script, key string, args []an
 	}
 }
 
-// close answers errClosed to every call still queued, lets the workers finish the
-// pipelines they have in flight, and returns once they have exited.
+// close answers errClosed to every call still queued and returns once the workers
+// have exited; the pipelines they have in flight get their answers.
 func (p *pipeliner) close() {
 	p.mu.Lock()
 	if p.closed {
@@ -111,17 +111,18 @@ func (p *pipeliner) close() {
 	}
 	p.closed = true
 	p.mu.Unlock()
+	// No call is added from here on; those queued are answered here or, when a worker
+	// took them first, by that worker.
 	close(p.quit)
-	p.wg.Wait()
-	// No call can be added any more; answer those the workers left.
-	for {
+	for drained := false; !drained; {
 		select {
 		case c := <-p.queue:
 			c.finish(nil, errClosed)
 		default:
-			return
+			drained = true
 		}
 	}
+	p.wg.Wait()
 }
 
 func (p *pipeliner) work() {
@@ -134,13 +135,6 @@ func (p *pipeliner) work() {
 		case <-p.quit:
 			return
 		}
-		select {
-		case <-p.quit:
-			// Close came first; the call is answered with the rest of the queue.
-			batch[0].finish(nil, errClosed)
-			return
-		default:
-		}
 	drain:
 		for len(batch) < maxBatch {
 			select {
@@ -149,6 +143,14 @@ func (p *pipeliner) work() {
 			default:
 				break drain
 			}
+		}
+		select {
+		case <-p.quit:
+			for _, c := range batch {
+				c.finish(nil, errClosed)
+			}
+			return
+		default:
 		}
 		p.send(batch)
 		clear(batch)
