@@ -275,6 +275,11 @@ func (s *Store) Close() error {
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
 	var v any
 	var err error
+	// A write that waits for replica acknowledgements keeps a pipeline of its own,
+	// the script then WAIT on one connection of its master. Batching such writes per
+	// master with one WAIT at the end would be correct (WAIT counts every write before
+	// it on its connection) and cheaper, but needs the calls grouped by master and the
+	// slot retry of runReplicated done per group; it is not done.
 	if s.opts.ReplicaAcks > 0 && script.writes {
 		v, err = s.runReplicated(ctx, script, RecordKey(id), args)
 	} else {
