@@ -33,6 +33,10 @@ var errClosed = errors.New("redis store closed")
 type pipeliner struct {
 	client Client
 	queue  chan *call
+	// acks, when positive, makes every write wait for that many replicas, at most
+	// ackTimeout (see sendReplicated).
+	acks       int
+	ackTimeout time.Duration
 
 	// mu orders sends on queue before Close: a call that saw closed unset is in the
 	// queue before Close lets the workers go, so a worker answers it.
@@ -59,11 +63,13 @@ func (c *call) finish(val any, err error) {
 	close(c.done)
 }
 
-func newPipeliner(client Client, workers int) *pipeliner {
+func newPipeliner(client Client, opts Options) *pipeliner {
+	workers := opts.Pipelines
 	if workers <= 0 {
 		workers = DefaultPipelines
 	}
-	p := &pipeliner{client: client, queue: make(chan *call, 4*maxBatch), quit: make(chan struct{})}
+	p := &pipeliner{client: client, queue: make(chan *call, 4*maxBatch), quit: make(chan struct{}),
+		acks: opts.ReplicaAcks, ackTimeout: opts.ReplicaTimeout}
 	p.wg.Add(workers)
 	for range workers {
 		go p.work()
@@ -189,9 +195,25 @@ func (p *pipeliner) send(batch []*call) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
-	retry := p.exec(ctx, live, false)
-	if len(retry) > 0 {
-		p.exec(ctx, retry, true)
+	plain := live
+	var replicated []*call
+	if p.acks > 0 {
+		plain = make([]*call, 0, len(live))
+		for _, c := range live {
+			if c.script.writes {
+				replicated = append(replicated, c)
+			} else {
+				plain = append(plain, c)
+			}
+		}
+	}
+	if len(plain) > 0 {
+		if retry := p.exec(ctx, plain, false); len(retry) > 0 {
+			p.exec(ctx, retry, true)
+		}
+	}
+	if len(replicated) > 0 {
+		p.sendReplicated(ctx, replicated)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -30,6 +31,7 @@ type gate struct {
 	evalsha     int // EVALSHA in pipelines
 	eval        int // EVAL in pipelines
 	noScript    int // EVALSHA in pipelines answered NOSCRIPT
+	waits       int // WAIT in pipelines
 	single      int // scripts sent alone
 }
 
@@ -74,6 +76,8 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 				}
 			case "eval":
 				g.eval++
+			case "wait":
+				g.waits++
 			}
 		}
 		return err
@@ -90,13 +94,18 @@ func (g *gate) holding(n int) bool {
 func (g *gate) counts() gate {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return gate{pipelines: g.pipelines, evalsha: g.evalsha, eval: g.eval, noScript: g.noScript, single: g.single,
+	return gate{pipelines: g.pipelines, evalsha: g.evalsha, eval: g.eval, noScript: g.noScript, waits: g.waits, single: g.single,
 		held: g.held, heldScripts: g.heldScripts}
 }
 
 // gatedStore opens a store on srv with that many pipelines whose client passes
 // through a new gate.
 func gatedStore(t *testing.T, srv *testredis.Server, pipelines int) (*redisstore.Store, *gate) {
+	t.Helper()
+	return gatedStoreWith(t, srv, redisstore.Options{Pipelines: pipelines})
+}
+
+func gatedStoreWith(t *testing.T, srv *testredis.Server, opts redisstore.Options) (*redisstore.Store, *gate) {
 	t.Helper()
 	universal, err := redisstore.NewClient(srv.URL())
 	if err != nil {
@@ -108,7 +117,7 @@ func gatedStore(t *testing.T, srv *testredis.Server, pipelines int) (*redisstore
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := redisstore.New(client, redisstore.Options{Pipelines: pipelines})
+	s := redisstore.New(client, opts)
 	t.Cleanup(func() {
 		select {
 		case <-g.open:
@@ -285,5 +294,36 @@ func TestPipelineClose(t *testing.T) {
 	}
 	if _, err := s.Claim(t.Context(), claim("after-close")); !errors.Is(err, engine.ErrUnavailable) {
 		t.Fatalf("claim after Close: %v, want unavailable", err)
+	}
+}
+
+// TestPipelineReplicaAcks: writes that wait for a replica share a pipeline on their
+// master, and one WAIT at its end answers for all of them.
+func TestPipelineReplicaAcks(t *testing.T) {
+	t.Parallel()
+	const calls = 20
+	master := testredis.Start(t)
+	testredis.Start(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port))
+	wait.For(t, 10*time.Second, "the replica to attach", func() bool {
+		reply, err := master.Command("WAIT", "1", "100")
+		return err == nil && reply == ":1"
+	})
+	s, g := gatedStoreWith(t, master, redisstore.Options{Pipelines: 1, ReplicaAcks: 1, ReplicaTimeout: 5 * time.Second})
+	held := claimAll(t.Context(), s, "held", 1)
+	wait.For(t, 30*time.Second, "the one pipeline at the gate", func() bool { return g.holding(1) })
+	queued := claimAll(t.Context(), s, "acked", calls)
+	wait.For(t, 30*time.Second, "every other call queued", func() bool { return s.Queued() == calls })
+	close(g.open)
+	for i, err := range append(answer(t, held, "the held claim"), answer(t, queued, "the queued claims")...) {
+		if err != nil {
+			t.Errorf("claim %d: %v", i, err)
+		}
+	}
+	// The held pipeline, which the fresh Redis answers NOSCRIPT and which goes again
+	// with EVAL, then one with every queued write: three WAITs in all.
+	c := g.counts()
+	if c.pipelines != 2 || c.evalsha != calls+1 || c.eval != 1 || c.waits != 3 {
+		t.Fatalf("%d replicated claims: %d pipelines, %d EVALSHA, %d EVAL, %d WAIT; want 2 pipelines, %d EVALSHA, 1 EVAL, 3 WAIT",
+			calls+1, c.pipelines, c.evalsha, c.eval, c.waits, calls+1)
 	}
 }

@@ -117,7 +117,7 @@ func New(client Client, opts Options) *Store {
 	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
 	}
-	return &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts.Pipelines), opts: opts}
+	return &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), opts: opts}
 }
 
 // RecordKey is the Redis key of a record: the tenant, then the SHA-256 of the client's
@@ -273,18 +273,7 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
-	var v any
-	var err error
-	// A write that waits for replica acknowledgements keeps a pipeline of its own,
-	// the script then WAIT on one connection of its master. Batching such writes per
-	// master with one WAIT at the end would be correct (WAIT counts every write before
-	// it on its connection) and cheaper, but needs the calls grouped by master and the
-	// slot retry of runReplicated done per group; it is not done.
-	if s.opts.ReplicaAcks > 0 && script.writes {
-		v, err = s.runReplicated(ctx, script, RecordKey(id), args)
-	} else {
-		v, err = s.pipe.do(ctx, script, RecordKey(id), args)
-	}
+	v, err := s.pipe.do(ctx, script, RecordKey(id), args)
 	var notReplicated *notReplicatedError
 	if errors.As(err, &notReplicated) {
 		return reply{}, err
