@@ -25,25 +25,34 @@ var errClosed = errors.New("redis store closed")
 // A call that finds a worker idle goes out at once, alone; calls that arrive while
 // every worker has a pipeline in flight gather in the queue and go out together in
 // the next one. Redis then reads, runs and answers many scripts per system call, and
-// go-redis writes and reads them with one system call each way, which is where most
+// go-redis writes and reads them with one system call each way, which is where much
 // of the CPU of a single script went, on both sides.
 //
-// Several workers, rather than one, keep a slow pipeline (a Cluster node that fails,
-// a large answer) from stalling every call behind it.
+// Several workers, rather than one, keep a slow pipeline (a large answer, a WAIT for
+// replicas) from stalling every call behind it. On a Cluster each master has a queue
+// and workers of its own (a lane), so that a master that stops answering holds up only
+// the calls for its own slots, as it did when every call went alone.
 type pipeliner struct {
-	client Client
-	queue  chan *call
+	client  Client
+	workers int
 	// acks, when positive, makes every write wait for that many replicas, at most
 	// ackTimeout (see sendReplicated).
 	acks       int
 	ackTimeout time.Duration
 
-	// mu orders sends on queue before Close: a call that saw closed unset is in the
-	// queue before Close lets the workers go, so a worker answers it.
+	// mu guards lanes and orders sends on their queues before Close: a call that saw
+	// closed unset is in its queue before Close answers the queued calls.
 	mu     sync.RWMutex
 	closed bool
+	lanes  map[string]*lane
 	quit   chan struct{}
 	wg     sync.WaitGroup
+}
+
+// lane is the queue of the calls for one master. Lanes are never removed: a Cluster
+// has few masters, and one that left keeps only idle workers.
+type lane struct {
+	queue chan *call
 }
 
 // call is one script of one caller, with the caller's context. The worker sets val
@@ -68,27 +77,35 @@ func newPipeliner(client Client, opts Options) *pipeliner {
 	if workers <= 0 {
 		workers = DefaultPipelines
 	}
-	p := &pipeliner{client: client, queue: make(chan *call, 4*maxBatch), quit: make(chan struct{}),
+	return &pipeliner{client: client, workers: workers, lanes: make(map[string]*lane), quit: make(chan struct{}),
 		acks: opts.ReplicaAcks, ackTimeout: opts.ReplicaTimeout}
-	p.wg.Add(workers)
-	for range workers {
-		go p.work()
-	}
-	return p
 }
 
 // do runs script on key in the next pipeline and returns its answer, or ctx's error
 // as soon as ctx is done: a caller never waits on another's pipeline past its own
 // deadline. A call whose ctx is done before its pipeline goes out is not sent.
 func (p *pipeliner) do(ctx context.Context, script script, key string, args []any) (any, error) {
+	// The lane only sorts calls by master; the pipeline itself routes each call by
+	// the slot map it has when it goes out, and follows MOVED and ASK.
+	master, err := p.client.MasterFor(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := master.Options().Addr
 	c := &call{ctx: ctx, script: script, key: key, args: args, done: make(chan struct{})}
 	p.mu.RLock()
+	l := p.lanes[addr]
+	if l == nil && !p.closed {
+		p.mu.RUnlock()
+		l = p.lane(addr)
+		p.mu.RLock()
+	}
 	if p.closed {
 		p.mu.RUnlock()
 		return nil, errClosed
 	}
 	select {
-	case p.queue <- c:
+	case l.queue <- c:
 		p.mu.RUnlock()
 	case <-ctx.Done():
 		p.mu.RUnlock()
@@ -107,6 +124,33 @@ func (p *pipeliner) do(ctx context.Context, script script, key string, args []an
 	}
 }
 
+// lane returns the lane of the master at addr, starting it if need be.
+func (p *pipeliner) lane(addr string) *lane {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l := p.lanes[addr]; l != nil || p.closed {
+		return l
+	}
+	l := &lane{queue: make(chan *call, 4*maxBatch)}
+	p.lanes[addr] = l
+	p.wg.Add(p.workers)
+	for range p.workers {
+		go p.work(l)
+	}
+	return l
+}
+
+// queued is how many calls wait for a pipeline.
+func (p *pipeliner) queued() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	n := 0
+	for _, l := range p.lanes {
+		n += len(l.queue)
+	}
+	return n
+}
+
 // close answers errClosed to every call still queued and returns once the workers
 // have exited; the pipelines they have in flight get their answers.
 func (p *pipeliner) close() {
@@ -117,26 +161,28 @@ func (p *pipeliner) close() {
 	}
 	p.closed = true
 	p.mu.Unlock()
-	// No call is added from here on; those queued are answered here or, when a worker
-	// took them first, by that worker.
+	// No call or lane is added from here on; the queued calls are answered here or,
+	// when a worker took them first, by that worker.
 	close(p.quit)
-	for drained := false; !drained; {
-		select {
-		case c := <-p.queue:
-			c.finish(nil, errClosed)
-		default:
-			drained = true
+	for _, l := range p.lanes {
+		for drained := false; !drained; {
+			select {
+			case c := <-l.queue:
+				c.finish(nil, errClosed)
+			default:
+				drained = true
+			}
 		}
 	}
 	p.wg.Wait()
 }
 
-func (p *pipeliner) work() {
+func (p *pipeliner) work(l *lane) {
 	defer p.wg.Done()
 	batch := make([]*call, 0, maxBatch)
 	for {
 		select {
-		case c := <-p.queue:
+		case c := <-l.queue:
 			batch = append(batch[:0], c)
 		case <-p.quit:
 			return
@@ -144,7 +190,7 @@ func (p *pipeliner) work() {
 	drain:
 		for len(batch) < maxBatch {
 			select {
-			case c := <-p.queue:
+			case c := <-l.queue:
 				batch = append(batch, c)
 			default:
 				break drain
