@@ -5,9 +5,8 @@
 // Every transition is committed and synced before it returns. One loop owns the writes
 // and commits groups without a timer: a transition that arrives while no commit runs is
 // committed at once, and those that arrive during a commit's fsync share the next one.
-// Records past their retention
-// count as absent at once and are removed later by a sweeper that walks an index
-// ordered by expiry.
+// Records past their retention count as absent at once and are removed later by a
+// sweeper that walks an index ordered by expiry.
 package boltstore
 
 import (
@@ -226,8 +225,8 @@ func unixMs(t time.Time) int64 {
 }
 
 // txn is one transition inside a write transaction. It may run more than once (a group
-// that a neighbour's failure rolled back runs again without it), so it only records its effects in
-// its own fields, which are reset at each run and read after the commit.
+// that a neighbour's failure rolled back runs again without it), so it only records its
+// effects in its own fields, which are reset at each run and read after the commit.
 type txn struct {
 	tx  *bolt.Tx
 	now int64
