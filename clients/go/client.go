@@ -32,6 +32,8 @@ type Client struct {
 	timeout   time.Duration
 	retention time.Duration
 	replays   *replayCache
+	// batches gathers concurrent calls (WithBatching); nil sends each on its own.
+	batches *batcher
 }
 
 type settings struct {
@@ -42,6 +44,7 @@ type settings struct {
 	retries   int
 	backoff   time.Duration
 	retention time.Duration
+	batching  bool
 
 	replayBytes int
 	replayAge   time.Duration
@@ -80,7 +83,7 @@ func WithRetention(d time.Duration) Option { return func(s *settings) { s.retent
 // New returns a client of the idemd at baseURL, e.g. http://idemd.internal:8080.
 func New(baseURL string, opts ...Option) (*Client, error) {
 	s := settings{http: &http.Client{Transport: newTransport()}, timeout: 10 * time.Second, retries: 3, backoff: 50 * time.Millisecond,
-		replayBytes: DefaultReplayCacheBytes, replayAge: DefaultReplayCacheMaxAge}
+		batching: true, replayBytes: DefaultReplayCacheBytes, replayAge: DefaultReplayCacheMaxAge}
 	for _, o := range opts {
 		o(&s)
 	}
@@ -92,8 +95,12 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{api: api, owner: s.owner, token: s.token, timeout: s.timeout, retention: s.retention,
-		replays: newReplayCache(s.replayBytes, s.replayAge)}, nil
+	c := &Client{api: api, owner: s.owner, token: s.token, timeout: s.timeout, retention: s.retention,
+		replays: newReplayCache(s.replayBytes, s.replayAge)}
+	if s.batching {
+		c.batches = &batcher{c: c}
+	}
+	return c, nil
 }
 
 func randomHex(n int) string {
@@ -219,32 +226,26 @@ func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Cla
 	secret := cmp.Or(opts.Secret, NewSecret())
 	body := idemapi.ClaimRequest{Key: key, Fingerprint: ptr(opts.Fingerprint), Owner: &owner, ClaimSecret: &secret,
 		LeaseMs: ptr(opts.Lease.Milliseconds()), WaitMs: ptr(opts.Wait.Milliseconds())}
-	resp, err := c.api.Claim(ctx, body, c.authorize)
-	if err != nil {
-		return nil, transportError(err)
+	res := c.do(ctx, idemapi.BatchItem{Claim: &body})
+	if res.err != nil {
+		return nil, res.err
 	}
-	if resp.StatusCode == http.StatusCreated {
-		var out idemapi.ClaimAcquired
-		if err := decode(resp, &out, http.StatusCreated); err != nil {
-			return nil, err
-		}
-		if out.LeaseToken == "" {
+	if res.status == http.StatusCreated {
+		out := res.acquired
+		if out == nil || out.LeaseToken == "" {
 			// Not idemd's answer (a wrong base URL): nothing may run on it.
 			return nil, errors.New("idem: the claim was answered 201 without a lease token; is the base URL idemd's?")
 		}
 		return &Claim{Outcome: Acquired, Token: out.LeaseToken, Attempt: out.Attempt, LeaseExpiresAt: out.LeaseExpiresAt,
 			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered}, nil
 	}
-	var out idemapi.ClaimFinished
-	if err := decode(resp, &out, http.StatusOK); err != nil {
-		return nil, err
+	out := res.finished
+	if res.status != http.StatusOK || out == nil || !out.Outcome.Valid() {
+		// Not idemd's answer (a wrong base URL): callers would take it for a lease.
+		return nil, fmt.Errorf("idem: the claim was answered %d without a lease or a stored outcome; is the base URL idemd's?", res.status)
 	}
 	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt,
 		Response: fromStored(out.Response)}
-	if cl.Outcome != Completed && cl.Outcome != Failed {
-		// Not idemd's answer (a wrong base URL): callers would take it for a lease.
-		return nil, fmt.Errorf("idem: the claim was answered 200 with outcome %q; is the base URL idemd's?", out.Outcome)
-	}
 	// The claim matched the stored fingerprint exactly, so it is the record's.
 	c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now(), gen)
 	return cl, nil
@@ -262,15 +263,18 @@ func (c *Client) complete(ctx context.Context, key, token string, r Response) (*
 	defer cancel()
 	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: toStored(r),
 		RetentionMs: ptr(c.retention.Milliseconds())}
-	resp, err := c.api.Complete(ctx, body, c.authorize)
-	if err != nil {
-		return nil, transportError(err)
+	return recordOf(c.do(ctx, idemapi.BatchItem{Complete: &body}))
+}
+
+// recordOf is the record a complete or release answered.
+func recordOf(res result) (*idemapi.KeyRecord, error) {
+	if res.err != nil {
+		return nil, res.err
 	}
-	var out idemapi.KeyRecord
-	if err := decode(resp, &out, http.StatusOK); err != nil {
-		return nil, err
+	if res.status != http.StatusOK || res.record == nil {
+		return nil, fmt.Errorf("idem: answered %d without the record; is the base URL idemd's?", res.status)
 	}
-	return &out, nil
+	return res.record, nil
 }
 
 // Release gives the lease back: Retry frees the key, Fail stores r (which may be nil)
@@ -289,30 +293,22 @@ func (c *Client) release(ctx context.Context, key, token string, mode ReleaseMod
 		stored := toStored(*r)
 		body.Response = &stored
 	}
-	resp, err := c.api.Release(ctx, body, c.authorize)
-	if err != nil {
-		return nil, transportError(err)
-	}
-	var out idemapi.KeyRecord
-	if err := decode(resp, &out, http.StatusOK); err != nil {
-		return nil, err
-	}
-	return &out, nil
+	return recordOf(c.do(ctx, idemapi.BatchItem{Release: &body}))
 }
 
 // Extend renews the lease for another lease and returns when it now runs out.
 func (c *Client) Extend(ctx context.Context, key, token string, lease time.Duration) (time.Time, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
-	resp, err := c.api.Extend(ctx, idemapi.ExtendRequest{Key: key, LeaseToken: token, LeaseMs: lease.Milliseconds()}, c.authorize)
-	if err != nil {
-		return time.Time{}, transportError(err)
+	body := idemapi.ExtendRequest{Key: key, LeaseToken: token, LeaseMs: lease.Milliseconds()}
+	res := c.do(ctx, idemapi.BatchItem{Extend: &body})
+	if res.err != nil {
+		return time.Time{}, res.err
 	}
-	var out idemapi.LeaseExtended
-	if err := decode(resp, &out, http.StatusOK); err != nil {
-		return time.Time{}, err
+	if res.status != http.StatusOK || res.extended == nil {
+		return time.Time{}, fmt.Errorf("idem: the extend was answered %d without the lease; is the base URL idemd's?", res.status)
 	}
-	return out.LeaseExpiresAt, nil
+	return res.extended.LeaseExpiresAt, nil
 }
 
 // Lookup returns the record of key, or ErrNotFound.
@@ -419,7 +415,7 @@ func problemFrom(resp *http.Response, body []byte) *Problem {
 			p.Detail = *wire.Detail
 		}
 		if wire.RetryAfterMs != nil {
-			p.RetryAfter = time.Duration(*wire.RetryAfterMs) * time.Millisecond
+			p.RetryAfter = msDuration(*wire.RetryAfterMs)
 		}
 	} else {
 		// Not idemd's answer: a proxy or load balancer in between.
@@ -486,6 +482,8 @@ func (p *Problem) Is(target error) bool {
 	}
 	return false
 }
+
+func msDuration(ms int64) time.Duration { return time.Duration(ms) * time.Millisecond }
 
 // transportError marks a failure to get any answer as ErrUnavailable.
 func transportError(err error) error {

@@ -38,6 +38,7 @@ func main() {
 		fs.StringVar(&cfg.IdemdURL, "idemd", "", "idemd URL (idemd)")
 		cache := fs.Bool("sdk-replay-cache", true, "keep the SDK's replay cache on (idemd)")
 		plainHTTP := fs.Bool("sdk-plain-http-client", false, "give the SDK a bare &http.Client{}, 2 idle connections per host (idemd)")
+		batching := fs.Bool("sdk-batching", true, "let the SDK gather concurrent calls into batches (idemd)")
 		cpuProfile := fs.String("cpuprofile", "", "write the app's CPU profile to this file")
 		_ = fs.Parse(os.Args[2:])
 		if *cpuProfile != "" {
@@ -55,6 +56,9 @@ func main() {
 		if !*cache {
 			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithReplayCache(0, 0))
 		}
+		if !*batching {
+			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithBatching(false))
+		}
 		if *plainHTTP {
 			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithHTTPClient(&http.Client{}))
 		}
@@ -70,7 +74,7 @@ func main() {
 	flag.IntVar(&cfg.Requests, "requests", 20000, "requests per phase (first requests, then as many replays)")
 	flag.DurationVar(&cfg.MaxPhase, "max-phase", time.Minute, "stop a phase after this long")
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "times to run every configuration")
-	configs := flag.String("configs", "a,b,c,d,c0", "configurations to run (c0: (c) with the SDK's former settings)")
+	configs := flag.String("configs", "a,b,c,d,c1,c0", "configurations to run (c1: (c) without batching; c0: (c) with the SDK's first settings)")
 	flag.StringVar(&cfg.Idemd, "idemd", "", "idemd binary (default: build ./cmd/idemd)")
 	flag.StringVar(&cfg.RedisServer, "redis-server", "redis-server", "redis-server binary")
 	appFlags := flag.String("app-flags", "", "flags for every app process, space-separated (e.g. -sdk-replay-cache=false)")

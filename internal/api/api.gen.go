@@ -63,6 +63,45 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// BatchItem One operation, under exactly one of its members.
+type BatchItem struct {
+	Claim    *ClaimRequest    `json:"claim,omitempty"`
+	Complete *CompleteRequest `json:"complete,omitempty"`
+	Extend   *ExtendRequest   `json:"extend,omitempty"`
+	Release  *ReleaseRequest  `json:"release,omitempty"`
+}
+
+// BatchItemResult An item's answer: the status the single call would have answered, and its body
+// under one member: `acquired` (a claim's 201), `finished` (a claim's 200),
+// `record` (a complete's or release's 200), `extended` (an extend's 200), or
+// `problem` (any status of 400 and above).
+type BatchItemResult struct {
+	// Acquired The caller holds the lease.
+	Acquired *ClaimAcquired `json:"acquired,omitempty"`
+	Extended *LeaseExtended `json:"extended,omitempty"`
+
+	// Finished The key is finished; its stored result is replayed.
+	Finished *ClaimFinished `json:"finished,omitempty"`
+
+	// Problem An RFC 9457 problem detail.
+	Problem *Problem   `json:"problem,omitempty"`
+	Record  *KeyRecord `json:"record,omitempty"`
+
+	// Status The HTTP status the single call would have answered.
+	Status int `json:"status"`
+}
+
+// BatchRequest defines model for BatchRequest.
+type BatchRequest struct {
+	Items []BatchItem `json:"items"`
+}
+
+// BatchResults defines model for BatchResults.
+type BatchResults struct {
+	// Results One result per item, in the order of the items.
+	Results []BatchItemResult `json:"results"`
+}
+
 // ClaimAcquired The caller holds the lease.
 type ClaimAcquired struct {
 	// Attempt How many times the key has been acquired, this time included.
@@ -252,6 +291,9 @@ type Unauthenticated = Problem
 // Unavailable An RFC 9457 problem detail.
 type Unavailable = Problem
 
+// BatchJSONRequestBody defines body for Batch for application/json ContentType.
+type BatchJSONRequestBody = BatchRequest
+
 // ClaimJSONRequestBody defines body for Claim for application/json ContentType.
 type ClaimJSONRequestBody = ClaimRequest
 
@@ -275,6 +317,9 @@ type ServerInterface interface {
 	// Readyz The store is reachable and writable.
 	// (GET /readyz)
 	Readyz(ctx echo.Context) error
+	// Batch Claim, complete, release and extend several keys in one request.
+	// (POST /v1/batch)
+	Batch(ctx echo.Context) error
 	// Claim Claim an idempotency key.
 	// (POST /v1/claim)
 	Claim(ctx echo.Context) error
@@ -324,6 +369,15 @@ func (w *ServerInterfaceWrapper) Readyz(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.Readyz(ctx)
+	return err
+}
+
+// Batch converts echo context to params.
+func (w *ServerInterfaceWrapper) Batch(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.Batch(ctx)
 	return err
 }
 
@@ -446,6 +500,7 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.POST(options.BaseURL+"/v1/complete", wrapper.Complete, options.OperationMiddlewares["complete"]...)
 	router.POST(options.BaseURL+"/v1/release", wrapper.Release, options.OperationMiddlewares["release"]...)
 	router.POST(options.BaseURL+"/v1/extend", wrapper.Extend, options.OperationMiddlewares["extend"]...)
+	router.POST(options.BaseURL+"/v1/batch", wrapper.Batch, options.OperationMiddlewares["batch"]...)
 	router.DELETE(options.BaseURL+"/v1/records/:key", wrapper.Purge, options.OperationMiddlewares["purge"]...)
 	router.GET(options.BaseURL+"/v1/records/:key", wrapper.Lookup, options.OperationMiddlewares["lookup"]...)
 	router.GET(options.BaseURL+"/healthz", wrapper.Healthz, options.OperationMiddlewares["healthz"]...)

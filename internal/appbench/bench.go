@@ -30,7 +30,7 @@ type Config struct {
 	MaxPhase time.Duration
 	// Rounds repeats every configuration, in the same order, so that the spread shows.
 	Rounds int
-	// Configs selects configurations by name (a, b, c, d, c0); empty means all.
+	// Configs selects configurations by name (a, b, c, d, c1, c0); empty means all.
 	Configs []string
 	// AppCommand starts one app process: the command and its leading arguments, to
 	// which the bench appends -mode, -listen, -redis and -idemd.
@@ -151,8 +151,10 @@ func Run(ctx context.Context, cfg Config) error {
 		{name: "b", title: "(b) direct-Redis middleware", mode: ModeDirect, usesRedis: true},
 		{name: "c", title: "(c) idem.Middleware → idemd → Redis", mode: ModeIdemd, idemd: idemdRedis, usesRedis: true},
 		{name: "d", title: "(d) idem.Middleware → idemd, embedded store", mode: ModeIdemd, idemd: idemdBolt},
-		{name: "c0", title: "(c0) as (c), the SDK's former settings: &http.Client{}, no replay cache", mode: ModeIdemd,
-			idemd: idemdRedis, usesRedis: true, appFlags: []string{"-sdk-plain-http-client", "-sdk-replay-cache=false"}},
+		{name: "c1", title: "(c1) as (c), without batching", mode: ModeIdemd,
+			idemd: idemdRedis, usesRedis: true, appFlags: []string{"-sdk-batching=false"}},
+		{name: "c0", title: "(c0) as (c), the SDK's first settings: &http.Client{}, no replay cache, no batching", mode: ModeIdemd,
+			idemd: idemdRedis, usesRedis: true, appFlags: []string{"-sdk-plain-http-client", "-sdk-replay-cache=false", "-sdk-batching=false"}},
 	}
 	var configs []*configuration
 	for _, c := range all {
@@ -496,11 +498,13 @@ func printRound(w io.Writer, configs []*configuration, results map[string][]rowR
 		}
 	}
 	if c, ok := results["c"]; ok {
-		if c0, ok := results["c0"]; ok {
-			fmt.Fprintf(w, "- (c) against (c0): S1 %.2f×, S2 %.2f×; app CPU per request S1 %.2f×, S2 %.2f×\n",
-				c[i].first.rate()/c0[i].first.rate(), c[i].replay.rate()/c0[i].replay.rate(),
-				c[i].first.perRequest(c[i].first.app)/c0[i].first.perRequest(c0[i].first.app),
-				c[i].replay.perRequest(c[i].replay.app)/c0[i].replay.perRequest(c0[i].replay.app))
+		for _, base := range []string{"c1", "c0"} {
+			if b, ok := results[base]; ok {
+				fmt.Fprintf(w, "- (c) against (%s): S1 %.2f×, S2 %.2f×; app CPU per request S1 %.2f×, S2 %.2f×\n", base,
+					c[i].first.rate()/b[i].first.rate(), c[i].replay.rate()/b[i].replay.rate(),
+					c[i].first.perRequest(c[i].first.app)/b[i].first.perRequest(b[i].first.app),
+					c[i].replay.perRequest(c[i].replay.app)/b[i].replay.perRequest(b[i].replay.app))
+			}
 		}
 	}
 	fmt.Fprintln(w)

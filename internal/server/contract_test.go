@@ -13,6 +13,7 @@ import (
 
 	contract "github.com/idemd/idemd/api"
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/server"
 )
 
 // TestServesItsContract: a team can generate a client from the running daemon, with
@@ -50,6 +51,8 @@ func TestContractLimitsAreTheEngines(t *testing.T) {
 				Properties map[string]struct {
 					MinLength *int64 `yaml:"minLength"`
 					MaxLength *int64 `yaml:"maxLength"`
+					MinItems  *int64 `yaml:"minItems"`
+					MaxItems  *int64 `yaml:"maxItems"`
 					Minimum   *int64 `yaml:"minimum"`
 					Maximum   *int64 `yaml:"maximum"`
 					Default   any    `yaml:"default"`
@@ -81,6 +84,8 @@ func TestContractLimitsAreTheEngines(t *testing.T) {
 		{"CompleteRequest", "retention_ms", "maximum", ms(engine.MaxRetention)},
 		{"ReleaseRequest", "retention_ms", "minimum", ms(engine.MinRetention)},
 		{"ReleaseRequest", "retention_ms", "maximum", ms(engine.MaxRetention)},
+		{"BatchRequest", "items", "minItems", 1},
+		{"BatchRequest", "items", "maxItems", server.MaxBatchItems},
 	}
 	for _, sc := range []string{"CompleteRequest", "ReleaseRequest", "ExtendRequest"} {
 		want = append(want,
@@ -99,7 +104,8 @@ func TestContractLimitsAreTheEngines(t *testing.T) {
 			t.Errorf("%s.%s is not in the contract", w.schema, w.property)
 			continue
 		}
-		got := map[string]*int64{"minLength": p.MinLength, "maxLength": p.MaxLength, "minimum": p.Minimum, "maximum": p.Maximum}[w.limit]
+		got := map[string]*int64{"minLength": p.MinLength, "maxLength": p.MaxLength, "minItems": p.MinItems, "maxItems": p.MaxItems,
+			"minimum": p.Minimum, "maximum": p.Maximum}[w.limit]
 		if got == nil || *got != w.value {
 			t.Errorf("%s.%s %s is %s, the daemon enforces %d", w.schema, w.property, w.limit, show(got), w.value)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -119,5 +120,65 @@ func checkRefusal(t *testing.T, err error) {
 	}
 	if _, err := json.Marshal(p.detail); err != nil {
 		t.Fatalf("detail cannot be rendered: %v", err)
+	}
+}
+
+// FuzzDecodeBatch drives the strict decoder and the batch's validation: a batch is
+// refused whole with a 4xx problem, or each of its items is either runnable or refused
+// with a 4xx problem that names it.
+func FuzzDecodeBatch(f *testing.F) {
+	for _, seed := range []string{
+		`{"items":[{"claim":{"key":"a"}}]}`,
+		`{"items":[{"claim":{"key":"a","wait_ms":5}},{"complete":{"key":"a","lease_token":"t","response":{"status":200}}}]}`,
+		`{"items":[{"release":{"key":"a","lease_token":"t","mode":"fail","response":{"status":500,"body":"QQ=="}}},{"extend":{"key":"a","lease_token":"t","lease_ms":100}}]}`,
+		`{"items":[]}`, `{"items":[{}]}`, `{"items":[{"claim":{"key":"a"},"extend":{"key":"a"}}]}`, `{"items":null}`,
+		`{"items":[null]}`, `{"items":[{"claim":null}]}`, `{"items":[{"lookup":{"key":"a"}}]}`, `{"Items":[]}`,
+		`{"items":[{"claim":{"key":"\ud800"}}]}`, `{"items":[{"claim":{"key":""}}]}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	s := &Server{limits: Limits{MaxResponseBytes: 64}}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var r api.BatchRequest
+		if err := decodeBody(body, &r); err != nil {
+			checkRefusal(t, err)
+			return
+		}
+		for i, it := range r.Items {
+			item, err := s.batchItem(engine.DefaultTenant, i, it)
+			if err != nil {
+				checkRefusal(t, err)
+				return
+			}
+			if (item.run == nil) == (item.refused == nil) {
+				t.Fatalf("item %d of %q: runnable and refused, or neither", i, body)
+			}
+			if item.refused != nil {
+				checkRefusal(t, item.refused)
+				var p *problem
+				if errors.As(item.refused, &p); !strings.HasPrefix(p.detail, fmt.Sprintf("items[%d].", i)) {
+					t.Fatalf("item %d refused without naming it: %q", i, p.detail)
+				}
+			}
+		}
+	})
+}
+
+// BenchmarkDecodeBatch decodes a batch of 50 claims and 50 completions as the daemon
+// does, strict walk included: go test -run XXX -bench DecodeBatch ./internal/server/
+func BenchmarkDecodeBatch(b *testing.B) {
+	var items []string
+	for i := range 50 {
+		items = append(items, fmt.Sprintf(`{"claim":{"key":"idempotency-key:v1:%064x","fingerprint":"%064x","owner":"go-0123456789abcdef","claim_secret":"%032x","lease_ms":30000}}`, i, i, i))
+		items = append(items, fmt.Sprintf(`{"complete":{"key":"idempotency-key:v1:%064x","lease_token":"%032x","response":{"status":201,"headers":{"Content-Type":["application/json"],"Location":["/orders/%d"]},"body":"eyJpZCI6MTIzLCJzdGF0dXMiOiJjcmVhdGVkIn0="}}}`, i, i, i))
+	}
+	body := []byte(`{"items":[` + strings.Join(items, ",") + `]}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var r api.BatchRequest
+		if err := decodeBody(body, &r); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -27,7 +27,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemd_requests_total",
-			Help: "HTTP requests by endpoint, outcome (acquired, completed, failed, ok, or a problem code) and tenant (- when unauthenticated).",
+			Help: "HTTP requests by endpoint, outcome (acquired, completed, failed, ok, or a problem code) and tenant (- when unauthenticated). Each item of a batch also counts as a request to its operation's endpoint.",
 		}, []string{"endpoint", "outcome", "tenant"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "idemd_request_duration_seconds",

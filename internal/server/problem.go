@@ -143,15 +143,35 @@ func toProblem(err error) *problem {
 func (s *Server) handleError(err error, c echo.Context) {
 	p := toProblem(err)
 	c.Set(outcomeKey, string(p.code))
-	if p.code == codeStoreUnavailable || p.code == codeNotReplicated {
-		s.metrics.storeErrors.WithLabelValues(s.endpointOf(c)).Inc()
-	}
-	if p.status >= 500 {
-		s.log.Warn("request failed", "endpoint", s.endpointOf(c), "code", p.code, "err", err)
-	}
+	s.noteProblem(s.endpointOf(c), p, err)
 	if c.Response().Committed {
 		return
 	}
+	body := p.body()
+	if p.retryAfter > 0 {
+		// Retry-After counts whole seconds; round up so a client never comes back early.
+		c.Response().Header().Set("Retry-After", strconv.FormatInt(int64((p.retryAfter+time.Second-1)/time.Second), 10))
+	}
+	if p.challenge != "" {
+		c.Response().Header().Set(echo.HeaderWWWAuthenticate, p.challenge)
+	}
+	c.Response().Header().Set(echo.HeaderContentType, "application/problem+json")
+	c.Response().WriteHeader(p.status)
+	_ = s.encode(c, body)
+}
+
+// noteProblem counts a store failure against endpoint and logs a server-side failure.
+func (s *Server) noteProblem(endpoint string, p *problem, err error) {
+	if p.code == codeStoreUnavailable || p.code == codeNotReplicated {
+		s.metrics.storeErrors.WithLabelValues(endpoint).Inc()
+	}
+	if p.status >= 500 {
+		s.log.Warn("request failed", "endpoint", endpoint, "code", p.code, "err", err)
+	}
+}
+
+// body is the problem as the contract's Problem document.
+func (p *problem) body() api.Problem {
 	body := api.Problem{
 		Type:   "urn:idemd:problem:" + string(p.code),
 		Title:  http.StatusText(p.status),
@@ -164,13 +184,6 @@ func (s *Server) handleError(err error, c echo.Context) {
 	if p.retryAfter > 0 {
 		ms := p.retryAfter.Milliseconds()
 		body.RetryAfterMs = &ms
-		// Retry-After counts whole seconds; round up so a client never comes back early.
-		c.Response().Header().Set("Retry-After", strconv.FormatInt(int64((p.retryAfter+time.Second-1)/time.Second), 10))
 	}
-	if p.challenge != "" {
-		c.Response().Header().Set(echo.HeaderWWWAuthenticate, p.challenge)
-	}
-	c.Response().Header().Set(echo.HeaderContentType, "application/problem+json")
-	c.Response().WriteHeader(p.status)
-	_ = s.encode(c, body)
+	return body
 }

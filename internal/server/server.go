@@ -149,11 +149,20 @@ func (s *Server) encode(c echo.Context, v any) error {
 	return json.NewEncoder(c.Response()).Encode(v)
 }
 
-func (s *Server) reply(c echo.Context, status int, outcome string, v any) error {
-	c.Set(outcomeKey, outcome)
+// answer is an operation's success: its status, the outcome the metrics count, and
+// its body. A single call writes it as the response; a batch puts it in the item's
+// result.
+type answer struct {
+	status  int
+	outcome string
+	body    any
+}
+
+func (s *Server) reply(c echo.Context, a answer) error {
+	c.Set(outcomeKey, a.outcome)
 	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
-	c.Response().WriteHeader(status)
-	return s.encode(c, v)
+	c.Response().WriteHeader(a.status)
+	return s.encode(c, a.body)
 }
 
 // Claim implements POST /v1/claim.
@@ -166,27 +175,35 @@ func (s *Server) Claim(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	req.Caps = caps(c)
 	if req.Wait > 0 {
 		s.metrics.waiters.Inc()
 		defer s.metrics.waiters.Dec()
 	}
-	res, err := s.engine.Claim(c.Request().Context(), req)
+	a, err := s.claim(c, req)
 	if err != nil {
 		return err
+	}
+	return s.reply(c, a)
+}
+
+func (s *Server) claim(c echo.Context, req engine.ClaimRequest) (answer, error) {
+	req.Caps = caps(c)
+	res, err := s.engine.Claim(c.Request().Context(), req)
+	if err != nil {
+		return answer{}, err
 	}
 	rec := res.Record
 	if res.Outcome == engine.OutcomeAcquired {
 		if rec.Recovered {
 			s.metrics.takeovers.WithLabelValues(tenantLabel(c)).Inc()
 		}
-		return s.reply(c, http.StatusCreated, string(res.Outcome), api.ClaimAcquired{
+		return answer{http.StatusCreated, string(res.Outcome), api.ClaimAcquired{
 			Outcome: api.ClaimAcquiredOutcome(res.Outcome), LeaseToken: rec.LeaseToken, LeaseExpiresAt: rec.LeaseExpiresAt,
-			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt})
+			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt}}, nil
 	}
-	return s.reply(c, http.StatusOK, string(res.Outcome), api.ClaimFinished{
+	return answer{http.StatusOK, string(res.Outcome), api.ClaimFinished{
 		Outcome: api.ClaimFinishedOutcome(res.Outcome), Attempt: rec.Attempt,
-		Response: apiResponse(rec.Response), ExpiresAt: rec.ExpiresAt})
+		Response: apiResponse(rec.Response), ExpiresAt: rec.ExpiresAt}}, nil
 }
 
 // Complete implements POST /v1/complete.
@@ -199,14 +216,22 @@ func (s *Server) Complete(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	req.Caps = caps(c)
-	rec, err := s.engine.Complete(c.Request().Context(), req)
+	a, err := s.complete(c, req)
 	if err != nil {
 		return err
 	}
+	return s.reply(c, a)
+}
+
+func (s *Server) complete(c echo.Context, req engine.Completion) (answer, error) {
+	req.Caps = caps(c)
+	rec, err := s.engine.Complete(c.Request().Context(), req)
+	if err != nil {
+		return answer{}, err
+	}
 	// The caller sent the response; echoing up to a megabyte back would only cost.
 	rec.Response = nil
-	return s.reply(c, http.StatusOK, "ok", apiRecord(rec))
+	return answer{http.StatusOK, "ok", apiRecord(rec)}, nil
 }
 
 // Release implements POST /v1/release.
@@ -219,13 +244,21 @@ func (s *Server) Release(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	req.Caps = caps(c)
-	rec, err := s.engine.Release(c.Request().Context(), req)
+	a, err := s.releaseKey(c, req)
 	if err != nil {
 		return err
 	}
+	return s.reply(c, a)
+}
+
+func (s *Server) releaseKey(c echo.Context, req engine.Release) (answer, error) {
+	req.Caps = caps(c)
+	rec, err := s.engine.Release(c.Request().Context(), req)
+	if err != nil {
+		return answer{}, err
+	}
 	rec.Response = nil
-	return s.reply(c, http.StatusOK, "ok", apiRecord(rec))
+	return answer{http.StatusOK, "ok", apiRecord(rec)}, nil
 }
 
 // Extend implements POST /v1/extend.
@@ -238,11 +271,19 @@ func (s *Server) Extend(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	rec, err := s.engine.Extend(c.Request().Context(), req)
+	a, err := s.extend(c, req)
 	if err != nil {
 		return err
 	}
-	return s.reply(c, http.StatusOK, "ok", api.LeaseExtended{LeaseExpiresAt: rec.LeaseExpiresAt, ExpiresAt: rec.ExpiresAt})
+	return s.reply(c, a)
+}
+
+func (s *Server) extend(c echo.Context, req engine.Extension) (answer, error) {
+	rec, err := s.engine.Extend(c.Request().Context(), req)
+	if err != nil {
+		return answer{}, err
+	}
+	return answer{http.StatusOK, "ok", api.LeaseExtended{LeaseExpiresAt: rec.LeaseExpiresAt, ExpiresAt: rec.ExpiresAt}}, nil
 }
 
 // Lookup implements GET /v1/records/{key}.
@@ -254,7 +295,7 @@ func (s *Server) Lookup(c echo.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	return s.reply(c, http.StatusOK, "ok", apiRecord(rec))
+	return s.reply(c, answer{http.StatusOK, "ok", apiRecord(rec)})
 }
 
 // Purge implements DELETE /v1/records/{key}.
@@ -277,7 +318,7 @@ func (s *Server) Openapi(c echo.Context) error {
 
 // Healthz implements GET /healthz: the process is up.
 func (s *Server) Healthz(c echo.Context) error {
-	return s.reply(c, http.StatusOK, "ok", api.Health{Status: "up"})
+	return s.reply(c, answer{http.StatusOK, "ok", api.Health{Status: "up"}})
 }
 
 // Readyz implements GET /readyz: the store takes writes. The engine bounds the check
@@ -286,7 +327,7 @@ func (s *Server) Readyz(c echo.Context) error {
 	if err := s.engine.Ready(c.Request().Context()); err != nil {
 		return err
 	}
-	return s.reply(c, http.StatusOK, "ok", api.Health{Status: "ready"})
+	return s.reply(c, answer{http.StatusOK, "ok", api.Health{Status: "ready"}})
 }
 
 func apiResponse(r *engine.Response) *api.StoredResponse {

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"reflect"
 	"strconv"
 	"strings"
@@ -16,71 +17,145 @@ import (
 // escape that is half a surrogate pair (encoding/json turns it into U+FFFD, so two
 // different keys would name one record). It walks the tokens alongside t.
 func checkStrict(body []byte, t reflect.Type) error {
-	w := &strictWalker{dec: json.NewDecoder(bytes.NewReader(body)), body: body}
-	w.dec.UseNumber()
-	return w.value(t, "")
-}
-
-type strictWalker struct {
-	dec  *json.Decoder
-	body []byte
-	// end is where the previous token ended; the raw text of a token lies between it
-	// and the decoder's offset after the token.
-	end int64
-}
-
-// token reads the next token and returns the raw text it came from.
-func (w *strictWalker) token() (json.Token, []byte, error) {
-	tok, err := w.dec.Token()
-	if err != nil {
-		return nil, nil, err
-	}
-	start, end := w.end, w.dec.InputOffset()
-	w.end = end
-	return tok, w.body[start:end], nil
-}
-
-func (w *strictWalker) value(t reflect.Type, path string) error {
-	for t != nil && t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	tok, raw, err := w.token()
-	if err != nil {
+	w := &strictWalker{body: body}
+	if err := w.value(t, "", 0); err != errMalformed {
 		return err
-	}
-	switch tok {
-	case json.Delim('{'):
-		return w.object(t, path)
-	case json.Delim('['):
-		var elem reflect.Type
-		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
-			elem = t.Elem()
-		}
-		for i := 0; w.dec.More(); i++ {
-			if err := w.value(elem, path+"["+strconv.Itoa(i)+"]"); err != nil {
-				return err
-			}
-		}
-		_, _, err := w.token()
-		return err
-	}
-	if _, ok := tok.(string); ok && loneSurrogate(raw) {
-		return invalid("%q holds a \\u escape that is half of a UTF-16 surrogate pair; strings must be Unicode text", path)
 	}
 	return nil
 }
 
-func (w *strictWalker) object(t reflect.Type, path string) error {
-	seen := make(map[string]bool)
-	for w.dec.More() {
-		tok, raw, err := w.token()
+// errMalformed stops the walk at JSON that is not well formed; encoding/json, which
+// decodes the body after the walk, explains what is wrong with it.
+var errMalformed = errors.New("malformed JSON")
+
+// maxDepth bounds the nesting the walk follows, as encoding/json bounds its own.
+const maxDepth = 10000
+
+// strictWalker scans the body's bytes once, without building tokens: it looks only at
+// the structure, the member names and the escapes in strings.
+type strictWalker struct {
+	body []byte
+	at   int
+}
+
+func (w *strictWalker) space() {
+	for w.at < len(w.body) {
+		switch w.body[w.at] {
+		case ' ', '\t', '\r', '\n':
+			w.at++
+		default:
+			return
+		}
+	}
+}
+
+// next skips whitespace and returns the next byte without consuming it, or 0 at the end.
+func (w *strictWalker) next() byte {
+	w.space()
+	if w.at >= len(w.body) {
+		return 0
+	}
+	return w.body[w.at]
+}
+
+// str consumes a string, the walker standing on its opening quote, and returns its
+// raw text, quotes included.
+func (w *strictWalker) str() ([]byte, error) {
+	start := w.at
+	for w.at++; w.at < len(w.body); w.at++ {
+		switch w.body[w.at] {
+		case '\\':
+			w.at++
+		case '"':
+			w.at++
+			return w.body[start:w.at], nil
+		}
+	}
+	return nil, errMalformed
+}
+
+func (w *strictWalker) value(t reflect.Type, path string, depth int) error {
+	if depth > maxDepth {
+		return errMalformed
+	}
+	for t != nil && t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch w.next() {
+	case 0:
+		return errMalformed
+	case '{':
+		w.at++
+		return w.object(t, path, depth)
+	case '[':
+		w.at++
+		var elem reflect.Type
+		if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+			elem = t.Elem()
+		}
+		if w.next() == ']' {
+			w.at++
+			return nil
+		}
+		for i := 0; ; i++ {
+			if err := w.value(elem, path+"["+strconv.Itoa(i)+"]", depth+1); err != nil {
+				return err
+			}
+			switch w.next() {
+			case ',':
+				w.at++
+			case ']':
+				w.at++
+				return nil
+			default:
+				return errMalformed
+			}
+		}
+	case '"':
+		raw, err := w.str()
 		if err != nil {
 			return err
 		}
-		name, _ := tok.(string)
+		if loneSurrogate(raw) {
+			return invalid("%q holds a \\u escape that is half of a UTF-16 surrogate pair; strings must be Unicode text", path)
+		}
+		return nil
+	}
+	// A number, true, false or null: its bytes run to the next delimiter.
+	for w.at < len(w.body) {
+		switch w.body[w.at] {
+		case ',', ']', '}', ' ', '\t', '\r', '\n':
+			return nil
+		}
+		w.at++
+	}
+	return nil
+}
+
+func (w *strictWalker) object(t reflect.Type, path string, depth int) error {
+	if w.next() == '}' {
+		w.at++
+		return nil
+	}
+	var seen map[string]bool
+	for {
+		if w.next() != '"' {
+			return errMalformed
+		}
+		raw, err := w.str()
+		if err != nil {
+			return err
+		}
+		name, err := memberName(raw)
+		if err != nil {
+			return err
+		}
 		member := join(path, name)
 		if loneSurrogate(raw) {
-			return invalid("member %s holds a \\u escape that is half of a UTF-16 surrogate pair", bytes.TrimLeft(raw, " \t\r\n,{"))
+			return invalid("member %s holds a \\u escape that is half of a UTF-16 surrogate pair", raw)
+		}
+		if seen == nil {
+			seen = make(map[string]bool)
 		}
 		if seen[name] {
 			return invalid("member %q appears twice; each member may appear once", member)
@@ -102,12 +177,37 @@ func (w *strictWalker) object(t reflect.Type, path string) error {
 				elem = field.typ
 			}
 		}
-		if err := w.value(elem, member); err != nil {
+		if w.next() != ':' {
+			return errMalformed
+		}
+		w.at++
+		if err := w.value(elem, member, depth+1); err != nil {
 			return err
 		}
+		switch w.next() {
+		case ',':
+			w.at++
+		case '}':
+			w.at++
+			return nil
+		default:
+			return errMalformed
+		}
 	}
-	_, _, err := w.token()
-	return err
+}
+
+// memberName is a member name's text: its raw bytes when it has no escapes, as almost
+// every name has none.
+func memberName(raw []byte) (string, error) {
+	inner := raw[1 : len(raw)-1]
+	if bytes.IndexByte(inner, '\\') < 0 {
+		return string(inner), nil
+	}
+	var name string
+	if err := json.Unmarshal(raw, &name); err != nil {
+		return "", errMalformed
+	}
+	return name, nil
 }
 
 func join(path, name string) string {

@@ -1,8 +1,8 @@
 // A strict caller of the client @hey-api/openapi-ts generates with its default settings:
 // the claim takes only a key, narrowing on the outcome gives a lease token that is a
 // string, and a problem code the contract does not list yet can be compared and handled.
-import { claim } from "./gen/hey-api/index.js";
-import type { ClaimResponses, Problem } from "./gen/hey-api/index.js";
+import { batch, claim } from "./gen/hey-api/index.js";
+import type { BatchItemResult, ClaimResponses, Problem } from "./gen/hey-api/index.js";
 
 export async function claimOrder(): Promise<string | undefined> {
   const { data, error } = await claim({ body: { key: "order-1" } });
@@ -39,4 +39,25 @@ function handleProblem(problem: Problem): string {
       return `${problem.status} ${code}`;
     }
   }
+}
+
+// A batch takes items of one operation each, and each result carries its status and
+// the single call's answer or problem, typed.
+export async function claimBoth(): Promise<string[]> {
+  const { data, error } = await batch({
+    body: { items: [{ claim: { key: "order-1" } }, { complete: { key: "order-2", lease_token: "t", response: { status: 201 } } }] },
+  });
+  if (error !== undefined || data === undefined) {
+    return [];
+  }
+  return data.results.map((result: BatchItemResult) => {
+    if (result.acquired !== undefined) {
+      const token: string = result.acquired.lease_token;
+      return token;
+    }
+    if (result.problem !== undefined) {
+      return handleProblem(result.problem);
+    }
+    return String(result.status);
+  });
 }

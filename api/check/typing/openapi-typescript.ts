@@ -43,3 +43,25 @@ function handleProblem(problem: Problem): string {
     }
   }
 }
+
+// A batch takes items of one operation each, and each result carries its status and
+// the single call's answer or problem, typed.
+export async function claimBoth(baseUrl: string): Promise<string[]> {
+  const client = createClient<paths>({ baseUrl });
+  const { data } = await client.POST("/v1/batch", {
+    body: { items: [{ claim: { key: "order-1" } }, { complete: { key: "order-2", lease_token: "t", response: { status: 201 } } }] },
+  });
+  if (data === undefined) {
+    return [];
+  }
+  return data.results.map((result) => {
+    if (result.acquired !== undefined) {
+      const token: string = result.acquired.lease_token;
+      return token;
+    }
+    if (result.problem !== undefined) {
+      return handleProblem(result.problem);
+    }
+    return String(result.status);
+  });
+}

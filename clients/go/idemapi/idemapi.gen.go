@@ -70,6 +70,45 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// BatchItem One operation, under exactly one of its members.
+type BatchItem struct {
+	Claim    *ClaimRequest    `json:"claim,omitempty"`
+	Complete *CompleteRequest `json:"complete,omitempty"`
+	Extend   *ExtendRequest   `json:"extend,omitempty"`
+	Release  *ReleaseRequest  `json:"release,omitempty"`
+}
+
+// BatchItemResult An item's answer: the status the single call would have answered, and its body
+// under one member: `acquired` (a claim's 201), `finished` (a claim's 200),
+// `record` (a complete's or release's 200), `extended` (an extend's 200), or
+// `problem` (any status of 400 and above).
+type BatchItemResult struct {
+	// Acquired The caller holds the lease.
+	Acquired *ClaimAcquired `json:"acquired,omitempty"`
+	Extended *LeaseExtended `json:"extended,omitempty"`
+
+	// Finished The key is finished; its stored result is replayed.
+	Finished *ClaimFinished `json:"finished,omitempty"`
+
+	// Problem An RFC 9457 problem detail.
+	Problem *Problem   `json:"problem,omitempty"`
+	Record  *KeyRecord `json:"record,omitempty"`
+
+	// Status The HTTP status the single call would have answered.
+	Status int `json:"status"`
+}
+
+// BatchRequest defines model for BatchRequest.
+type BatchRequest struct {
+	Items []BatchItem `json:"items"`
+}
+
+// BatchResults defines model for BatchResults.
+type BatchResults struct {
+	// Results One result per item, in the order of the items.
+	Results []BatchItemResult `json:"results"`
+}
+
 // ClaimAcquired The caller holds the lease.
 type ClaimAcquired struct {
 	// Attempt How many times the key has been acquired, this time included.
@@ -259,6 +298,9 @@ type Unauthenticated = Problem
 // Unavailable An RFC 9457 problem detail.
 type Unavailable = Problem
 
+// BatchJSONRequestBody defines body for Batch for application/json ContentType.
+type BatchJSONRequestBody = BatchRequest
+
 // ClaimJSONRequestBody defines body for Claim for application/json ContentType.
 type ClaimJSONRequestBody = ClaimRequest
 
@@ -359,6 +401,52 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// BatchWithBody Claim, complete, release and extend several keys in one request.
+	//
+	// Each item is one claim, complete, release or extend, answered on its own exactly
+	// as the single call would answer it: its status, and the single call's answer or
+	// problem. Items are independent (not one transaction): one item failing changes
+	// nothing for the others. Items on the same key run in their order in the batch;
+	// items on different keys may run in any order. The answer lists one result per
+	// item, in the order of the items.
+	//
+	// A client gathers the calls it would send at the same time into one batch, which
+	// saves a round trip and an HTTP request per call. A claim in a batch does not
+	// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+	// Each item counts against the tenant's request rate; an item over it answers 429.
+	//
+	// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+	// token with the `use` scope; a body over the daemon's limit for one request answers
+	// 413, and a malformed batch 400, naming the member at fault.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/batch (the `Batch` operationId).
+	BatchWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// Batch Claim, complete, release and extend several keys in one request.
+	//
+	// Each item is one claim, complete, release or extend, answered on its own exactly
+	// as the single call would answer it: its status, and the single call's answer or
+	// problem. Items are independent (not one transaction): one item failing changes
+	// nothing for the others. Items on the same key run in their order in the batch;
+	// items on different keys may run in any order. The answer lists one result per
+	// item, in the order of the items.
+	//
+	// A client gathers the calls it would send at the same time into one batch, which
+	// saves a round trip and an HTTP request per call. A claim in a batch does not
+	// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+	// Each item counts against the tenant's request rate; an item over it answers 429.
+	//
+	// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+	// token with the `use` scope; a body over the daemon's limit for one request answers
+	// 413, and a malformed batch 400, naming the member at fault.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/batch (the `Batch` operationId).
+	Batch(ctx context.Context, body BatchJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// ClaimWithBody Claim an idempotency key.
 	//
@@ -470,6 +558,72 @@ func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // Corresponds with GET /readyz (the `Readyz` operationId).
 func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewReadyzRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// BatchWithBody Claim, complete, release and extend several keys in one request.
+//
+// Each item is one claim, complete, release or extend, answered on its own exactly
+// as the single call would answer it: its status, and the single call's answer or
+// problem. Items are independent (not one transaction): one item failing changes
+// nothing for the others. Items on the same key run in their order in the batch;
+// items on different keys may run in any order. The answer lists one result per
+// item, in the order of the items.
+//
+// A client gathers the calls it would send at the same time into one batch, which
+// saves a round trip and an HTTP request per call. A claim in a batch does not
+// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+// Each item counts against the tenant's request rate; an item over it answers 429.
+//
+// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+// token with the `use` scope; a body over the daemon's limit for one request answers
+// 413, and a malformed batch 400, naming the member at fault.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/batch (the `Batch` operationId).
+func (c *Client) BatchWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBatchRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// Batch Claim, complete, release and extend several keys in one request.
+//
+// Each item is one claim, complete, release or extend, answered on its own exactly
+// as the single call would answer it: its status, and the single call's answer or
+// problem. Items are independent (not one transaction): one item failing changes
+// nothing for the others. Items on the same key run in their order in the batch;
+// items on different keys may run in any order. The answer lists one result per
+// item, in the order of the items.
+//
+// A client gathers the calls it would send at the same time into one batch, which
+// saves a round trip and an HTTP request per call. A claim in a batch does not
+// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+// Each item counts against the tenant's request rate; an item over it answers 429.
+//
+// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+// token with the `use` scope; a body over the daemon's limit for one request answers
+// 413, and a malformed batch 400, naming the member at fault.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/batch (the `Batch` operationId).
+func (c *Client) Batch(ctx context.Context, body BatchJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBatchRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -731,6 +885,46 @@ func NewReadyzRequest(server string) (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+
+	return req, nil
+}
+
+// NewBatchRequest calls the generic Batch builder with application/json body
+func NewBatchRequest(server string, body BatchJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewBatchRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewBatchRequestWithBody constructs an http.Request for the Batch method, with any body, and a specified content type
+func NewBatchRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/batch")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
 
 	return req, nil
 }
@@ -1028,6 +1222,52 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	ReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ReadyzResponse, error)
 
+	// BatchWithBodyWithResponse Claim, complete, release and extend several keys in one request.
+	//
+	// Each item is one claim, complete, release or extend, answered on its own exactly
+	// as the single call would answer it: its status, and the single call's answer or
+	// problem. Items are independent (not one transaction): one item failing changes
+	// nothing for the others. Items on the same key run in their order in the batch;
+	// items on different keys may run in any order. The answer lists one result per
+	// item, in the order of the items.
+	//
+	// A client gathers the calls it would send at the same time into one batch, which
+	// saves a round trip and an HTTP request per call. A claim in a batch does not
+	// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+	// Each item counts against the tenant's request rate; an item over it answers 429.
+	//
+	// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+	// token with the `use` scope; a body over the daemon's limit for one request answers
+	// 413, and a malformed batch 400, naming the member at fault.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/batch (the `Batch` operationId).
+	BatchWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*BatchResponse, error)
+
+	// BatchWithResponse Claim, complete, release and extend several keys in one request.
+	//
+	// Each item is one claim, complete, release or extend, answered on its own exactly
+	// as the single call would answer it: its status, and the single call's answer or
+	// problem. Items are independent (not one transaction): one item failing changes
+	// nothing for the others. Items on the same key run in their order in the batch;
+	// items on different keys may run in any order. The answer lists one result per
+	// item, in the order of the items.
+	//
+	// A client gathers the calls it would send at the same time into one batch, which
+	// saves a round trip and an HTTP request per call. A claim in a batch does not
+	// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+	// Each item counts against the tenant's request rate; an item over it answers 429.
+	//
+	// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+	// token with the `use` scope; a body over the daemon's limit for one request answers
+	// 413, and a malformed batch 400, naming the member at fault.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/batch (the `Batch` operationId).
+	BatchWithResponse(ctx context.Context, body BatchJSONRequestBody, reqEditors ...RequestEditorFn) (*BatchResponse, error)
+
 	// ClaimWithBodyWithResponse Claim an idempotency key.
 	//
 	// Acquires a lease on the key (201), replays the stored result of a finished key (200),
@@ -1238,6 +1478,96 @@ func (r ReadyzResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ReadyzResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// BatchResponse401Headers the declared response headers of an HTTP 401 response for Batch
+type BatchResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+type BatchResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *BatchResults
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *BatchResponse401Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r BatchResponse) GetJSON200() *BatchResults {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r BatchResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r BatchResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r BatchResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r BatchResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r BatchResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r BatchResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r BatchResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r BatchResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r BatchResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r BatchResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2033,6 +2363,64 @@ func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors
 	return ParseReadyzResponse(rsp)
 }
 
+// BatchWithBodyWithResponse Claim, complete, release and extend several keys in one request.
+//
+// Each item is one claim, complete, release or extend, answered on its own exactly
+// as the single call would answer it: its status, and the single call's answer or
+// problem. Items are independent (not one transaction): one item failing changes
+// nothing for the others. Items on the same key run in their order in the batch;
+// items on different keys may run in any order. The answer lists one result per
+// item, in the order of the items.
+//
+// A client gathers the calls it would send at the same time into one batch, which
+// saves a round trip and an HTTP request per call. A claim in a batch does not
+// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+// Each item counts against the tenant's request rate; an item over it answers 429.
+//
+// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+// token with the `use` scope; a body over the daemon's limit for one request answers
+// 413, and a malformed batch 400, naming the member at fault.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/batch (the `Batch` operationId).
+func (c *ClientWithResponses) BatchWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*BatchResponse, error) {
+	rsp, err := c.BatchWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBatchResponse(rsp)
+}
+
+// BatchWithResponse Claim, complete, release and extend several keys in one request.
+//
+// Each item is one claim, complete, release or extend, answered on its own exactly
+// as the single call would answer it: its status, and the single call's answer or
+// problem. Items are independent (not one transaction): one item failing changes
+// nothing for the others. Items on the same key run in their order in the batch;
+// items on different keys may run in any order. The answer lists one result per
+// item, in the order of the items.
+//
+// A client gathers the calls it would send at the same time into one batch, which
+// saves a round trip and an HTTP request per call. A claim in a batch does not
+// wait: `wait_ms` above 0 is refused for that item (send a waiting claim alone).
+// Each item counts against the tenant's request rate; an item over it answers 429.
+//
+// The batch itself answers 200 once it is a valid batch of at most 128 items, from a
+// token with the `use` scope; a body over the daemon's limit for one request answers
+// 413, and a malformed batch 400, naming the member at fault.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/batch (the `Batch` operationId).
+func (c *ClientWithResponses) BatchWithResponse(ctx context.Context, body BatchJSONRequestBody, reqEditors ...RequestEditorFn) (*BatchResponse, error) {
+	rsp, err := c.Batch(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBatchResponse(rsp)
+}
+
 // ClaimWithBodyWithResponse Claim an idempotency key.
 //
 // Acquires a lease on the key (201), replays the stored result of a finished key (200),
@@ -2264,6 +2652,87 @@ func ParseReadyzResponse(rsp *http.Response) (*ReadyzResponse, error) {
 			headers.RetryAfter = &value
 		}
 		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseBatchResponse parses an HTTP response from a BatchWithResponse call
+func ParseBatchResponse(rsp *http.Response) (*BatchResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &BatchResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest BatchResults
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers BatchResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
 	}
 
 	return response, nil

@@ -182,6 +182,46 @@ export type KeyRecord = {
     response?: StoredResponse;
 };
 
+export type BatchRequest = {
+    items: Array<BatchItem>;
+};
+
+/**
+ * One operation, under exactly one of its members.
+ */
+export type BatchItem = {
+    claim?: ClaimRequest;
+    complete?: CompleteRequest;
+    release?: ReleaseRequest;
+    extend?: ExtendRequest;
+};
+
+export type BatchResults = {
+    /**
+     * One result per item, in the order of the items.
+     */
+    results: Array<BatchItemResult>;
+};
+
+/**
+ * An item's answer: the status the single call would have answered, and its body
+ * under one member: `acquired` (a claim's 201), `finished` (a claim's 200),
+ * `record` (a complete's or release's 200), `extended` (an extend's 200), or
+ * `problem` (any status of 400 and above).
+ *
+ */
+export type BatchItemResult = {
+    /**
+     * The HTTP status the single call would have answered.
+     */
+    status: number;
+    acquired?: ClaimAcquired;
+    finished?: ClaimFinished;
+    record?: KeyRecord;
+    extended?: LeaseExtended;
+    problem?: Problem;
+};
+
 export type Health = {
     status: string;
 };
@@ -458,6 +498,51 @@ export type ExtendResponses = {
 };
 
 export type ExtendResponse = ExtendResponses[keyof ExtendResponses];
+
+export type BatchData = {
+    body: BatchRequest;
+    path?: never;
+    query?: never;
+    url: '/v1/batch';
+};
+
+export type BatchErrors = {
+    /**
+     * An RFC 9457 problem.
+     */
+    400: Problem;
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs (code forbidden).
+     */
+    403: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    413: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    415: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type BatchError = BatchErrors[keyof BatchErrors];
+
+export type BatchResponses = {
+    /**
+     * Every item's result, in the order of the items.
+     */
+    200: BatchResults;
+};
+
+export type BatchResponse = BatchResponses[keyof BatchResponses];
 
 export type PurgeData = {
     body?: never;

@@ -1,5 +1,9 @@
 """Contains all the data models used in inputs/outputs"""
 
+from .batch_item import BatchItem
+from .batch_item_result import BatchItemResult
+from .batch_request import BatchRequest
+from .batch_results import BatchResults
 from .claim_acquired import ClaimAcquired
 from .claim_acquired_outcome import ClaimAcquiredOutcome
 from .claim_finished import ClaimFinished
@@ -17,6 +21,10 @@ from .stored_response import StoredResponse
 from .stored_response_headers import StoredResponseHeaders
 
 __all__ = (
+    "BatchItem",
+    "BatchItemResult",
+    "BatchRequest",
+    "BatchResults",
     "ClaimAcquired",
     "ClaimAcquiredOutcome",
     "ClaimFinished",
