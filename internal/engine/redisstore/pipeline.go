@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -20,11 +21,10 @@ const maxBatch = 128
 var errClosed = errors.New("redis store closed")
 
 // pipeliner sends the scripts of concurrent calls to Redis as pipelines, batching
-// naturally rather than by a timer: a few workers each take one call, waiting if none
-// is queued, add whatever else is queued by then, and send the lot as one pipeline.
-// A call that finds a worker idle goes out at once, alone; calls that arrive while
-// every worker has a pipeline in flight gather in the queue and go out together in
-// the next one. Redis then reads, runs and answers many scripts per system call, and
+// naturally rather than by a timer. A few pipelines may be in flight at once (slots).
+// A call that finds a slot free goes out at once, alone, from its caller's goroutine;
+// calls that arrive while every slot is taken queue, and a worker takes one, waits for
+// a slot, adds whatever else is queued by then and sends the lot as one pipeline. Redis then reads, runs and answers many scripts per system call, and
 // go-redis writes and reads them with one system call each way, which is where much
 // of the CPU of a single script went, on both sides.
 //
@@ -49,10 +49,13 @@ type pipeliner struct {
 	wg     sync.WaitGroup
 }
 
-// lane is the queue of the calls for one master. Lanes are never removed: a Cluster
-// has few masters, and one that left keeps only idle workers.
+// lane is the queue and the slots of the calls for one master. Lanes are never
+// removed: a Cluster has few masters, and one that left keeps only idle workers.
 type lane struct {
 	queue chan *call
+	slots chan struct{}
+	// pending counts the calls queued or taken by a worker that waits for a slot.
+	pending atomic.Int64
 }
 
 // call is one script of one caller, with the caller's context. The worker sets val
@@ -105,9 +108,23 @@ func (p *pipeliner) do(ctx context.Context, script script, key string, args []an
 		return nil, errClosed
 	}
 	select {
+	case l.slots <- struct{}{}:
+		// Alone, the call runs on its own context, as a script run directly would;
+		// Close waits for it.
+		p.wg.Add(1)
+		p.mu.RUnlock()
+		p.send([]*call{c})
+		<-l.slots
+		p.wg.Done()
+		return c.val, c.err
+	default:
+	}
+	l.pending.Add(1)
+	select {
 	case l.queue <- c:
 		p.mu.RUnlock()
 	case <-ctx.Done():
+		l.pending.Add(-1)
 		p.mu.RUnlock()
 		return nil, ctx.Err()
 	}
@@ -131,7 +148,7 @@ func (p *pipeliner) lane(addr string) *lane {
 	if l := p.lanes[addr]; l != nil || p.closed {
 		return l
 	}
-	l := &lane{queue: make(chan *call, 4*maxBatch)}
+	l := &lane{queue: make(chan *call, 4*maxBatch), slots: make(chan struct{}, p.workers)}
 	p.lanes[addr] = l
 	p.wg.Add(p.workers)
 	for range p.workers {
@@ -146,7 +163,7 @@ func (p *pipeliner) queued() int {
 	defer p.mu.RUnlock()
 	n := 0
 	for _, l := range p.lanes {
-		n += len(l.queue)
+		n += int(l.pending.Load())
 	}
 	return n
 }
@@ -168,6 +185,7 @@ func (p *pipeliner) close() {
 		for drained := false; !drained; {
 			select {
 			case c := <-l.queue:
+				l.pending.Add(-1)
 				c.finish(nil, errClosed)
 			default:
 				drained = true
@@ -187,6 +205,13 @@ func (p *pipeliner) work(l *lane) {
 		case <-p.quit:
 			return
 		}
+		select {
+		case l.slots <- struct{}{}:
+		case <-p.quit:
+			l.pending.Add(-1)
+			batch[0].finish(nil, errClosed)
+			return
+		}
 	drain:
 		for len(batch) < maxBatch {
 			select {
@@ -196,15 +221,18 @@ func (p *pipeliner) work(l *lane) {
 				break drain
 			}
 		}
+		l.pending.Add(-int64(len(batch)))
 		select {
 		case <-p.quit:
 			for _, c := range batch {
 				c.finish(nil, errClosed)
 			}
+			<-l.slots
 			return
 		default:
 		}
 		p.send(batch)
+		<-l.slots
 		clear(batch)
 	}
 }

@@ -19,9 +19,10 @@ type Options struct {
 	// ReplicaTimeout.
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration
-	// Pipelines is how many pipelines may be in flight at once (DefaultPipelines
-	// when zero): calls that arrive while all are in flight wait and go out
-	// together in the next one.
+	// Pipelines is how many pipelines may be in flight at once to each master
+	// (DefaultPipelines when zero): a call that finds fewer goes out at once, alone;
+	// calls that arrive while all are in flight wait and go out together in the next
+	// one.
 	Pipelines int
 }
 
