@@ -135,13 +135,18 @@ export class Batcher {
     for (;;) {
       const calls = this.#next();
       if (calls.length === 0) return;
-      if (this.#unsupported) {
-        await Promise.all(calls.map((call) => this.#alone(call)));
-      } else if (calls.length === 1) {
-        // Alone: the call's own request, under its own deadline.
-        await this.#alone(calls[0] as Call);
-      } else {
-        await this.#send(calls);
+      try {
+        if (this.#unsupported) {
+          await Promise.all(calls.map((call) => this.#alone(call)));
+        } else if (calls.length === 1) {
+          // Alone: the call's own request, under its own deadline.
+          await this.#alone(calls[0] as Call);
+        } else {
+          await this.#send(calls);
+        }
+      } catch (error) {
+        // Whatever went wrong, no call is left waiting and the loop goes on.
+        for (const call of calls) call.settle({ error });
       }
     }
   }

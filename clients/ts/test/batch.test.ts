@@ -1,15 +1,18 @@
 // Natural batching against a real idemd, behind a GateProxy that holds the first
 // requests so that calls gather behind them deterministically.
 import assert from "node:assert/strict";
+import { createServer } from "node:http";
 import { after, before, describe, test } from "node:test";
 import { queuedCalls } from "../src/client.js";
 import {
   type Claim,
   FingerprintMismatchError,
   IdemClient,
+  IdemError,
   InProgressError,
   LeaseLostError,
   NotFoundError,
+  ProblemError,
 } from "../src/index.js";
 import { Daemon, freshKey, waitFor } from "./daemon.js";
 import { GateProxy } from "./proxy.js";
@@ -220,6 +223,35 @@ describe("batching", () => {
       assert.deepEqual(paths(proxy).slice(4), ["/v1/batch of 2", "/v1/claim", "/v1/claim"]);
     } finally {
       await proxy.close();
+    }
+  });
+
+  test("an answer that is not idemd's is refused in a batch as on its own", async () => {
+    const other = createServer((_req, res) => {
+      res.writeHead(200, { "Content-Type": "application/json" });
+      res.end("{}");
+    });
+    await new Promise<void>((resolve) => other.listen(0, "127.0.0.1", resolve));
+    const address = other.address();
+    if (address === null || typeof address === "string") throw new Error("no address");
+    const proxy = await GateProxy.start(`http://127.0.0.1:${address.port}`);
+    try {
+      const client = new IdemClient({ baseUrl: proxy.url });
+      const { held } = await heldClaim(proxy, client);
+      const calls: Promise<Settled<unknown>>[] = [
+        settle<unknown>(client.claim(freshKey("a"))),
+        settle<unknown>(client.extend(freshKey("b"), "0".repeat(32), 1000)),
+      ];
+      proxy.open();
+      for (const s of [await held, ...(await Promise.all(calls))]) {
+        const err = error(s);
+        assert.ok(err instanceof IdemError && !(err instanceof ProblemError), String(err));
+        assert.match(err.message, /is the base URL idemd's\?/);
+      }
+      assert.deepEqual(paths(proxy), ["/v1/claim", "/v1/batch of 2"]);
+    } finally {
+      await proxy.close();
+      other.close();
     }
   });
 
