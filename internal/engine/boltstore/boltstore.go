@@ -2,10 +2,11 @@
 // idemd process runs durably with nothing else installed.
 //
 // One process owns the file, so leases and retention run on that process's clock.
-// Every transition is one write transaction, committed and synced before it returns;
-// concurrent transitions share commits through DB.Batch. Records past their retention
-// count as absent at once and are removed later by a sweeper that walks an index
-// ordered by expiry.
+// Every transition is committed and synced before it returns. One loop owns the writes
+// and commits groups without a timer: a transition that arrives while no commit runs is
+// committed at once, and those that arrive during a commit's fsync share the next one.
+// Records past their retention count as absent at once and are removed later by a
+// sweeper that walks an index ordered by expiry.
 package boltstore
 
 import (
@@ -40,10 +41,6 @@ var (
 type Options struct {
 	// LockTimeout bounds how long Open waits for another process to let go of the file.
 	LockTimeout time.Duration
-	// BatchDelay is how long a transition waits for others to share its commit (one
-	// fsync). bbolt's default of 10 ms caps 32 clients at about 1,200 cycles/s here;
-	// 1 ms reaches about 5,000 and adds at most 1 ms to a transition.
-	BatchDelay time.Duration
 	// SweepInterval is how often expired records are removed; SweepBatch bounds the
 	// deletions of one sweeping transaction.
 	SweepInterval time.Duration
@@ -60,6 +57,7 @@ type Store struct {
 	watches watchers
 	counts  stateCounts
 	metrics *collector
+	commits *committer
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -71,9 +69,6 @@ type Store struct {
 func Open(path string, opts Options) (*Store, error) {
 	if opts.LockTimeout <= 0 {
 		opts.LockTimeout = 3 * time.Second
-	}
-	if opts.BatchDelay <= 0 {
-		opts.BatchDelay = time.Millisecond
 	}
 	if opts.SweepInterval <= 0 {
 		opts.SweepInterval = time.Second
@@ -98,7 +93,6 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
-	db.MaxBatchDelay = opts.BatchDelay
 	s := &Store{db: db, now: opts.Now, opts: opts, stop: make(chan struct{})}
 	s.watches.init()
 	err = db.Update(func(tx *bolt.Tx) error {
@@ -114,6 +108,7 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
 	s.metrics = newCollector(s)
+	s.commits = newCommitter(db)
 	s.swept.Add(1)
 	go s.sweepLoop()
 	return s, nil
@@ -229,9 +224,9 @@ func unixMs(t time.Time) int64 {
 	return t.UnixMilli()
 }
 
-// txn is one transition inside a write transaction. It may run more than once (Batch
-// retries a failed batch one function at a time), so it only records its effects in
-// its own fields, which are reset at each run and read after the commit.
+// txn is one transition inside a write transaction. It may run more than once (a group
+// that a neighbour's failure rolled back runs again without it), so it only records its
+// effects in its own fields, which are reset at each run and read after the commit.
 type txn struct {
 	tx  *bolt.Tx
 	now int64
@@ -287,14 +282,15 @@ func (t *txn) remove(rk []byte, r *stored) error {
 // update runs fn as one transition in a shared, synced commit, then updates the counts
 // and wakes waiters. fn returns an answerErr for an answer such as not found: that is
 // not a failure, and the transaction still commits (it may have removed an expired
-// record on the way).
+// record on the way). A ctx that ends before the transition's group starts returns its
+// own error, the transition not applied.
 func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []byte) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	rk := recordKey(id)
 	var t txn
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.commits.run(ctx, func(tx *bolt.Tx) error {
 		t = txn{tx: tx, now: s.now().UnixMilli()}
 		err := fn(&t, rk)
 		var answer answerErr
@@ -304,6 +300,9 @@ func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []b
 		}
 		return err
 	})
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return err
+	}
 	if err != nil {
 		return engine.Unavailable(err)
 	}
@@ -485,9 +484,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the sweeper and closes the database.
+// Close stops the sweeper, commits the transitions already waiting for a commit,
+// refuses later ones as unavailable, and closes the database.
 func (s *Store) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.swept.Wait()
+	s.commits.close()
 	return s.db.Close()
 }
