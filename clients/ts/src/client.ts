@@ -1,5 +1,6 @@
 import { randomBytes } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
+import { Batcher, type Deadline, deadlineOf, noAnswer } from "./batch.js";
 import {
   FailedError,
   IdemError,
@@ -8,7 +9,6 @@ import {
   PermanentError,
   problemFrom,
   ResultNotStoredError,
-  UnavailableError,
 } from "./errors.js";
 import { createClient, createConfig, type Client as GeneratedClient } from "./gen/client/index.js";
 import * as sdk from "./gen/sdk.gen.js";
@@ -37,6 +37,15 @@ export interface ClientOptions {
   retentionMs?: number;
   /** The fetch to send requests with; default globalThis.fetch. */
   fetch?: typeof fetch;
+  /**
+   * Whether concurrent calls share requests; default true. A claim (that does not wait),
+   * complete, release or extend goes out at once when none of this client's batches is
+   * in flight; the calls made meanwhile go out together as one POST /v1/batch when it
+   * returns, each answered as it would be alone. No timer delays a lone call. A daemon
+   * without the batch endpoint is detected on the first batch, and calls go one by one
+   * from then on.
+   */
+  batching?: boolean;
 }
 
 /** An operation's result as idemd stores and replays it. */
@@ -149,12 +158,24 @@ export function newClaimSecret(): string {
 
 const defaultLeaseMs = 30_000;
 
+let batcherOf: (client: IdemClient) => Batcher | undefined;
+
+/** How many calls of client wait for its request in flight to return (for tests). */
+export function queuedCalls(client: IdemClient): number {
+  return batcherOf(client)?.queued ?? 0;
+}
+
 /** A client of one idemd, safe to share. */
 export class IdemClient {
   readonly #api: GeneratedClient;
   readonly #owner: string;
   readonly #timeoutMs: number;
   readonly #retentionMs: number | undefined;
+  readonly #batcher: Batcher | undefined;
+
+  static {
+    batcherOf = (client) => client.#batcher;
+  }
 
   constructor(options: ClientOptions) {
     const fetchFn = options.fetch ?? globalThis.fetch;
@@ -167,6 +188,20 @@ export class IdemClient {
     this.#owner = options.owner ?? `ts-${randomBytes(8).toString("hex")}`;
     this.#timeoutMs = options.timeoutMs ?? 10_000;
     this.#retentionMs = options.retentionMs;
+    if (options.batching ?? true) {
+      this.#batcher = new Batcher({
+        single: (item, deadline) => this.#single(item, deadline),
+        batch: (body, items, signal) =>
+          sdk.batch({
+            client: this.#api,
+            body: { items },
+            // The items are encoded already, to measure them.
+            bodySerializer: () => body,
+            signal,
+          }),
+        timeoutMs: this.#timeoutMs,
+      });
+    }
   }
 
   /**
@@ -184,9 +219,8 @@ export class IdemClient {
     if (options.fingerprint) body.fingerprint = options.fingerprint;
     if (options.leaseMs !== undefined) body.lease_ms = options.leaseMs;
     if (options.waitMs) body.wait_ms = options.waitMs;
-    const data = await this.#call(options.signal, options.waitMs ?? 0, (signal) =>
-      sdk.claim({ client: this.#api, body, signal }),
-    );
+    const data = (await this.#do({ claim: body }, options.signal, options.waitMs ?? 0)) as
+      api.ClaimAcquired | api.ClaimFinished | undefined;
     if (data?.outcome === "acquired" && typeof data.lease_token === "string" && data.lease_token !== "") {
       return {
         outcome: "acquired",
@@ -215,7 +249,7 @@ export class IdemClient {
     const body: api.CompleteRequest = { key, lease_token: leaseToken, response: toWire(response) };
     const retention = options.retentionMs ?? this.#retentionMs;
     if (retention !== undefined) body.retention_ms = retention;
-    await this.#call(options.signal, 0, (signal) => sdk.complete({ client: this.#api, body, signal }));
+    await this.#do({ complete: body }, options.signal);
   }
 
   /** Gives the lease back: "retry" frees the key, "fail" stores a terminal failure. */
@@ -224,7 +258,7 @@ export class IdemClient {
     if (options.response) body.response = toWire(options.response);
     const retention = options.retentionMs ?? this.#retentionMs;
     if (retention !== undefined) body.retention_ms = retention;
-    await this.#call(options.signal, 0, (signal) => sdk.release({ client: this.#api, body, signal }));
+    await this.#do({ release: body }, options.signal);
   }
 
   /** Renews the lease for another leaseMs; returns when it now runs out. */
@@ -235,13 +269,13 @@ export class IdemClient {
     options: CallOptions = {},
   ): Promise<{ leaseExpiresAt: Date; expiresAt: Date }> {
     const body: api.ExtendRequest = { key, lease_token: leaseToken, lease_ms: leaseMs };
-    const data = await this.#call(options.signal, 0, (signal) => sdk.extend({ client: this.#api, body, signal }));
+    const data = (await this.#do({ extend: body }, options.signal)) as api.LeaseExtended;
     return { leaseExpiresAt: new Date(data.lease_expires_at), expiresAt: new Date(data.expires_at) };
   }
 
   /** Returns the record of key, or throws a NotFoundError. */
   async lookup(key: string, options: CallOptions = {}): Promise<KeyRecord> {
-    const data = await this.#call(options.signal, 0, (signal) =>
+    const data = await this.#call(this.#deadline(options.signal), (signal) =>
       sdk.lookup({ client: this.#api, path: { key }, signal }),
     );
     return {
@@ -260,7 +294,9 @@ export class IdemClient {
 
   /** Deletes the record of key (it needs the admin scope), or throws a NotFoundError. */
   async purge(key: string, options: CallOptions = {}): Promise<void> {
-    await this.#call(options.signal, 0, (signal) => sdk.purge({ client: this.#api, path: { key }, signal }));
+    await this.#call(this.#deadline(options.signal), (signal) =>
+      sdk.purge({ client: this.#api, path: { key }, signal }),
+    );
   }
 
   /**
@@ -398,30 +434,43 @@ export class IdemClient {
     }
   }
 
+  /** The deadline of a call starting now: the client's timeout plus extraMs. */
+  #deadline(callerSignal: AbortSignal | undefined, extraMs = 0): Deadline {
+    return deadlineOf(callerSignal, this.#timeoutMs > 0 ? this.#timeoutMs + extraMs : 0);
+  }
+
   /**
-   * Sends one call with the client's timeout (plus extraMs) and returns its data, or
-   * throws the problem it answered. A failure to get any answer is an UnavailableError;
-   * the caller's own abort throws its reason.
+   * Runs a claim, complete, release or extend, in a batch when it can share one, and
+   * returns its answer's data or throws as the single call does.
+   */
+  #do(item: api.BatchItem, callerSignal: AbortSignal | undefined, extraMs = 0): Promise<unknown> {
+    const deadline = this.#deadline(callerSignal, extraMs);
+    return this.#batcher ? this.#batcher.do(item, deadline) : this.#single(item, deadline);
+  }
+
+  /** Sends item's call on its own. */
+  #single(item: api.BatchItem, deadline: Deadline): Promise<unknown> {
+    const client = this.#api;
+    return this.#call(deadline, (signal): Promise<{ data?: unknown; error?: unknown; response?: Response }> => {
+      if (item.claim) return sdk.claim({ client, body: item.claim, signal });
+      if (item.complete) return sdk.complete({ client, body: item.complete, signal });
+      if (item.release) return sdk.release({ client, body: item.release, signal });
+      if (item.extend) return sdk.extend({ client, body: item.extend, signal });
+      return Promise.reject(new IdemError("idem: an operation without a body"));
+    });
+  }
+
+  /**
+   * Sends one call under deadline and returns its data, or throws the problem it
+   * answered. A failure to get any answer is an UnavailableError; the caller's own abort
+   * throws its reason.
    */
   async #call<D>(
-    callerSignal: AbortSignal | undefined,
-    extraMs: number,
+    deadline: Deadline,
     send: (signal: AbortSignal) => Promise<{ data?: D; error?: unknown; response?: Response }>,
   ): Promise<D> {
-    const timeout = this.#timeoutMs > 0 ? AbortSignal.timeout(this.#timeoutMs + extraMs) : undefined;
-    const signals = [callerSignal, timeout].filter((s): s is AbortSignal => s !== undefined);
-    const signal = signals.length === 1 ? (signals[0] as AbortSignal) : AbortSignal.any(signals);
-    const result = await send(signal);
-    if (result.response === undefined) {
-      if (callerSignal?.aborted) throw callerSignal.reason;
-      const cause = result.error;
-      const detail = timeout?.aborted
-        ? `no answer within ${this.#timeoutMs + extraMs} ms`
-        : cause instanceof Error
-          ? `${cause.message}${cause.cause instanceof Error ? `: ${cause.cause.message}` : ""}`
-          : String(cause);
-      throw new UnavailableError({ status: 0, code: "", title: "idemd unreachable", detail }, { cause });
-    }
+    const result = await send(deadline.signal);
+    if (result.response === undefined) throw noAnswer(deadline, result.error);
     if (!result.response.ok) throw problemFrom(result.response, result.error);
     return result.data as D;
   }

@@ -1,3 +1,5 @@
+import { STATUS_CODES } from "node:http";
+
 /** The base of every error this package throws. */
 export class IdemError extends Error {
   override name = "IdemError";
@@ -153,6 +155,29 @@ export function problemFrom(response: Response, body: unknown): ProblemError {
     const seconds = Number.parseInt(response.headers.get("Retry-After") ?? "", 10);
     if (Number.isFinite(seconds)) init.retryAfterMs = seconds * 1000;
   }
+  return problemOf(init);
+}
+
+/**
+ * Reads the problem of one item of a batch, which has no headers of its own: the same
+ * ProblemError the item's single call would have thrown.
+ */
+export function itemProblem(status: number, wire: Record<string, unknown> | undefined): ProblemError {
+  const init: ProblemInit = {
+    status,
+    code: typeof wire?.code === "string" ? wire.code : "",
+    title: typeof wire?.title === "string" ? wire.title : (STATUS_CODES[status] ?? ""),
+    body: wire,
+  };
+  if (typeof wire?.type === "string") init.type = wire.type;
+  if (typeof wire?.detail === "string") init.detail = wire.detail;
+  if (typeof wire?.instance === "string") init.instance = wire.instance;
+  if (typeof wire?.retry_after_ms === "number") init.retryAfterMs = wire.retry_after_ms;
+  return problemOf(init);
+}
+
+/** The ProblemError class a problem's code (or, without one, its status) names. */
+function problemOf(init: ProblemInit): ProblemError {
   const known = byCode[init.code];
   if (known) return new known(init);
   if (init.code === "" && [502, 503, 504].includes(init.status)) return new UnavailableError(init);

@@ -1,7 +1,14 @@
-// A loopback TCP proxy in front of a real server that can lose answers: it forwards a
-// connection's request, and for the first `dropAnswers` connections it closes the
-// client's side as soon as the server's answer starts, so the client never reads it
-// although the server acted on the request.
+// Proxies in front of a real server for the tests. LossyProxy is a loopback TCP proxy
+// that can lose answers: it forwards a connection's request, and for the first
+// `dropAnswers` connections it closes the client's side as soon as the server's answer
+// starts, so the client never reads it although the server acted on the request.
+import {
+  createServer as createHTTPServer,
+  type IncomingMessage,
+  type Server as HTTPServer,
+  type ServerResponse,
+  STATUS_CODES,
+} from "node:http";
 import { connect, createServer, type Server, type Socket } from "node:net";
 
 export class LossyProxy {
@@ -56,6 +63,120 @@ export class LossyProxy {
 
   async close(): Promise<void> {
     for (const s of this.#sockets) s.destroy();
+    await new Promise((resolve) => this.#server.close(resolve));
+  }
+}
+
+/** A request a GateProxy received: its path, and for a batch how many items it held. */
+export interface Received {
+  path: string;
+  items: number;
+}
+
+/** How a GateProxy treats the requests it receives. */
+export interface GateOptions {
+  /** How many of the first requests are held until opened; default 1. */
+  hold?: number;
+  /**
+   * Answers POST /v1/batch with this status itself instead of forwarding it: 404 as a
+   * daemon from before the batch endpoint does, 413 as one with a smaller body limit.
+   */
+  batchStatus?: number;
+}
+
+/**
+ * A loopback HTTP proxy in front of a real idemd that records every request and holds
+ * the first ones until open(i) is called, so that a test can gather a client's calls
+ * behind a request in flight.
+ */
+export class GateProxy {
+  readonly url: string;
+  readonly received: Received[] = [];
+  readonly #server: HTTPServer;
+  readonly #gates: { opened: Promise<void>; open: () => void }[] = [];
+
+  private constructor(server: HTTPServer, url: string, hold: number) {
+    this.#server = server;
+    this.url = url;
+    for (let i = 0; i < hold; i++) {
+      let open: () => void = () => undefined;
+      const opened = new Promise<void>((resolve) => {
+        open = resolve;
+      });
+      this.#gates.push({ opened, open });
+    }
+  }
+
+  static async start(target: string, options: GateOptions = {}): Promise<GateProxy> {
+    const server = createHTTPServer();
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const address = server.address();
+    if (address === null || typeof address === "string") throw new Error("no address");
+    const proxy = new GateProxy(server, `http://127.0.0.1:${address.port}`, options.hold ?? 1);
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+      void proxy.#forward(target, req, res, options.batchStatus).catch((err: unknown) => {
+        res.destroy(err instanceof Error ? err : new Error(String(err)));
+      });
+    });
+    return proxy;
+  }
+
+  /** Lets the request with this index (0 for the first) through. */
+  open(index = 0): void {
+    this.#gates[index]?.open();
+  }
+
+  async #forward(
+    target: string,
+    req: IncomingMessage,
+    res: ServerResponse,
+    batchStatus: number | undefined,
+  ): Promise<void> {
+    const chunks: Buffer[] = [];
+    for await (const chunk of req) chunks.push(chunk as Buffer);
+    const body = Buffer.concat(chunks);
+    const path = req.url ?? "";
+    let items = 0;
+    if (path === "/v1/batch") {
+      const parsed = JSON.parse(body.toString("utf8")) as { items?: unknown[] };
+      items = parsed.items?.length ?? 0;
+    }
+    const index = this.received.length;
+    this.received.push({ path, items });
+    await this.#gates[index]?.opened;
+    if (batchStatus !== undefined && path === "/v1/batch") {
+      const title = STATUS_CODES[batchStatus] ?? "";
+      const codes: Record<number, string> = { 404: "not_found", 413: "payload_too_large" };
+      const code = codes[batchStatus] ?? "invalid_request";
+      res.writeHead(batchStatus, { "Content-Type": "application/problem+json" });
+      res.end(JSON.stringify({ type: `urn:idemd:problem:${code}`, title, status: batchStatus, code }));
+      return;
+    }
+    const headers = new Headers();
+    for (const [name, value] of Object.entries(req.headers)) {
+      if (typeof value === "string" && !["host", "connection", "content-length"].includes(name)) {
+        headers.set(name, value);
+      }
+    }
+    const answer = await fetch(new URL(path, target), {
+      method: req.method ?? "GET",
+      headers,
+      ...(body.length > 0 && { body }),
+    });
+    const out = Buffer.from(await answer.arrayBuffer());
+    const outHeaders: Record<string, string> = {};
+    answer.headers.forEach((value, name) => {
+      if (!["content-length", "content-encoding", "transfer-encoding", "connection"].includes(name)) {
+        outHeaders[name] = value;
+      }
+    });
+    res.writeHead(answer.status, outHeaders);
+    res.end(out);
+  }
+
+  async close(): Promise<void> {
+    for (const gate of this.#gates) gate.open();
+    this.#server.closeAllConnections();
     await new Promise((resolve) => this.#server.close(resolve));
   }
 }
