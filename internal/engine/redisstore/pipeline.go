@@ -24,14 +24,15 @@ var errClosed = errors.New("redis store closed")
 // naturally rather than by a timer. A few pipelines may be in flight at once (slots).
 // A call that finds a slot free goes out at once, alone, from its caller's goroutine;
 // calls that arrive while every slot is taken queue, and a worker takes one, waits for
-// a slot, adds whatever else is queued by then and sends the lot as one pipeline. Redis then reads, runs and answers many scripts per system call, and
-// go-redis writes and reads them with one system call each way, which is where much
-// of the CPU of a single script went, on both sides.
+// a slot, adds whatever else is queued by then and sends the lot as one pipeline.
+// Redis then reads, runs and answers many scripts per system call, and go-redis
+// writes and reads them with one system call each way, which is where much of the CPU
+// of a single script went, on both sides.
 //
-// Several workers, rather than one, keep a slow pipeline (a large answer, a WAIT for
-// replicas) from stalling every call behind it. On a Cluster each master has a queue
-// and workers of its own (a lane), so that a master that stops answering holds up only
-// the calls for its own slots, as it did when every call went alone.
+// Several slots, rather than one, keep a slow pipeline (a large answer, a WAIT for
+// replicas) from stalling every call behind it. On a Cluster each master has slots,
+// a queue and workers of its own (a lane), so that a master that stops answering
+// holds up only the calls for its own slots, as it did when every call went alone.
 type pipeliner struct {
 	client  Client
 	workers int
