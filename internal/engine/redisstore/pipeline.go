@@ -32,7 +32,7 @@ var errClosed = errors.New("redis store closed")
 // Several slots, rather than one, keep a slow pipeline (a large answer, a WAIT for
 // replicas) from stalling every call behind it. On a Cluster each master has slots,
 // a queue and workers of its own (a lane), so that a master that stops answering
-// holds up only the calls for its own slots, as it did when every call went alone.
+// holds up only the calls for its own keys, as it did when every call went alone.
 type pipeliner struct {
 	client  Client
 	workers int
