@@ -114,7 +114,7 @@ func (p *pipeliner) do(ctx context.Context, script script, key string, args []an
 		// Close waits for it.
 		p.wg.Add(1)
 		p.mu.RUnlock()
-		p.send([]*call{c})
+		p.send([]*call{c}, true)
 		<-l.slots
 		p.wg.Done()
 		return c.val, c.err
@@ -232,7 +232,7 @@ func (p *pipeliner) work(l *lane) {
 			return
 		default:
 		}
-		p.send(batch)
+		p.send(batch, false)
 		<-l.slots
 		clear(batch)
 	}
@@ -242,7 +242,10 @@ func (p *pipeliner) work(l *lane) {
 // follows MOVED and ASK itself). Scripts the server does not know yet, after a
 // restart or a SCRIPT FLUSH, answer NOSCRIPT each; those are sent again in full with
 // EVAL, in a second pipeline.
-func (p *pipeliner) send(batch []*call) {
+//
+// A call sent alone (own) runs under its caller's context, as a script run directly
+// would: a caller that hangs up stops waiting at once.
+func (p *pipeliner) send(batch []*call, own bool) {
 	live := make([]*call, 0, len(batch))
 	// The pipeline must not fail because one caller left: it runs until the latest
 	// deadline among its calls, or without one if any call has none (the daemon
@@ -265,7 +268,9 @@ func (p *pipeliner) send(batch []*call) {
 		return
 	}
 	ctx := context.Background()
-	if bounded {
+	if own && len(live) == 1 {
+		ctx = live[0].ctx
+	} else if bounded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
