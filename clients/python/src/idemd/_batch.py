@@ -16,7 +16,7 @@ import contextvars
 import json
 import threading
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Literal, Protocol, TypeVar
@@ -328,10 +328,12 @@ class Batcher:
 @dataclass(eq=False)
 class AsyncCall:
     """A call of an :class:`idemd.AsyncClient` waiting in the queue; its caller awaits
-    ``future``, which is cancelled when the caller is."""
+    ``future``, which is cancelled when the caller is. ``context`` is the caller's, for
+    the request of a call sent on its own."""
 
     op: Operation
     future: asyncio.Future[Any]
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
 
     def gone(self) -> bool:
         return self.future.done()
@@ -351,7 +353,7 @@ class AsyncBatcher:
 
     def __init__(
         self,
-        single: Callable[[Operation], Awaitable[Any]],
+        single: Callable[[Operation], Coroutine[Any, Any, Any]],
         post: Callable[[list[Operation]], Awaitable[list[Outcome] | Resend]],
     ) -> None:
         self._single = single
@@ -420,7 +422,7 @@ class AsyncBatcher:
         it would be had the caller sent it."""
         if call.gone():
             return
-        request = asyncio.ensure_future(self._single(call.op))
+        request = asyncio.get_running_loop().create_task(self._single(call.op), context=call.context)
         try:
             await asyncio.wait([request, call.future], return_when=asyncio.FIRST_COMPLETED)
         except BaseException:
