@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 	"github.com/idemd/idemd/internal/engine/lintest"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // TestCluster runs the conformance suite, unchanged, on a real Redis Cluster, and
@@ -202,5 +204,100 @@ func TestLinearizabilityDuringFailover(t *testing.T) {
 			res := h.Check(t, "failover-"+strings.ReplaceAll(mode.name, " ", "-"))
 			t.Logf("%s: %d calls, %d of unknown outcome; porcupine: %s", mode.name, len(h.Ops), h.Unknown, res)
 		})
+	}
+}
+
+// TestClusterMasterStopsAnswering: on a Cluster each master has its own pipelines, so
+// a master that stops answering (a hung machine) holds up only the calls for its own
+// slots; a call for another master is answered while one for the stopped master
+// still waits, even with one pipeline a master.
+func TestClusterMasterStopsAnswering(t *testing.T) {
+	t.Parallel()
+	cluster := testredis.StartCluster(t)
+	universal, err := redisstore.NewClient(cluster.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sending := &inFlight{}
+	universal.AddHook(sending)
+	adapted, err := redisstore.Adapt(universal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := redisstore.New(adapted, redisstore.Options{Pipelines: 1})
+	defer s.Close()
+	client, err := redisstore.NewClient(cluster.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	masterOf := func(id engine.ID) string {
+		m, err := client.(*redis.ClusterClient).MasterForKey(t.Context(), redisstore.RecordKey(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Options().Addr
+	}
+	prefix := fmt.Sprintf("hung-%d", time.Now().UnixNano())
+	stuck := engine.ID{Tenant: engine.DefaultTenant, Key: prefix + "-stuck"}
+	var other engine.ID
+	for i := range 100 {
+		other = engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("%s-%d", prefix, i)}
+		if masterOf(other) != masterOf(stuck) {
+			break
+		}
+	}
+	if masterOf(other) == masterOf(stuck) {
+		t.Fatal("100 keys all on one master")
+	}
+	// Load the store's slot map first, as every daemon has by the time a master hangs.
+	if _, err := s.Lookup(t.Context(), other); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("lookup before the pause: %v", err)
+	}
+
+	hung := cluster.Node(masterOf(stuck))
+	hung.Pause()
+	resumed := false
+	resume := func() {
+		if !resumed {
+			hung.Resume()
+			resumed = true
+		}
+	}
+	defer resume()
+	stuckDone := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := s.Lookup(ctx, stuck)
+		stuckDone <- err
+	}()
+	wait.For(t, 30*time.Second, "the lookup on the stopped master to be sent", func() bool { return sending.n.Load() == 1 })
+	_, err = s.Claim(t.Context(), claim(other.Key))
+	select {
+	case err := <-stuckDone:
+		t.Fatalf("the call for the stopped master answered (%v) before the call for another master", err)
+	default:
+	}
+	resume()
+	if err != nil {
+		t.Fatalf("a claim on a master that answers, while another master is stopped: %v", err)
+	}
+	_ = answer(t, stuckDone, "the lookup on the resumed master")
+	if err := cluster.WaitHealthy(20 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// inFlight is a go-redis hook that counts the pipelines sent and not yet answered.
+type inFlight struct{ n atomic.Int64 }
+
+func (h *inFlight) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *inFlight) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *inFlight) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(1)
+		defer h.n.Add(-1)
+		return next(ctx, cmds)
 	}
 }

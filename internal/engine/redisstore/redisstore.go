@@ -1,8 +1,9 @@
 // Package redisstore keeps idemd's records in Redis: standalone, Sentinel or Cluster.
 //
 // Each record is one hash under its own key, and each transition is one Lua script that
-// touches only that key, so every script runs unchanged on Redis Cluster and costs one
-// round trip.
+// touches only that key, so every script runs unchanged on Redis Cluster. Concurrent
+// calls share round trips: their scripts go to Redis together as one pipeline (see
+// pipeliner), and a call that finds Redis idle goes out alone, at once.
 package redisstore
 
 import (
@@ -28,6 +29,9 @@ import (
 type Client interface {
 	redis.Scripter
 	Ping(ctx context.Context) *redis.StatusCmd
+	// Pipeline sends the scripts of concurrent calls together; a Cluster pipeline
+	// splits them by node.
+	Pipeline() redis.Pipeliner
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 	SSubscribe(ctx context.Context, channels ...string) *redis.PubSub
 	Close() error
@@ -73,7 +77,7 @@ func (c clusterClient) MasterFor(ctx context.Context, key string) (*redis.Client
 
 func (c clusterClient) ReloadSlots(ctx context.Context) { c.ReloadState(ctx) }
 
-// scripts are loaded once; redis.Script runs EVALSHA and falls back to EVAL when the
+// scripts are loaded once; the store sends EVALSHA and falls back to EVAL when the
 // server does not know the script yet.
 var (
 	claimScript    = load("claim", true)
@@ -104,6 +108,7 @@ func load(transition string, writes bool) script {
 type Store struct {
 	client   Client
 	notifier *notifier
+	pipe     *pipeliner
 	opts     Options
 }
 
@@ -112,7 +117,7 @@ func New(client Client, opts Options) *Store {
 	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
 	}
-	return &Store{client: client, notifier: newNotifier(client), opts: opts}
+	return &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), opts: opts}
 }
 
 // RecordKey is the Redis key of a record: the tenant, then the SHA-256 of the client's
@@ -259,23 +264,22 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close stops notifications and closes the client.
+// Close answers unavailable to the calls still queued, waits for the pipelines in
+// flight, stops notifications and closes the client.
 func (s *Store) Close() error {
+	s.pipe.close()
 	s.notifier.close()
 	return s.client.Close()
 }
 
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
-	var v any
-	var err error
-	if s.opts.ReplicaAcks > 0 && script.writes {
-		v, err = s.runReplicated(ctx, script, RecordKey(id), args)
-	} else {
-		v, err = script.Run(ctx, s.client, []string{RecordKey(id)}, args...).Result()
-	}
+	v, err := s.pipe.do(ctx, script, RecordKey(id), args)
 	var notReplicated *notReplicatedError
 	if errors.As(err, &notReplicated) {
 		return reply{}, err
+	}
+	if errors.Is(err, errClosed) {
+		return reply{}, engine.Unavailable(err)
 	}
 	if err != nil {
 		if ctx.Err() != nil {

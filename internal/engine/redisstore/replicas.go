@@ -19,55 +19,108 @@ type Options struct {
 	// ReplicaTimeout.
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration
+	// Pipelines is how many pipelines may be in flight at once to each master
+	// (DefaultPipelines when zero): a call that finds fewer goes out at once, alone;
+	// calls that arrive while all are in flight wait and go out together in the next
+	// one.
+	Pipelines int
 }
 
 // DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.
 const DefaultReplicaTimeout = 250 * time.Millisecond
 
-// runReplicated runs a write script and WAIT in one pipeline on one connection of the
-// key's master, so that WAIT counts the replicas that have this very write. A Cluster
-// slot that moved since the client last looked is retried once with a fresh slot map;
-// anything else is unavailable.
-func (s *Store) runReplicated(ctx context.Context, script script, key string, args []any) (any, error) {
-	for attempt := 0; ; attempt++ {
-		node, err := s.client.MasterFor(ctx, key)
-		if err != nil {
-			return nil, err
+// sendReplicated sends writes that wait for replica acknowledgements: one pipeline per
+// master (concurrently on a Cluster), the scripts then one WAIT, on one connection of
+// that master. WAIT counts the replicas that have every write made before it on its
+// connection, so one WAIT answers for the whole pipeline. A Cluster slot that moved
+// since the client last looked is retried once with a fresh slot map; anything else is
+// unavailable.
+func (p *pipeliner) sendReplicated(ctx context.Context, calls []*call) {
+	for attempt := 0; len(calls) > 0; attempt++ {
+		groups := make(map[*redis.Client][]*call)
+		for _, c := range calls {
+			node, err := p.client.MasterFor(ctx, c.key)
+			if err != nil {
+				c.finish(nil, err)
+				continue
+			}
+			groups[node] = append(groups[node], c)
 		}
-		v, err := s.evalAndWait(ctx, node, script, key, args, false)
-		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			v, err = s.evalAndWait(ctx, node, script, key, args, true)
+		var moved []*call
+		if len(groups) == 1 {
+			for node, group := range groups {
+				moved = p.evalAndWait(ctx, node, group)
+			}
+		} else {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for node, group := range groups {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					m := p.evalAndWait(ctx, node, group)
+					mu.Lock()
+					moved = append(moved, m...)
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
 		}
-		if err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) && attempt == 0 {
-			s.client.ReloadSlots(ctx)
-			continue
+		if attempt > 0 {
+			for _, c := range moved {
+				c.finish(nil, c.err)
+			}
+			return
 		}
-		return v, err
+		if len(moved) > 0 {
+			p.client.ReloadSlots(ctx)
+		}
+		calls = moved
 	}
 }
 
-func (s *Store) evalAndWait(ctx context.Context, node *redis.Client, script script, key string, args []any, full bool) (any, error) {
-	pipe := node.Pipeline()
-	var run *redis.Cmd
-	if full {
-		run = script.Eval(ctx, pipe, []string{key}, args...)
-	} else {
-		run = script.EvalSha(ctx, pipe, []string{key}, args...)
+// evalAndWait runs calls, all on node's slots, as EVALSHA then WAIT, and those that
+// answer NOSCRIPT again as EVAL then WAIT. It answers every call but those whose slot
+// moved (MOVED, ASK), which it returns with their error in err.
+func (p *pipeliner) evalAndWait(ctx context.Context, node *redis.Client, calls []*call) (moved []*call) {
+	for _, full := range []bool{false, true} {
+		pipe := node.Pipeline()
+		cmds := make([]*redis.Cmd, len(calls))
+		for i, c := range calls {
+			if full {
+				cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
+			} else {
+				cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+			}
+		}
+		wait := pipe.Do(ctx, "WAIT", p.acks, p.ackTimeout.Milliseconds())
+		_, _ = pipe.Exec(ctx)
+		acked, waitErr := wait.Int64()
+		var noScript []*call
+		for i, c := range calls {
+			val, err := cmds[i].Result()
+			switch {
+			case !full && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT"):
+				noScript = append(noScript, c)
+			case err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")):
+				c.err = err
+				moved = append(moved, c)
+			case err != nil:
+				c.finish(nil, err)
+			case waitErr != nil:
+				c.finish(nil, waitErr)
+			case acked < int64(p.acks):
+				c.finish(nil, &notReplicatedError{acked: acked, want: p.acks})
+			default:
+				c.finish(val, nil)
+			}
+		}
+		if len(noScript) == 0 {
+			break
+		}
+		calls = noScript
 	}
-	wait := pipe.Do(ctx, "WAIT", s.opts.ReplicaAcks, s.opts.ReplicaTimeout.Milliseconds())
-	_, _ = pipe.Exec(ctx)
-	v, err := run.Result()
-	if err != nil {
-		return nil, err
-	}
-	acked, err := wait.Int64()
-	if err != nil {
-		return nil, err
-	}
-	if acked < int64(s.opts.ReplicaAcks) {
-		return nil, &notReplicatedError{acked: acked, want: s.opts.ReplicaAcks}
-	}
-	return v, nil
+	return moved
 }
 
 type notReplicatedError struct {

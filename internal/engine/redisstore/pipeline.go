@@ -1,0 +1,317 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// DefaultPipelines is Options.Pipelines when it is not set.
+const DefaultPipelines = 2
+
+// maxBatch bounds the calls one pipeline carries, so that one pipeline's answers do
+// not hold its connection, and Redis's other clients, for long.
+const maxBatch = 128
+
+// errClosed answers the calls made after Close, and those still queued at Close.
+var errClosed = errors.New("redis store closed")
+
+// pipeliner sends the scripts of concurrent calls to Redis as pipelines, batching
+// naturally rather than by a timer. A few pipelines may be in flight at once (slots).
+// A call that finds a slot free goes out at once, alone, from its caller's goroutine;
+// calls that arrive while every slot is taken queue, and a worker takes one, waits for
+// a slot, adds whatever else is queued by then and sends the lot as one pipeline.
+// Redis then reads, runs and answers many scripts per system call, and go-redis
+// writes and reads them with one system call each way, which is where much of the CPU
+// of a single script went, on both sides.
+//
+// Several slots, rather than one, keep a slow pipeline (a large answer, a WAIT for
+// replicas) from stalling every call behind it. On a Cluster each master has slots,
+// a queue and workers of its own (a lane), so that a master that stops answering
+// holds up only the calls for its own keys, as it did when every call went alone.
+type pipeliner struct {
+	client  Client
+	workers int
+	// acks, when positive, makes every write wait for that many replicas, at most
+	// ackTimeout (see sendReplicated).
+	acks       int
+	ackTimeout time.Duration
+
+	// mu guards lanes and orders sends on their queues before Close: a call that saw
+	// closed unset is in its queue before Close answers the queued calls.
+	mu     sync.RWMutex
+	closed bool
+	lanes  map[string]*lane
+	quit   chan struct{}
+	wg     sync.WaitGroup
+}
+
+// lane is the queue and the slots of the calls for one master. Lanes are never
+// removed: a Cluster has few masters, and one that left keeps only idle workers.
+type lane struct {
+	queue chan *call
+	slots chan struct{}
+	// pending counts the calls queued or taken by a worker that waits for a slot.
+	pending atomic.Int64
+}
+
+// call is one script of one caller, with the caller's context. The worker sets val
+// and err, then closes done.
+type call struct {
+	ctx    context.Context
+	script script
+	key    string
+	args   []any
+	val    any
+	err    error
+	done   chan struct{}
+}
+
+func (c *call) finish(val any, err error) {
+	c.val, c.err = val, err
+	close(c.done)
+}
+
+func newPipeliner(client Client, opts Options) *pipeliner {
+	workers := opts.Pipelines
+	if workers <= 0 {
+		workers = DefaultPipelines
+	}
+	return &pipeliner{client: client, workers: workers, lanes: make(map[string]*lane), quit: make(chan struct{}),
+		acks: opts.ReplicaAcks, ackTimeout: opts.ReplicaTimeout}
+}
+
+// do runs script on key in the next pipeline and returns its answer, or ctx's error
+// as soon as ctx is done: a caller never waits on another's pipeline past its own
+// deadline. A call whose ctx is done before its pipeline goes out is not sent.
+func (p *pipeliner) do(ctx context.Context, script script, key string, args []any) (any, error) {
+	// The lane only sorts calls by master; the pipeline itself routes each call by
+	// the slot map it has when it goes out, and follows MOVED and ASK.
+	master, err := p.client.MasterFor(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	addr := master.Options().Addr
+	c := &call{ctx: ctx, script: script, key: key, args: args, done: make(chan struct{})}
+	p.mu.RLock()
+	l := p.lanes[addr]
+	if l == nil && !p.closed {
+		p.mu.RUnlock()
+		l = p.lane(addr)
+		p.mu.RLock()
+	}
+	if p.closed {
+		p.mu.RUnlock()
+		return nil, errClosed
+	}
+	select {
+	case l.slots <- struct{}{}:
+		// Alone, the call runs on its own context, as a script run directly would;
+		// Close waits for it.
+		p.wg.Add(1)
+		p.mu.RUnlock()
+		p.send([]*call{c})
+		<-l.slots
+		p.wg.Done()
+		return c.val, c.err
+	default:
+	}
+	l.pending.Add(1)
+	select {
+	case l.queue <- c:
+		p.mu.RUnlock()
+	case <-ctx.Done():
+		l.pending.Add(-1)
+		p.mu.RUnlock()
+		return nil, ctx.Err()
+	}
+	select {
+	case <-c.done:
+		return c.val, c.err
+	case <-ctx.Done():
+		select {
+		case <-c.done:
+			return c.val, c.err
+		default:
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// lane returns the lane of the master at addr, starting it if need be.
+func (p *pipeliner) lane(addr string) *lane {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if l := p.lanes[addr]; l != nil || p.closed {
+		return l
+	}
+	l := &lane{queue: make(chan *call, 4*maxBatch), slots: make(chan struct{}, p.workers)}
+	p.lanes[addr] = l
+	p.wg.Add(p.workers)
+	for range p.workers {
+		go p.work(l)
+	}
+	return l
+}
+
+// queued is how many calls wait for a pipeline.
+func (p *pipeliner) queued() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	n := 0
+	for _, l := range p.lanes {
+		n += int(l.pending.Load())
+	}
+	return n
+}
+
+// close answers errClosed to every call still queued and returns once the workers
+// have exited; the pipelines they have in flight get their answers.
+func (p *pipeliner) close() {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.closed = true
+	p.mu.Unlock()
+	// No call or lane is added from here on; the queued calls are answered here or,
+	// when a worker took them first, by that worker.
+	close(p.quit)
+	for _, l := range p.lanes {
+		for drained := false; !drained; {
+			select {
+			case c := <-l.queue:
+				l.pending.Add(-1)
+				c.finish(nil, errClosed)
+			default:
+				drained = true
+			}
+		}
+	}
+	p.wg.Wait()
+}
+
+func (p *pipeliner) work(l *lane) {
+	defer p.wg.Done()
+	batch := make([]*call, 0, maxBatch)
+	for {
+		select {
+		case c := <-l.queue:
+			batch = append(batch[:0], c)
+		case <-p.quit:
+			return
+		}
+		select {
+		case l.slots <- struct{}{}:
+		case <-p.quit:
+			l.pending.Add(-1)
+			batch[0].finish(nil, errClosed)
+			return
+		}
+	drain:
+		for len(batch) < maxBatch {
+			select {
+			case c := <-l.queue:
+				batch = append(batch, c)
+			default:
+				break drain
+			}
+		}
+		l.pending.Add(-int64(len(batch)))
+		select {
+		case <-p.quit:
+			for _, c := range batch {
+				c.finish(nil, errClosed)
+			}
+			<-l.slots
+			return
+		default:
+		}
+		p.send(batch)
+		<-l.slots
+		clear(batch)
+	}
+}
+
+// send runs batch as one pipeline (go-redis splits a Cluster pipeline by node and
+// follows MOVED and ASK itself). Scripts the server does not know yet, after a
+// restart or a SCRIPT FLUSH, answer NOSCRIPT each; those are sent again in full with
+// EVAL, in a second pipeline.
+func (p *pipeliner) send(batch []*call) {
+	live := make([]*call, 0, len(batch))
+	// The pipeline must not fail because one caller left: it runs until the latest
+	// deadline among its calls, or without one if any call has none (the daemon
+	// gives every store call a deadline).
+	var latest time.Time
+	bounded := true
+	for _, c := range batch {
+		if err := c.ctx.Err(); err != nil {
+			c.finish(nil, err)
+			continue
+		}
+		if d, ok := c.ctx.Deadline(); !ok {
+			bounded = false
+		} else if d.After(latest) {
+			latest = d
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx := context.Background()
+	if bounded {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, latest)
+		defer cancel()
+	}
+	plain := live
+	var replicated []*call
+	if p.acks > 0 {
+		plain = make([]*call, 0, len(live))
+		for _, c := range live {
+			if c.script.writes {
+				replicated = append(replicated, c)
+			} else {
+				plain = append(plain, c)
+			}
+		}
+	}
+	if len(plain) > 0 {
+		if retry := p.exec(ctx, plain, false); len(retry) > 0 {
+			p.exec(ctx, retry, true)
+		}
+	}
+	if len(replicated) > 0 {
+		p.sendReplicated(ctx, replicated)
+	}
+}
+
+// exec sends calls as one pipeline, EVALSHA or (full) EVAL, answers every call, and
+// returns, when not full, those that met NOSCRIPT unanswered.
+func (p *pipeliner) exec(ctx context.Context, calls []*call, full bool) (noScript []*call) {
+	pipe := p.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		if full {
+			cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
+		} else {
+			cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
+	for i, c := range calls {
+		val, err := cmds[i].Result()
+		if !full && err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			noScript = append(noScript, c)
+			continue
+		}
+		c.finish(val, err)
+	}
+	return noScript
+}
