@@ -14,28 +14,39 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 
 from . import _wire
-from ._client import (
-    DEFAULT_LEASE,
-    api_client,
-    default_owner,
-    json_response,
+from ._batch import ANSWERS, AsyncBatcher, Operation, Outcome, Resend, answered, batch_request, failed
+from ._client import DEFAULT_LEASE, api_client, default_owner, json_response
+from ._errors import (
+    Failed,
+    IdemdError,
+    LeaseLost,
+    NotFound,
+    Permanent,
     transport_failure,
     unexpected_answer,
 )
-from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent
 from ._keys import KeySpec, key_for
 from ._transport import AsyncRetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
+from .idemapi.api.claims import batch as batch_api
 from .idemapi.api.claims import claim as claim_api
 from .idemapi.api.claims import complete as complete_api
 from .idemapi.api.claims import extend as extend_api
 from .idemapi.api.claims import release as release_api
 from .idemapi.api.records import lookup as lookup_api
 from .idemapi.api.records import purge as purge_api
-from .idemapi.models import ClaimAcquired, ClaimFinished, KeyRecord, LeaseExtended
+from .idemapi.models import KeyRecord, LeaseExtended
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+#: The single call of each kind of operation.
+SINGLE: dict[str, Callable[..., Awaitable[Any]]] = {
+    "claim": claim_api.asyncio_detailed,
+    "complete": complete_api.asyncio_detailed,
+    "release": release_api.asyncio_detailed,
+    "extend": extend_api.asyncio_detailed,
+}
 
 
 @dataclass
@@ -50,7 +61,13 @@ class AsyncLease:
 
 
 class AsyncClient:
-    """The asyncio client of one idemd; see :class:`idemd.Client` for the options."""
+    """The asyncio client of one idemd; see :class:`idemd.Client` for the options.
+
+    With ``batching``, calls gather behind the client's request in flight as they do
+    with :class:`idemd.Client`; a caller cancelled while its call waits to be sent is
+    left out of the batch, and one cancelled while its batch is in flight does not cut
+    the batch off for the others (the call may then still take effect, as a call cut
+    off on its own may)."""
 
     def __init__(
         self,
@@ -62,11 +79,13 @@ class AsyncClient:
         owner: str | None = None,
         retention: float | None = None,
         backoff: float = 0.05,
+        batching: bool = True,
     ) -> None:
         self._api = api_client(base_url, token, AsyncRetryTransport(timeout, retries, backoff))
         self.owner = owner or default_owner()
         self.timeout = timeout
         self.retention = retention
+        self._batches = AsyncBatcher(self._single, self._post) if batching else None
 
     async def aclose(self) -> None:
         await self._api.get_async_httpx_client().aclose()
@@ -86,6 +105,23 @@ class AsyncClient:
         except (ValueError, KeyError, TypeError) as err:
             raise unexpected_answer(err) from err
 
+    async def _do(self, op: Operation) -> Any:
+        """See :meth:`idemd.Client._do`."""
+        if self._batches is None:
+            return await self._single(op)
+        return await self._batches.do(op)
+
+    async def _single(self, op: Operation) -> Any:
+        answer = await self._call(SINGLE[op.kind], extra=op.wait, body=op.body)
+        return _wire.expect(answer, *ANSWERS[op.kind])
+
+    async def _post(self, ops: list[Operation]) -> list[Outcome] | Resend:
+        try:
+            answer = await batch_api.asyncio_detailed(client=self._api, body=batch_request(ops))
+        except Exception as err:
+            return failed(ops, err)
+        return answered(ops, answer)
+
     async def claim(
         self,
         key: str,
@@ -100,26 +136,24 @@ class AsyncClient:
         body = _wire.claim_request(
             key, fingerprint, owner or self.owner, secret or _wire.new_secret(), lease, wait
         )
-        answer = await self._call(claim_api.asyncio_detailed, extra=wait or 0.0, body=body)
-        return _wire.claim(_wire.expect(answer, ClaimAcquired, ClaimFinished))
+        return _wire.claim(await self._do(Operation("claim", body, wait=wait or 0.0)))
 
     async def complete(self, key: str, token: str, response: Response) -> None:
         """See :meth:`idemd.Client.complete`."""
         body = _wire.complete_request(key, token, response, self.retention)
-        _wire.expect(await self._call(complete_api.asyncio_detailed, body=body), KeyRecord)
+        await self._do(Operation("complete", body))
 
     async def release(
         self, key: str, token: str, mode: ReleaseMode = "retry", response: Response | None = None
     ) -> None:
         """See :meth:`idemd.Client.release`."""
         body = _wire.release_request(key, token, mode, response, self.retention)
-        _wire.expect(await self._call(release_api.asyncio_detailed, body=body), KeyRecord)
+        await self._do(Operation("release", body))
 
     async def extend(self, key: str, token: str, lease: float) -> datetime.datetime:
         """See :meth:`idemd.Client.extend`."""
         body = _wire.extend_request(key, token, lease)
-        answer = await self._call(extend_api.asyncio_detailed, body=body)
-        out: LeaseExtended = _wire.expect(answer, LeaseExtended)
+        out: LeaseExtended = await self._do(Operation("extend", body))
         return out.lease_expires_at
 
     async def lookup(self, key: str) -> Record:

@@ -14,19 +14,29 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 
 from . import _wire
-from ._errors import Failed, IdemdError, LeaseLost, NotFound, Permanent, Problem, Unavailable
+from ._batch import ANSWERS, Batcher, Operation, Outcome, Resend, answered, batch_request, failed
+from ._errors import (
+    Failed,
+    IdemdError,
+    LeaseLost,
+    NotFound,
+    Permanent,
+    transport_failure,
+    unexpected_answer,
+)
 from ._keys import KeySpec, key_for
 from ._transport import RetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
 from .idemapi import AuthenticatedClient
 from .idemapi import Client as ApiClient
+from .idemapi.api.claims import batch as batch_api
 from .idemapi.api.claims import claim as claim_api
 from .idemapi.api.claims import complete as complete_api
 from .idemapi.api.claims import extend as extend_api
 from .idemapi.api.claims import release as release_api
 from .idemapi.api.records import lookup as lookup_api
 from .idemapi.api.records import purge as purge_api
-from .idemapi.models import ClaimAcquired, ClaimFinished, KeyRecord, LeaseExtended
+from .idemapi.models import KeyRecord, LeaseExtended
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -59,14 +69,13 @@ def default_owner() -> str:
     return "py-" + _wire.new_secret()[:16]
 
 
-def unexpected_answer(err: Exception) -> Problem:
-    """A success status whose body is not the answer the contract describes: something
-    other than idemd answered (a proxy's page), or a daemon of another version."""
-    return Problem(0, title="unexpected answer", detail=f"{type(err).__name__}: {err}")
-
-
-def transport_failure(err: httpx.HTTPError) -> Unavailable:
-    return Unavailable(0, title="transport failure", detail=f"{type(err).__name__}: {err}")
+#: The single call of each kind of operation.
+SINGLE: dict[str, Callable[..., Any]] = {
+    "claim": claim_api.sync_detailed,
+    "complete": complete_api.sync_detailed,
+    "release": release_api.sync_detailed,
+    "extend": extend_api.sync_detailed,
+}
 
 
 class Client:
@@ -78,6 +87,13 @@ class Client:
     claims for operators and grants nothing; ``retention`` is how long results are kept,
     in seconds (None leaves it to the daemon); ``token`` is an API token, sent as
     ``Authorization: Bearer``.
+
+    With ``batching`` (the default), calls made at the same time share HTTP requests: a
+    claim that does not wait, a complete, release or extend goes out at once when none
+    of this client's batches is in flight, and the calls made meanwhile go out together
+    as one ``POST /v1/batch`` when it returns, each answered as it would be alone. No
+    timer delays a lone call. A daemon without the batch endpoint is detected on the
+    first batch, and calls go one by one from then on.
     """
 
     def __init__(
@@ -90,11 +106,13 @@ class Client:
         owner: str | None = None,
         retention: float | None = None,
         backoff: float = 0.05,
+        batching: bool = True,
     ) -> None:
         self._api = api_client(base_url, token, RetryTransport(timeout, retries, backoff))
         self.owner = owner or default_owner()
         self.timeout = timeout
         self.retention = retention
+        self._batches = Batcher(self._single, self._post) if batching else None
 
     def close(self) -> None:
         self._api.get_httpx_client().close()
@@ -113,6 +131,24 @@ class Client:
             raise transport_failure(err) from err
         except (ValueError, KeyError, TypeError) as err:
             raise unexpected_answer(err) from err
+
+    def _do(self, op: Operation) -> Any:
+        """Runs a claim, complete, release or extend, in a batch when it can share one;
+        returns its parsed answer or raises as the single call does."""
+        if self._batches is None:
+            return self._single(op)
+        return self._batches.do(op)
+
+    def _single(self, op: Operation) -> Any:
+        answer = self._call(SINGLE[op.kind], extra=op.wait, body=op.body)
+        return _wire.expect(answer, *ANSWERS[op.kind])
+
+    def _post(self, ops: list[Operation]) -> list[Outcome] | Resend:
+        try:
+            answer = batch_api.sync_detailed(client=self._api, body=batch_request(ops))
+        except Exception as err:
+            return failed(ops, err)
+        return answered(ops, answer)
 
     def claim(
         self,
@@ -137,14 +173,13 @@ class Client:
         body = _wire.claim_request(
             key, fingerprint, owner or self.owner, secret or _wire.new_secret(), lease, wait
         )
-        answer = self._call(claim_api.sync_detailed, extra=wait or 0.0, body=body)
-        return _wire.claim(_wire.expect(answer, ClaimAcquired, ClaimFinished))
+        return _wire.claim(self._do(Operation("claim", body, wait=wait or 0.0)))
 
     def complete(self, key: str, token: str, response: Response) -> None:
         """Store the result of the operation the lease was for; repeating it is safe.
         Raises :class:`LeaseLost` when the lease was taken over."""
         body = _wire.complete_request(key, token, response, self.retention)
-        _wire.expect(self._call(complete_api.sync_detailed, body=body), KeyRecord)
+        self._do(Operation("complete", body))
 
     def release(
         self, key: str, token: str, mode: ReleaseMode = "retry", response: Response | None = None
@@ -152,12 +187,12 @@ class Client:
         """Give the lease back: ``retry`` frees the key, ``fail`` stores ``response`` as a
         terminal failure that later claims replay."""
         body = _wire.release_request(key, token, mode, response, self.retention)
-        _wire.expect(self._call(release_api.sync_detailed, body=body), KeyRecord)
+        self._do(Operation("release", body))
 
     def extend(self, key: str, token: str, lease: float) -> datetime.datetime:
         """Renew the lease for ``lease`` seconds from now; returns when it now runs out."""
         body = _wire.extend_request(key, token, lease)
-        out: LeaseExtended = _wire.expect(self._call(extend_api.sync_detailed, body=body), LeaseExtended)
+        out: LeaseExtended = self._do(Operation("extend", body))
         return out.lease_expires_at
 
     def lookup(self, key: str) -> Record:

@@ -97,6 +97,17 @@ _BY_CODE: dict[str, type[Problem]] = {
 }
 
 
+def unexpected_answer(err: Exception) -> Problem:
+    """A success status whose body is not the answer the contract describes: something
+    other than idemd answered (a proxy's page), or a daemon of another version."""
+    return Problem(0, title="unexpected answer", detail=f"{type(err).__name__}: {err}")
+
+
+def transport_failure(err: Exception) -> Unavailable:
+    """No answer came: the connection failed or the call ran out of time."""
+    return Unavailable(0, title="transport failure", detail=f"{type(err).__name__}: {err}")
+
+
 def problem_class(status: int, code: str) -> type[Problem]:
     """The class for a problem: by its code, or, for an answer without one (not idemd's),
     Unavailable for the gateway statuses."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import datetime
 import secrets
+from collections.abc import Mapping
 from typing import Any
 
 from ._errors import Problem, problem_class
@@ -105,17 +106,19 @@ def expect(answer: api_types.Response[Any], *kinds: type) -> Any:
     if not kinds and int(answer.status_code) < 300:
         return None
     if isinstance(parsed, WireProblem):
-        raise problem(answer, parsed)
+        raise problem(parsed, answer.headers)
     status = int(answer.status_code)
     raise problem_class(status, "")(
         status, title="unexpected answer", detail=answer.content[:200].decode("utf-8", "replace")
     )
 
 
-def problem(answer: api_types.Response[Any], wire: WireProblem) -> Problem:
+def problem(wire: WireProblem, headers: Mapping[str, str] | None = None) -> Problem:
+    """The exception for an idemd problem; ``headers`` are its answer's, when it had one
+    of its own (a problem in a batch has none)."""
     retry_after = wire.retry_after_ms / 1000 if isinstance(wire.retry_after_ms, int) else None
-    if retry_after is None:
-        header = answer.headers.get("retry-after", "")
+    if retry_after is None and headers is not None:
+        header = headers.get("retry-after", "")
         retry_after = float(header) if header.isdigit() else None
     return problem_class(wire.status, wire.code)(
         wire.status,
