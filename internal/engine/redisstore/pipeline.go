@@ -301,14 +301,7 @@ func (p *pipeliner) send(batch []*call, own bool) {
 // returns, when not full, those that met NOSCRIPT unanswered.
 func (p *pipeliner) exec(ctx context.Context, calls []*call, full bool) (noScript []*call) {
 	pipe := p.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(calls))
-	for i, c := range calls {
-		if full {
-			cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
-		} else {
-			cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
-		}
-	}
+	cmds := queueScripts(ctx, pipe, calls, full)
 	_, _ = pipe.Exec(ctx)
 	for i, c := range calls {
 		val, err := cmds[i].Result()
@@ -319,4 +312,17 @@ func (p *pipeliner) exec(ctx context.Context, calls []*call, full bool) (noScrip
 		c.finish(val, err)
 	}
 	return noScript
+}
+
+// queueScripts adds the calls' scripts to pipe, as EVALSHA or (full) EVAL.
+func queueScripts(ctx context.Context, pipe redis.Pipeliner, calls []*call, full bool) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(calls))
+	for i, c := range calls {
+		if full {
+			cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
+		} else {
+			cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+		}
+	}
+	return cmds
 }

@@ -85,14 +85,7 @@ func (p *pipeliner) sendReplicated(ctx context.Context, calls []*call) {
 func (p *pipeliner) evalAndWait(ctx context.Context, node *redis.Client, calls []*call) (moved []*call) {
 	for _, full := range []bool{false, true} {
 		pipe := node.Pipeline()
-		cmds := make([]*redis.Cmd, len(calls))
-		for i, c := range calls {
-			if full {
-				cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
-			} else {
-				cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
-			}
-		}
+		cmds := queueScripts(ctx, pipe, calls, full)
 		wait := pipe.Do(ctx, "WAIT", p.acks, p.ackTimeout.Milliseconds())
 		_, _ = pipe.Exec(ctx)
 		acked, waitErr := wait.Int64()
