@@ -102,12 +102,19 @@ func WithMethods(methods ...string) MiddlewareOption {
 // Without it such requests pass through unprotected.
 func RequireKey() MiddlewareOption { return func(s *middlewareSettings) { s.required = true } }
 
+// The contract's limits on a claim's wait and lease.
+const (
+	maxWait  = 30 * time.Second
+	minLease = 100 * time.Millisecond
+	maxLease = time.Hour
+)
+
 // WithWait makes a duplicate that arrives while the first request runs wait up to d
 // for its result, instead of getting 409 at once (at most 30 s).
 func WithWait(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.wait = d } }
 
 // WithLease sets the lease held while the handler runs, renewed every lease/3
-// (default 30 s).
+// (default 30 s; 100 ms to 1 h).
 func WithLease(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.lease = d } }
 
 // WithStoredHeaders sets the response headers stored and replayed (default
@@ -219,6 +226,14 @@ func Middleware(c *Client, opts ...MiddlewareOption) func(http.Handler) http.Han
 	}
 	if s.scope == nil {
 		panic("idem.Middleware: WithScope is required: keys must be kept per user or account, or one user gets another's answers")
+	}
+	// idemd refuses every claim outside its limits (api/openapi.yaml), so such a
+	// middleware would answer 503 to every request.
+	if s.wait < 0 || s.wait > maxWait {
+		panic(fmt.Sprintf("idem.Middleware: WithWait(%s): idemd waits 0 to %s", s.wait, maxWait))
+	}
+	if s.lease < minLease || s.lease > maxLease {
+		panic(fmt.Sprintf("idem.Middleware: WithLease(%s): idemd's leases last %s to %s", s.lease, minLease, maxLease))
 	}
 	stored := make([]string, 0, len(s.headers))
 	for _, h := range s.headers {

@@ -953,3 +953,17 @@ func TestNothingRunsOnASuccessThatIsNotAClaimAnswer(t *testing.T) {
 		})
 	}
 }
+
+// A wait or lease that idemd refuses on every claim cannot build a middleware: every
+// request would otherwise answer 503.
+func TestMiddlewareRefusesLimitsIdemdRefuses(t *testing.T) {
+	c := newClient(t)
+	scope := idem.WithScope(func(*http.Request) string { return "u" })
+	mustPanic(t, "WithWait(31s)", func() { idem.Middleware(c, scope, idem.WithWait(31*time.Second)) })
+	mustPanic(t, "WithWait(-1s)", func() { idem.Middleware(c, scope, idem.WithWait(-time.Second)) })
+	mustPanic(t, "WithLease(50ms)", func() { idem.Middleware(c, scope, idem.WithLease(50*time.Millisecond)) })
+	mustPanic(t, "WithLease(2h)", func() { idem.Middleware(c, scope, idem.WithLease(2*time.Hour)) })
+	// The bounds themselves are allowed.
+	idem.Middleware(c, scope, idem.WithWait(30*time.Second), idem.WithLease(time.Hour))
+	idem.Middleware(c, scope, idem.WithWait(0), idem.WithLease(100*time.Millisecond))
+}
