@@ -536,6 +536,16 @@ def test_construction_needs_a_scope_and_refuses_unsafe_headers(daemon: Daemon) -
     for header in ("Set-Cookie", "transfer-encoding", "Content-Length"):
         with pytest.raises(ValueError, match=header.lower()):
             wsgi.IdempotencyMiddleware(app, client, scope=_wsgi_user, stored_headers=["content-type", header])
+    # A wait or lease idemd refuses on every claim would answer 503 to every request.
+    with pytest.raises(ValueError, match="wait"):
+        wsgi.IdempotencyMiddleware(app, client, scope=_wsgi_user, wait=30.5)
+    with pytest.raises(ValueError, match="wait"):
+        wsgi.IdempotencyMiddleware(app, client, scope=_wsgi_user, wait=-1)
+    for lease in (0.05, 3600.5):
+        with pytest.raises(ValueError, match="lease"):
+            wsgi.IdempotencyMiddleware(app, client, scope=_wsgi_user, lease=lease)
+    wsgi.IdempotencyMiddleware(app, client, scope=_wsgi_user, wait=30, lease=3600)
+    wsgi.IdempotencyMiddleware(app, client, scope=_wsgi_user, wait=0, lease=0.1)
 
 
 def test_fastapi(daemon: Daemon) -> None:

@@ -442,6 +442,12 @@ describe("options", () => {
   test("M5: no scope option, or a forbidden stored header, is refused at construction", async () => {
     assert.throws(() => expressIdempotency(client, {} as never), /scope option is required/);
     assert.throws(() => expressIdempotency(client, { scope: () => "u", storedHeaders: ["Set-Cookie"] }), /set-cookie/);
+    // A wait or lease idemd refuses on every claim would answer 503 to every request.
+    for (const bad of [{ waitMs: 30_001 }, { waitMs: -1 }, { leaseMs: 99 }, { leaseMs: 3_600_001 }]) {
+      assert.throws(() => expressIdempotency(client, { scope: () => "u", ...bad }), RangeError, JSON.stringify(bad));
+    }
+    expressIdempotency(client, { scope: () => "u", waitMs: 30_000, leaseMs: 3_600_000 });
+    expressIdempotency(client, { scope: () => "u", waitMs: 0, leaseMs: 100 });
     const app = Fastify();
     await assert.rejects(
       (async () => {

@@ -242,8 +242,12 @@ class Options(Generic[R]):
             raise ValueError(f"these headers are never stored: {', '.join(sorted(refused))}")
         self._stored = stored
         self._methods = frozenset(m.upper() for m in self.methods)
+        # idemd refuses every claim outside the contract's limits: such a middleware
+        # would answer 503 to every request.
         if not 0 <= self.wait <= 30:
             raise ValueError("wait is at most 30 seconds")
+        if not 0.1 <= self.lease <= 3600:
+            raise ValueError("lease is 0.1 to 3600 seconds")
 
     def applies_to(self, method: str) -> bool:
         return method.upper() in self._methods

@@ -45,7 +45,7 @@ export interface IdempotencyOptions<Req> {
   requireKey?: boolean;
   /** How long a duplicate waits for the first request to finish instead of a 409 (at most 30 s); default 0. */
   waitMs?: number;
-  /** The lease held while the handler runs, renewed every leaseMs/3; default 30 s. */
+  /** The lease held while the handler runs, renewed every leaseMs/3; default 30 s (100 ms to 1 h). */
   leaseMs?: number;
   /** The response headers stored and replayed; default content-type and location. */
   storedHeaders?: readonly string[];
@@ -154,13 +154,23 @@ export class Guard<Req> {
     if (refused.length > 0) {
       throw new TypeError(`idempotency middleware: storedHeaders may not list ${refused.join(", ")}`);
     }
+    // idemd refuses every claim outside the contract's limits: such a middleware would
+    // answer 503 to every request.
+    const waitMs = options.waitMs ?? 0;
+    const leaseMs = options.leaseMs ?? 30_000;
+    if (!(waitMs >= 0 && waitMs <= 30_000)) {
+      throw new RangeError(`idempotency middleware: waitMs is ${waitMs}; idemd waits 0 to 30000 ms`);
+    }
+    if (!(leaseMs >= 100 && leaseMs <= 3_600_000)) {
+      throw new RangeError(`idempotency middleware: leaseMs is ${leaseMs}; idemd's leases last 100 to 3600000 ms`);
+    }
     this.#client = client;
     this.#o = {
       scope: options.scope,
       methods: options.methods ?? ["POST", "PATCH"],
       requireKey: options.requireKey ?? false,
-      waitMs: options.waitMs ?? 0,
-      leaseMs: options.leaseMs ?? 30_000,
+      waitMs,
+      leaseMs,
       storedHeaders: stored,
       maxBodyBytes: options.maxBodyBytes ?? 10 << 20,
       maxStoredBytes: options.maxStoredBytes ?? 1 << 20,
