@@ -279,11 +279,12 @@ func (t *txn) remove(rk []byte, r *stored) error {
 	return t.tx.Bucket(bucketExpiry).Delete(expiryKey(r.Expires, rk))
 }
 
-// update runs fn as one transition in a shared, synced commit, then updates the counts
-// and wakes waiters. fn returns an answerErr for an answer such as not found: that is
-// not a failure, and the transaction still commits (it may have removed an expired
-// record on the way). A ctx that ends before the transition's group starts returns its
-// own error, the transition not applied.
+// update runs fn as one transition in a shared, synced commit; once it is committed the
+// commit loop updates the counts and wakes waiters, whether or not the caller still
+// waits. fn returns an answerErr for an answer such as not found: that is not a
+// failure, and the transaction still commits (it may have removed an expired record on
+// the way). A ctx that ends returns its own error at once: before the transition's
+// group starts, the transition is not applied; while it commits, it may be.
 func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []byte) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -299,16 +300,17 @@ func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []b
 			return nil
 		}
 		return err
+	}, func() {
+		s.counts.move(t.from, t.to)
+		if t.notify {
+			s.watches.signal(string(rk))
+		}
 	})
 	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
 		return err
 	}
 	if err != nil {
 		return engine.Unavailable(err)
-	}
-	s.counts.move(t.from, t.to)
-	if t.notify {
-		s.watches.signal(string(rk))
 	}
 	return t.answer
 }

@@ -37,8 +37,12 @@ type committer struct {
 
 // pending is one transition waiting for its group.
 type pending struct {
-	ctx   context.Context
-	fn    func(*bolt.Tx) error
+	ctx context.Context
+	fn  func(*bolt.Tx) error
+	// after runs on the loop once the transition is committed, whether or not its
+	// caller still waits: what must follow a write (waking waiters) never depends on
+	// the caller.
+	after func()
 	state atomic.Int32
 	done  chan error // buffered: the loop never waits for the caller
 }
@@ -57,13 +61,15 @@ func newCommitter(db *bolt.DB) *committer {
 	return c
 }
 
-// run commits fn in the next group and returns its error or the commit's. fn must be
-// safe to run more than once (a failing neighbour makes the group run again) and keep
-// its effects in variables it resets at each run. A transition whose ctx ends before
-// its group starts is never applied and returns ctx's error; once its group has
-// started, run waits for the commit, so that an answer is never in doubt.
-func (c *committer) run(ctx context.Context, fn func(*bolt.Tx) error) error {
-	p := &pending{ctx: ctx, fn: fn, done: make(chan error, 1)}
+// run commits fn in the next group and returns its error or the commit's; after runs
+// once fn is committed. fn must be safe to run more than once (a failing neighbour
+// makes the group run again) and keep its effects in variables it resets at each run.
+// A transition whose ctx ends before its group starts is never applied and returns
+// ctx's error. One whose ctx ends while its group commits returns ctx's error too, at
+// once, and may still be committed: a disk that stops answering holds the commit, not
+// the caller, who hears that the store did not answer in time, as from Redis.
+func (c *committer) run(ctx context.Context, fn func(*bolt.Tx) error, after func()) error {
+	p := &pending{ctx: ctx, fn: fn, after: after, done: make(chan error, 1)}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
@@ -79,10 +85,8 @@ func (c *committer) run(ctx context.Context, fn func(*bolt.Tx) error) error {
 	case err := <-p.done:
 		return err
 	case <-ctx.Done():
-		if p.state.CompareAndSwap(queued, abandoned) {
-			return ctx.Err()
-		}
-		return <-p.done
+		p.state.CompareAndSwap(queued, abandoned)
+		return ctx.Err()
 	}
 }
 
@@ -163,15 +167,23 @@ func (c *committer) commit(group []*pending) {
 		})
 		if failed < 0 {
 			for _, p := range group {
-				p.done <- err
+				p.finish(err)
 			}
 			return
 		}
 		c.commit(group[:failed])
 		p := group[failed]
-		p.done <- c.update(1, func(tx *bolt.Tx) error { return call(p.fn, tx) })
+		p.finish(c.update(1, func(tx *bolt.Tx) error { return call(p.fn, tx) }))
 		group = group[failed+1:]
 	}
+}
+
+// finish answers the transition, after running its after when it was committed.
+func (p *pending) finish(err error) {
+	if err == nil && p.after != nil {
+		p.after()
+	}
+	p.done <- err
 }
 
 func (c *committer) update(size int, fn func(*bolt.Tx) error) error {

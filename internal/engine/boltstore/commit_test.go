@@ -274,3 +274,42 @@ func TestCloseCommitsQueuedTransitions(t *testing.T) {
 		t.Fatalf("after reopening, first is %q and queued %q, want both pending", a, b)
 	}
 }
+
+// TestHungCommitAnswersAtTheDeadline holds a commit as a disk that stops answering
+// would: a transition in it answers its context's error at its deadline instead of
+// waiting for the disk, and once the commit goes through, its waiters are woken all the
+// same.
+func TestHungCommitAnswersAtTheDeadline(t *testing.T) {
+	t.Parallel()
+	s := open(t, filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	token := engine.NewLeaseToken()
+	if err := claimFn(s, "held", token)(); err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Watch(ctx(t), id("held"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	g := holdFirstCommit(t, s)
+	c, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	done := g.heldBy(t, func() error {
+		_, err := s.Complete(c, engine.Completion{ID: id("held"), LeaseToken: token, Retention: time.Hour,
+			Response: engine.Response{Status: 200}})
+		return err
+	})
+	// The commit is still held: the answer can only come from the deadline.
+	if err := recv(t, done); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a completion in a hung commit: %v, want context.DeadlineExceeded", err)
+	}
+	g.open()
+	select {
+	case <-w.C():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the completion committed after its caller left woke no waiter")
+	}
+	if st := state(t, s, "held"); st != engine.StateCompleted {
+		t.Fatalf("held is %q after the commit went through, want completed", st)
+	}
+}
