@@ -35,7 +35,11 @@ func slowDaemon(t *testing.T, authn server.Authenticator, bodyTimeout time.Durat
 	if authn != nil {
 		cfg.Auth = authn
 	}
-	hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour), cfg))
+	// What these tests check is the HTTP deadlines. Committing their 24 MiB response
+	// can outlast the default store deadline on a busy machine, which would answer 503
+	// (TestFrozenStoreAnswersAtItsDeadline and the embedded store's own tests cover
+	// that), so the store deadline is set well out of their way.
+	hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute)), cfg))
 	t.Cleanup(hs.Close)
 	return &daemon{t: t, url: hs.URL}
 }
