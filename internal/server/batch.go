@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -8,6 +9,7 @@ import (
 	"github.com/labstack/echo/v4"
 
 	"github.com/idemd/idemd/internal/api"
+	"github.com/idemd/idemd/internal/engine"
 )
 
 // MaxBatchItems is the contract's limit on the items of one batch.
@@ -70,9 +72,22 @@ func (s *Server) Batch(c echo.Context) error {
 	var wg sync.WaitGroup
 	for _, key := range order {
 		wg.Go(func() {
+			var down error
 			for _, item := range byKey[key] {
+				if down != nil {
+					// One store deadline per key, not one per item: against a frozen
+					// store, a batch of many items on one key would otherwise hold its
+					// request for as many deadlines.
+					s.settle(c, item, answer{}, down)
+					continue
+				}
 				a, err := item.run(c)
 				s.settle(c, item, a, err)
+				if errors.Is(err, engine.ErrUnavailable) {
+					down = &problem{status: http.StatusServiceUnavailable, code: codeStoreUnavailable,
+						retryAfter: unavailableRetry, cause: err,
+						detail: "not sent: an earlier item on this key found the store unavailable; nothing was acquired"}
+				}
 			}
 		})
 	}

@@ -7,10 +7,12 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
+	"github.com/idemd/idemd/internal/testredis"
 )
 
 // batchResult is one item's result as a test reads it.
@@ -340,4 +342,40 @@ func TestBatchAuthentication(t *testing.T) {
 			t.Errorf("metrics lack %s", line)
 		}
 	}
+}
+
+// TestBatchOnAFrozenStore: items on one key run one after the other, so against a
+// frozen store a batch of many items on one key would hold its request for as many
+// store deadlines. Once an item on a key finds the store unavailable, the later items
+// on that key answer the same at once, unsent; items on other keys are not affected.
+func TestBatchOnAFrozenStore(t *testing.T) {
+	r, store := frozenRedis(t)
+	var log lockedBuffer
+	d := newDaemonWith(t, store, &log, engine.WithStoreTimeout(300*time.Millisecond))
+	key, other := freshKey("frozen-batch"), freshKey("frozen-other")
+	d.acquire(key + "-before")
+	r.Pause()
+	items := []map[string]any{op("claim", map[string]any{"key": other})}
+	for range 5 {
+		items = append(items, op("claim", map[string]any{"key": key}))
+	}
+	res := d.batch(items...)
+	for i, r := range res {
+		wantItem(t, i, r, http.StatusServiceUnavailable, "store_unavailable")
+	}
+	for i := range 2 {
+		if detail, _ := res[i].Problem["detail"].(string); !strings.Contains(detail, "did not answer within 300ms") {
+			t.Errorf("item %d: detail %q, want the store deadline", i, detail)
+		}
+	}
+	for i := 2; i < len(res); i++ {
+		if detail, _ := res[i].Problem["detail"].(string); !strings.Contains(detail, "not sent") {
+			t.Errorf("item %d: detail %q, want it answered unsent after an earlier item on its key", i, detail)
+		}
+	}
+	r.Resume()
+	if err := testredis.WaitReady(r.Addr(), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	d.acquire(freshKey("frozen-after"))
 }

@@ -408,8 +408,9 @@ type ClientInterface interface {
 	// as the single call would answer it: its status, and the single call's answer or
 	// problem. Items are independent (not one transaction): one item failing changes
 	// nothing for the others. Items on the same key run in their order in the batch;
-	// items on different keys may run in any order. The answer lists one result per
-	// item, in the order of the items.
+	// items on different keys may run in any order. Once an item finds the store
+	// unavailable, the later items on its key answer 503 at once, without being run.
+	// The answer lists one result per item, in the order of the items.
 	//
 	// A client gathers the calls it would send at the same time into one batch, which
 	// saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -431,8 +432,9 @@ type ClientInterface interface {
 	// as the single call would answer it: its status, and the single call's answer or
 	// problem. Items are independent (not one transaction): one item failing changes
 	// nothing for the others. Items on the same key run in their order in the batch;
-	// items on different keys may run in any order. The answer lists one result per
-	// item, in the order of the items.
+	// items on different keys may run in any order. Once an item finds the store
+	// unavailable, the later items on its key answer 503 at once, without being run.
+	// The answer lists one result per item, in the order of the items.
 	//
 	// A client gathers the calls it would send at the same time into one batch, which
 	// saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -574,8 +576,9 @@ func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*ht
 // as the single call would answer it: its status, and the single call's answer or
 // problem. Items are independent (not one transaction): one item failing changes
 // nothing for the others. Items on the same key run in their order in the batch;
-// items on different keys may run in any order. The answer lists one result per
-// item, in the order of the items.
+// items on different keys may run in any order. Once an item finds the store
+// unavailable, the later items on its key answer 503 at once, without being run.
+// The answer lists one result per item, in the order of the items.
 //
 // A client gathers the calls it would send at the same time into one batch, which
 // saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -607,8 +610,9 @@ func (c *Client) BatchWithBody(ctx context.Context, contentType string, body io.
 // as the single call would answer it: its status, and the single call's answer or
 // problem. Items are independent (not one transaction): one item failing changes
 // nothing for the others. Items on the same key run in their order in the batch;
-// items on different keys may run in any order. The answer lists one result per
-// item, in the order of the items.
+// items on different keys may run in any order. Once an item finds the store
+// unavailable, the later items on its key answer 503 at once, without being run.
+// The answer lists one result per item, in the order of the items.
 //
 // A client gathers the calls it would send at the same time into one batch, which
 // saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -1228,8 +1232,9 @@ type ClientWithResponsesInterface interface {
 	// as the single call would answer it: its status, and the single call's answer or
 	// problem. Items are independent (not one transaction): one item failing changes
 	// nothing for the others. Items on the same key run in their order in the batch;
-	// items on different keys may run in any order. The answer lists one result per
-	// item, in the order of the items.
+	// items on different keys may run in any order. Once an item finds the store
+	// unavailable, the later items on its key answer 503 at once, without being run.
+	// The answer lists one result per item, in the order of the items.
 	//
 	// A client gathers the calls it would send at the same time into one batch, which
 	// saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -1251,8 +1256,9 @@ type ClientWithResponsesInterface interface {
 	// as the single call would answer it: its status, and the single call's answer or
 	// problem. Items are independent (not one transaction): one item failing changes
 	// nothing for the others. Items on the same key run in their order in the batch;
-	// items on different keys may run in any order. The answer lists one result per
-	// item, in the order of the items.
+	// items on different keys may run in any order. Once an item finds the store
+	// unavailable, the later items on its key answer 503 at once, without being run.
+	// The answer lists one result per item, in the order of the items.
 	//
 	// A client gathers the calls it would send at the same time into one batch, which
 	// saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -2369,8 +2375,9 @@ func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors
 // as the single call would answer it: its status, and the single call's answer or
 // problem. Items are independent (not one transaction): one item failing changes
 // nothing for the others. Items on the same key run in their order in the batch;
-// items on different keys may run in any order. The answer lists one result per
-// item, in the order of the items.
+// items on different keys may run in any order. Once an item finds the store
+// unavailable, the later items on its key answer 503 at once, without being run.
+// The answer lists one result per item, in the order of the items.
 //
 // A client gathers the calls it would send at the same time into one batch, which
 // saves a round trip and an HTTP request per call. A claim in a batch does not
@@ -2398,8 +2405,9 @@ func (c *ClientWithResponses) BatchWithBodyWithResponse(ctx context.Context, con
 // as the single call would answer it: its status, and the single call's answer or
 // problem. Items are independent (not one transaction): one item failing changes
 // nothing for the others. Items on the same key run in their order in the batch;
-// items on different keys may run in any order. The answer lists one result per
-// item, in the order of the items.
+// items on different keys may run in any order. Once an item finds the store
+// unavailable, the later items on its key answer 503 at once, without being run.
+// The answer lists one result per item, in the order of the items.
 //
 // A client gathers the calls it would send at the same time into one batch, which
 // saves a round trip and an HTTP request per call. A claim in a batch does not

@@ -82,8 +82,9 @@ export const extend = <ThrowOnError extends boolean = false>(options: Options<Ex
  * as the single call would answer it: its status, and the single call's answer or
  * problem. Items are independent (not one transaction): one item failing changes
  * nothing for the others. Items on the same key run in their order in the batch;
- * items on different keys may run in any order. The answer lists one result per
- * item, in the order of the items.
+ * items on different keys may run in any order. Once an item finds the store
+ * unavailable, the later items on its key answer 503 at once, without being run.
+ * The answer lists one result per item, in the order of the items.
  *
  * A client gathers the calls it would send at the same time into one batch, which
  * saves a round trip and an HTTP request per call. A claim in a batch does not
