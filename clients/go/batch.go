@@ -46,11 +46,14 @@ type result struct {
 
 // call is one operation on its way: alone, or in a batch.
 type call struct {
-	ctx     context.Context
-	item    idemapi.BatchItem
-	encoded json.RawMessage
-	res     result
-	done    chan struct{}
+	ctx  context.Context
+	item idemapi.BatchItem
+	// op is the item's one member, and body its request, encoded once for whichever
+	// way the call goes.
+	op   string
+	body []byte
+	res  result
+	done chan struct{}
 }
 
 // batcher gathers the calls of one Client. At most one batch is in flight: the
@@ -71,13 +74,13 @@ type batcher struct {
 func (c *Client) do(ctx context.Context, item idemapi.BatchItem) result {
 	b := c.batches
 	if b == nil || b.unsupported.Load() || (item.Claim != nil && item.Claim.WaitMs != nil) {
-		return c.single(ctx, item)
+		return c.single(ctx, item, "", nil)
 	}
-	encoded, err := json.Marshal(item)
-	if err != nil || len(encoded) > maxBatchItemBytes {
-		return c.single(ctx, item)
+	op, body, err := encode(item)
+	if err != nil || len(body) > maxBatchItemBytes {
+		return c.single(ctx, item, "", nil)
 	}
-	cl := &call{ctx: ctx, item: item, encoded: encoded, done: make(chan struct{})}
+	cl := &call{ctx: ctx, item: item, op: op, body: body, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, cl)
 	start := !b.sending
@@ -104,7 +107,7 @@ func (b *batcher) run() {
 		if len(calls) == 1 {
 			// Alone: the call's own request, under its own context.
 			cl := calls[0]
-			cl.res = b.c.single(cl.ctx, cl.item)
+			cl.res = b.c.single(cl.ctx, cl.item, cl.op, cl.body)
 			close(cl.done)
 			continue
 		}
@@ -127,10 +130,10 @@ func (b *batcher) next() []*call {
 			close(cl.done)
 			continue
 		}
-		if size+len(cl.encoded)+1 > maxBatchBytes && len(calls) > 0 {
+		if size+cl.size() > maxBatchBytes && len(calls) > 0 {
 			break
 		}
-		size += len(cl.encoded) + 1
+		size += cl.size()
 		calls = append(calls, cl)
 	}
 	b.queue = b.queue[n:]
@@ -154,7 +157,11 @@ func (b *batcher) send(calls []*call) {
 		if i > 0 {
 			body.WriteByte(',')
 		}
-		body.Write(cl.encoded)
+		body.WriteString(`{"`)
+		body.WriteString(cl.op)
+		body.WriteString(`":`)
+		body.Write(cl.body)
+		body.WriteByte('}')
 	}
 	body.WriteString(`]}`)
 
@@ -165,7 +172,7 @@ func (b *batcher) send(calls []*call) {
 	results, resend, err := b.c.batch(ctx, body.Bytes(), len(calls))
 	if resend {
 		for _, cl := range calls {
-			cl.res = b.c.single(cl.ctx, cl.item)
+			cl.res = b.c.single(cl.ctx, cl.item, cl.op, cl.body)
 			close(cl.done)
 		}
 		return
@@ -210,22 +217,47 @@ func (c *Client) batch(ctx context.Context, body []byte, n int) (results []idema
 	return out.Results, false, nil
 }
 
-// single sends one operation on its own.
-func (c *Client) single(ctx context.Context, item idemapi.BatchItem) result {
-	var resp *http.Response
-	var err error
+// size is what the call adds to a batch's body: {"op":body} and a comma.
+func (cl *call) size() int { return len(cl.op) + len(cl.body) + 6 }
+
+// encode returns the one member of item and its request as JSON.
+func encode(item idemapi.BatchItem) (op string, body []byte, err error) {
+	var v any
 	switch {
 	case item.Claim != nil:
-		resp, err = c.api.Claim(ctx, *item.Claim, c.authorize)
+		op, v = "claim", item.Claim
 	case item.Complete != nil:
-		resp, err = c.api.Complete(ctx, *item.Complete, c.authorize)
+		op, v = "complete", item.Complete
 	case item.Release != nil:
-		resp, err = c.api.Release(ctx, *item.Release, c.authorize)
+		op, v = "release", item.Release
 	case item.Extend != nil:
-		resp, err = c.api.Extend(ctx, *item.Extend, c.authorize)
+		op, v = "extend", item.Extend
 	default:
-		return result{err: errors.New("idem: an operation without a body")}
+		return "", nil, errors.New("idem: an operation without a body")
 	}
+	body, err = json.Marshal(v)
+	return op, body, err
+}
+
+// single sends one operation on its own. op and body are the item encoded (encode),
+// or empty when it is not yet.
+func (c *Client) single(ctx context.Context, item idemapi.BatchItem, op string, body []byte) result {
+	if body == nil {
+		var err error
+		if op, body, err = encode(item); err != nil {
+			return result{err: err}
+		}
+	}
+	send := c.api.ClaimWithBody
+	switch op {
+	case "complete":
+		send = c.api.CompleteWithBody
+	case "release":
+		send = c.api.ReleaseWithBody
+	case "extend":
+		send = c.api.ExtendWithBody
+	}
+	resp, err := send(ctx, "application/json", bytes.NewReader(body), c.authorize)
 	if err != nil {
 		return result{err: transportError(err)}
 	}
