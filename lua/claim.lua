@@ -18,10 +18,9 @@ local r = load(key)
 local st = r.st
 if not st then
   local xa = now + math.max(retention, lease)
-  set(key, r, 'k', ARGV[6], 't', ARGV[7], 'st', 'p', 'fp', fp, 'ow', owner,
-    'cs', secret, 'at', '1', 'tok', token, 'lx', int(now + lease), 'rec', '0',
-    'ca', int(now), 'ua', int(now), 'xa', int(xa))
-  redis.call('PEXPIREAT', key, int(xa))
+  r = {k = ARGV[6], t = ARGV[7], st = 'p', fp = fp, ow = owner, cs = secret, at = 1,
+    tok = token, lx = now + lease, rec = '0', ca = now, ua = now, xa = xa}
+  save(key, r)
   return answer('acquired', now, r, false)
 end
 
@@ -46,7 +45,8 @@ if st == 'p' and slx > now then
     return answer('acquired', now, r, false)
   end
   if ARGV[9] == '1' and r.w ~= '1' then
-    redis.call('HSET', key, 'w', '1')
+    r.w = '1'
+    save(key, r)
   end
   return answer('in_progress', now, r, false)
 end
@@ -57,7 +57,7 @@ if st == 'p' then
   recovered = '1'
 end
 local xa = math.max(tonumber(r.xa or '0'), now + math.max(retention, lease))
-set(key, r, 'st', 'p', 'ow', owner, 'cs', secret, 'at', int(tonumber(r.at) + 1),
-  'tok', token, 'lx', int(now + lease), 'rec', recovered, 'ua', int(now), 'xa', int(xa))
-redis.call('PEXPIREAT', key, int(xa))
+r.st, r.ow, r.cs, r.at, r.tok = 'p', owner, secret, tonumber(r.at) + 1, token
+r.lx, r.rec, r.ua, r.xa = now + lease, recovered, now, xa
+save(key, r)
 return answer('acquired', now, r, false)

@@ -23,8 +23,7 @@ if st ~= 'p' then
   return answer('lease_lost', now, r, false)
 end
 local xa = now + tonumber(ARGV[5])
-set(key, r, 'st', 'c', 'rs', ARGV[2], 'rh', ARGV[3], 'rb', ARGV[4],
-  'ua', int(now), 'xa', int(xa))
-redis.call('PEXPIREAT', key, int(xa))
+r.st, r.rs, r.rh, r.rb, r.ua, r.xa = 'c', ARGV[2], ARGV[3], ARGV[4], now, xa
+save(key, r)
 notify(key, r, 'c')
 return answer('ok', now, r, false)

@@ -17,6 +17,6 @@ if st ~= 'p' or r.tok ~= token then
 end
 local lx = now + tonumber(ARGV[2])
 local xa = math.max(tonumber(r.xa or '0'), lx)
-set(key, r, 'lx', int(lx), 'xa', int(xa))
-redis.call('PEXPIREAT', key, int(xa))
+r.lx, r.xa = lx, xa
+save(key, r)
 return answer('ok', now, r, false)

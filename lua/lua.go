@@ -11,10 +11,22 @@ import (
 //go:embed *.lua
 var files embed.FS
 
-// Source returns the script of a transition ("claim", "complete", ...) as Redis runs it:
-// the shared prelude followed by the transition's own file. A "#!lua flags=..." line
-// stays first, where Redis looks for it.
-func Source(transition string) (string, error) {
+// Layout is how the scripts write a record; they read either.
+type Layout int
+
+const (
+	// StringRecords writes each record as one string, the layout of this release.
+	StringRecords Layout = iota
+	// HashRecords writes each record as a hash, the layout of earlier releases, which
+	// cannot read a string. Daemons of both releases can then share a Redis during a
+	// rolling upgrade.
+	HashRecords
+)
+
+// Source returns the script of a transition ("claim", "complete", ...) as Redis runs it,
+// writing records in layout: the shared prelude followed by the transition's own file.
+// A "#!lua flags=..." line stays first, where Redis looks for it.
+func Source(transition string, layout Layout) (string, error) {
 	prelude, err := files.ReadFile("prelude.lua")
 	if err != nil {
 		return "", err
@@ -28,5 +40,5 @@ func Source(transition string) (string, error) {
 		nl := strings.IndexByte(src, '\n')
 		shebang, src = src[:nl+1], src[nl+1:]
 	}
-	return shebang + string(prelude) + "\n" + src, nil
+	return fmt.Sprintf("%slocal HASH_RECORDS = %t\n%s\n%s", shebang, layout == HashRecords, prelude, src), nil
 }

@@ -3,9 +3,10 @@
 -- Answers ok or not_found.
 local key = KEYS[1]
 local now = now_ms()
-local w = redis.call('HGET', key, 'w')
-if redis.call('DEL', key) == 0 then
+local r = load(key)
+if not r.st then
   return answer('not_found', now, {}, false)
 end
-notify(key, {w = w}, 'd')
+redis.call('DEL', key)
+notify(key, r, 'd')
 return answer('ok', now, {}, false)

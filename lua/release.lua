@@ -24,11 +24,10 @@ if st ~= 'p' then
 end
 local xa = now + tonumber(ARGV[6])
 if mode == 'retry' then
-  set(key, r, 'st', 'r', 'lx', '0', 'ua', int(now), 'xa', int(xa))
+  r.st, r.lx, r.ua, r.xa = 'r', 0, now, xa
 else
-  set(key, r, 'st', 'f', 'rs', ARGV[3], 'rh', ARGV[4], 'rb', ARGV[5],
-    'ua', int(now), 'xa', int(xa))
+  r.st, r.rs, r.rh, r.rb, r.ua, r.xa = 'f', ARGV[3], ARGV[4], ARGV[5], now, xa
 end
-redis.call('PEXPIREAT', key, int(xa))
+save(key, r)
 notify(key, r, st)
 return answer('ok', now, r, false)

@@ -3,8 +3,12 @@
 -- Answers 1 when the record exists, 0 otherwise. A record created later is marked by
 -- the first claim that waits on it (claim.lua, ARGV[9]).
 local key = KEYS[1]
-if redis.call('EXISTS', key) == 0 then
+local r = load(key)
+if not r.st then
   return 0
 end
-redis.call('HSET', key, 'w', '1')
+if r.w ~= '1' then
+  r.w = '1'
+  save(key, r)
+end
 return 1

@@ -88,11 +88,11 @@ func runLoad(b *testing.B, h http.Handler) {
 // minimalHandler answers claim and complete with one EVALSHA each and no validation,
 // metrics or error mapping.
 func minimalHandler(b *testing.B, client *redis.Client) http.Handler {
-	claimSrc, err := lua.Source("claim")
+	claimSrc, err := lua.Source("claim", lua.StringRecords)
 	if err != nil {
 		b.Fatal(err)
 	}
-	completeSrc, err := lua.Source("complete")
+	completeSrc, err := lua.Source("complete", lua.StringRecords)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -161,7 +161,7 @@ func redisBenchmark(b *testing.B, r *testredis.Server) {
 		{"claim", []string{"tok", "load", "", "30000", "86400000", "key", "default"}},
 		{"complete", []string{"tok", "201", `{"Content-Type":["application/json"]}`, `{"order":42}`, "86400000"}},
 	} {
-		src, err := lua.Source(step.transition)
+		src, err := lua.Source(step.transition, lua.StringRecords)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,4 +1,55 @@
 package redisstore
 
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
 // Queued is how many calls wait for a pipeline, for tests that arrange a batch.
 func (s *Store) Queued() int { return s.pipe.queued() }
+
+// OpenWithScripts is OpenWith running the scripts in dir (prelude.lua, then each
+// transition's file, as lua.Source joins them) instead of this release's: the scripts
+// of an earlier release, for tests of daemons of two releases sharing a Redis.
+func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
+	s, err := OpenWith(rawURL, opts)
+	if err != nil {
+		return nil, err
+	}
+	prelude, err := os.ReadFile(filepath.Join(dir, "prelude.lua"))
+	if err != nil {
+		return nil, err
+	}
+	read := func(transition string, writes bool) (script, error) {
+		body, err := os.ReadFile(filepath.Join(dir, transition+".lua"))
+		if err != nil {
+			return script{}, err
+		}
+		src, shebang := string(body), ""
+		if strings.HasPrefix(src, "#!") {
+			nl := strings.IndexByte(src, '\n')
+			shebang, src = src[:nl+1], src[nl+1:]
+		}
+		return script{redis.NewScript(shebang + string(prelude) + "\n" + src), writes}, nil
+	}
+	var set scripts
+	for _, x := range []struct {
+		s      *script
+		name   string
+		writes bool
+	}{
+		{&set.claim, "claim", true}, {&set.complete, "complete", true}, {&set.release, "release", true},
+		{&set.extend, "extend", true}, {&set.lookup, "lookup", false}, {&set.purge, "purge", true},
+		{&set.watch, "watch", true},
+	} {
+		if *x.s, err = read(x.name, x.writes); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+	}
+	s.scripts = &set
+	return s, nil
+}

@@ -1,6 +1,6 @@
 // Package redisstore keeps idemd's records in Redis: standalone, Sentinel or Cluster.
 //
-// Each record is one hash under its own key, and each transition is one Lua script that
+// Each record is one string under its own key, and each transition is one Lua script that
 // touches only that key, so every script runs unchanged on Redis Cluster. Concurrent
 // calls share round trips: their scripts go to Redis together as one pipeline (see
 // pipeliner), and a call that finds Redis idle goes out alone, at once.
@@ -77,17 +77,28 @@ func (c clusterClient) MasterFor(ctx context.Context, key string) (*redis.Client
 
 func (c clusterClient) ReloadSlots(ctx context.Context) { c.ReloadState(ctx) }
 
-// scripts are loaded once; the store sends EVALSHA and falls back to EVAL when the
-// server does not know the script yet.
+// scripts are the transitions' scripts in one layout, loaded once; the store sends
+// EVALSHA and falls back to EVAL when the server does not know a script yet.
+type scripts struct {
+	claim, complete, release, extend, lookup, purge, watch script
+}
+
 var (
-	claimScript    = load("claim", true)
-	completeScript = load("complete", true)
-	releaseScript  = load("release", true)
-	extendScript   = load("extend", true)
-	lookupScript   = load("lookup", false)
-	purgeScript    = load("purge", true)
-	watchScript    = load("watch", true)
+	stringScripts = loadScripts(lua.StringRecords)
+	hashScripts   = loadScripts(lua.HashRecords)
 )
+
+func loadScripts(layout lua.Layout) *scripts {
+	return &scripts{
+		claim:    load("claim", layout, true),
+		complete: load("complete", layout, true),
+		release:  load("release", layout, true),
+		extend:   load("extend", layout, true),
+		lookup:   load("lookup", layout, false),
+		purge:    load("purge", layout, true),
+		watch:    load("watch", layout, true),
+	}
+}
 
 // script is a transition's script and whether it writes, which is what replica
 // acknowledgements wait for.
@@ -96,8 +107,8 @@ type script struct {
 	writes bool
 }
 
-func load(transition string, writes bool) script {
-	src, err := lua.Source(transition)
+func load(transition string, layout lua.Layout, writes bool) script {
+	src, err := lua.Source(transition, layout)
 	if err != nil {
 		panic(err)
 	}
@@ -109,6 +120,7 @@ type Store struct {
 	client   Client
 	notifier *notifier
 	pipe     *pipeliner
+	scripts  *scripts
 	opts     Options
 }
 
@@ -117,7 +129,11 @@ func New(client Client, opts Options) *Store {
 	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
 	}
-	return &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), opts: opts}
+	s := &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), scripts: stringScripts, opts: opts}
+	if opts.HashRecords {
+		s.scripts = hashScripts
+	}
+	return s
 }
 
 // RecordKey is the Redis key of a record: the tenant, then the SHA-256 of the client's
@@ -138,7 +154,7 @@ func flag(b bool) string {
 
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
-	rep, err := s.run(ctx, claimScript, c.ID,
+	rep, err := s.run(ctx, s.scripts.claim, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting))
 	if err != nil {
 		return engine.ClaimResult{}, err
@@ -165,7 +181,7 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 	if err != nil {
 		return engine.Record{}, err
 	}
-	rep, err := s.run(ctx, completeScript, c.ID,
+	rep, err := s.run(ctx, s.scripts.complete, c.ID,
 		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention))
 	if err != nil {
 		return engine.Record{}, err
@@ -183,7 +199,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 		}
 		status, body = strconv.Itoa(r.Response.Status), r.Response.Body
 	}
-	rep, err := s.run(ctx, releaseScript, r.ID,
+	rep, err := s.run(ctx, s.scripts.release, r.ID,
 		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention))
 	if err != nil {
 		return engine.Record{}, err
@@ -193,7 +209,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
-	rep, err := s.run(ctx, extendScript, e.ID, e.LeaseToken, ms(e.Lease))
+	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease))
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -202,7 +218,7 @@ func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, 
 
 // Lookup implements engine.Store.
 func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
-	rep, err := s.run(ctx, lookupScript, id)
+	rep, err := s.run(ctx, s.scripts.lookup, id)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -211,7 +227,7 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 
 // Purge implements engine.Store.
 func (s *Store) Purge(ctx context.Context, id engine.ID) error {
-	rep, err := s.run(ctx, purgeScript, id)
+	rep, err := s.run(ctx, s.scripts.purge, id)
 	if err != nil {
 		return err
 	}
@@ -230,7 +246,7 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := watchScript.Run(ctx, s.client, []string{key}).Err(); err != nil {
+	if err := s.scripts.watch.Run(ctx, s.client, []string{key}).Err(); err != nil {
 		w.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("redis: %w", ctx.Err())
@@ -337,36 +353,35 @@ const (
 	metaFields
 )
 
+// parseReply reads a script's answer. Each field is a string or, for numbers read
+// from or written as a record of the current layout, an integer; ” is none.
 func parseReply(v any, id engine.ID) (reply, error) {
 	vals, ok := v.([]any)
 	if !ok || len(vals) < 2+metaFields {
 		return reply{}, fmt.Errorf("malformed script answer %T", v)
 	}
-	strs := make([]string, len(vals))
 	for i, x := range vals {
-		switch x := x.(type) {
-		case string:
-			strs[i] = x
-		case nil:
+		switch x.(type) {
+		case string, int64, nil:
 		default:
 			return reply{}, fmt.Errorf("malformed script answer field %d: %T", i, x)
 		}
 	}
-	rep := reply{status: strs[0], now: msTime(strs[1])}
-	f := strs[2:]
-	if f[fState] == "" {
+	status, _ := vals[0].(string)
+	rep := reply{status: status, now: msTime(vals[1])}
+	f := vals[2:]
+	if str(f[fState]) == "" {
 		rep.record = engine.Record{ID: id}
 		return rep, nil
 	}
-	attempt, _ := strconv.ParseInt(f[fAttempt], 10, 64)
 	rec := engine.Record{
-		ID:          engine.ID{Tenant: f[fTenant], Key: f[fKey]},
-		State:       decodeState(f[fState]),
-		Fingerprint: f[fFingerprint],
-		Owner:       f[fOwner],
-		Attempt:     attempt,
-		LeaseToken:  f[fToken],
-		Recovered:   f[fRecovered] == "1",
+		ID:          engine.ID{Tenant: str(f[fTenant]), Key: str(f[fKey])},
+		State:       decodeState(str(f[fState])),
+		Fingerprint: str(f[fFingerprint]),
+		Owner:       str(f[fOwner]),
+		Attempt:     integer(f[fAttempt]),
+		LeaseToken:  str(f[fToken]),
+		Recovered:   str(f[fRecovered]) == "1",
 		CreatedAt:   msTime(f[fCreated]),
 		UpdatedAt:   msTime(f[fUpdated]),
 		ExpiresAt:   msTime(f[fExpires]),
@@ -374,16 +389,35 @@ func parseReply(v any, id engine.ID) (reply, error) {
 	if rec.State == engine.StatePending {
 		rec.LeaseExpiresAt = msTime(f[fLeaseExpiry])
 	}
-	if resp := f[metaFields:]; len(resp) == 3 && resp[0] != "" {
-		status, _ := strconv.Atoi(resp[0])
-		headers, err := decodeHeaders(resp[1])
+	if resp := f[metaFields:]; len(resp) == 3 && str(resp[0]) != "" {
+		status, _ := strconv.Atoi(str(resp[0]))
+		headers, err := decodeHeaders(str(resp[1]))
 		if err != nil {
 			return reply{}, err
 		}
-		rec.Response = &engine.Response{Status: status, Headers: headers, Body: []byte(resp[2])}
+		rec.Response = &engine.Response{Status: status, Headers: headers, Body: []byte(str(resp[2]))}
 	}
 	rep.record = rec
 	return rep, nil
+}
+
+// str is a string field of an answer; any other is none.
+func str(x any) string {
+	s, _ := x.(string)
+	return s
+}
+
+// integer is a numeric field of an answer: an integer, or a decimal string as records
+// of earlier releases keep it; 0 for none.
+func integer(x any) int64 {
+	switch x := x.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
 }
 
 func decodeState(s string) engine.State {
@@ -400,9 +434,10 @@ func decodeState(s string) engine.State {
 	return engine.State(s)
 }
 
-func msTime(s string) time.Time {
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n == 0 {
+// msTime is a time field of an answer, in ms since the epoch; zero for none.
+func msTime(x any) time.Time {
+	n := integer(x)
+	if n == 0 {
 		return time.Time{}
 	}
 	return time.UnixMilli(n).UTC()

@@ -153,24 +153,33 @@ func TestLinearizable(t *testing.T) {
 }
 
 // BenchmarkMemoryPerRecord measures the Redis memory a completed record takes, with a
-// 40-byte key, two response headers and bodies of 0, 100 and 1024 bytes, for sizing;
-// with Redis's default hash-max-listpack-value (64) and with 2048, which keeps records
-// in the compact listpack encoding:
+// 40-byte key, two response headers and bodies of 0, 100 and 1024 bytes, for sizing:
+// as a string (this release's layout), and as a hash (--redis-hash-records, the layout
+// of earlier releases) with Redis's default hash-max-listpack-value (64) and with 2048,
+// which keeps hashes in the compact listpack encoding:
 //
 //	go test -run XXX -bench MemoryPerRecord -benchtime 20000x ./internal/engine/redisstore/
 func BenchmarkMemoryPerRecord(b *testing.B) {
-	for _, listpack := range []string{"64", "2048"} {
+	for _, layout := range []struct {
+		name   string
+		hash   bool
+		config []string
+	}{
+		{"string", false, nil},
+		{"hash/listpack-value=64", true, []string{"--hash-max-listpack-value", "64"}},
+		{"hash/listpack-value=2048", true, []string{"--hash-max-listpack-value", "2048"}},
+	} {
 		for _, size := range []int{0, 100, 1024} {
-			b.Run(fmt.Sprintf("listpack-value=%s/body=%d", listpack, size), func(b *testing.B) {
-				memoryPerRecord(b, size, "--hash-max-listpack-value", listpack)
+			b.Run(fmt.Sprintf("%s/body=%d", layout.name, size), func(b *testing.B) {
+				memoryPerRecord(b, size, redisstore.Options{HashRecords: layout.hash}, layout.config...)
 			})
 		}
 	}
 }
 
-func memoryPerRecord(b *testing.B, size int, config ...string) {
+func memoryPerRecord(b *testing.B, size int, opts redisstore.Options, config ...string) {
 	srv := testredis.Start(b, config...)
-	s, err := redisstore.Open(srv.URL())
+	s, err := redisstore.OpenWith(srv.URL(), opts)
 	if err != nil {
 		b.Fatal(err)
 	}

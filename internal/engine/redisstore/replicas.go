@@ -24,6 +24,10 @@ type Options struct {
 	// calls that arrive while all are in flight wait and go out together in the next
 	// one.
 	Pipelines int
+	// HashRecords writes records as hashes, the layout of earlier releases, instead
+	// of one string each. The scripts read both layouts; this is for a rolling upgrade,
+	// while daemons of an earlier release, which read only hashes, share the Redis.
+	HashRecords bool
 }
 
 // DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.

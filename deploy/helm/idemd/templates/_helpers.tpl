@@ -101,6 +101,8 @@ spec:
           value: {{ .Values.store.redis.replicaTimeout | quote }}
         - name: IDEMD_REQUIRE_NOEVICTION
           value: {{ .Values.store.redis.requireNoeviction | quote }}
+        - name: IDEMD_REDIS_HASH_RECORDS
+          value: {{ .Values.store.redis.hashRecords | quote }}
         {{- else }}
         - name: IDEMD_DATA_DIR
           value: /data

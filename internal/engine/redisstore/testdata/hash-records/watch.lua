@@ -1,0 +1,10 @@
+-- watch: mark a record as watched, so that its changes are published from now on.
+-- KEYS[1] the record
+-- Answers 1 when the record exists, 0 otherwise. A record created later is marked by
+-- the first claim that waits on it (claim.lua, ARGV[9]).
+local key = KEYS[1]
+if redis.call('EXISTS', key) == 0 then
+  return 0
+end
+redis.call('HSET', key, 'w', '1')
+return 1
