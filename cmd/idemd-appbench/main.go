@@ -40,6 +40,7 @@ func main() {
 		plainHTTP := fs.Bool("sdk-plain-http-client", false, "give the SDK a bare &http.Client{}, 2 idle connections per host (idemd)")
 		batching := fs.Bool("sdk-batching", true, "let the SDK gather concurrent calls into batches (idemd)")
 		cpuProfile := fs.String("cpuprofile", "", "write the app's CPU profile to this file")
+		memProfile := fs.String("memprofile", "", "write the app's allocation profile to this file when it stops")
 		_ = fs.Parse(os.Args[2:])
 		if *cpuProfile != "" {
 			f, err := os.Create(*cpuProfile)
@@ -52,6 +53,9 @@ func main() {
 				os.Exit(1)
 			}
 			defer pprof.StopCPUProfile()
+		}
+		if *memProfile != "" {
+			defer writeAllocs(*memProfile)
 		}
 		if !*cache {
 			cfg.SDKOptions = append(cfg.SDKOptions, idem.WithReplayCache(0, 0))
@@ -90,5 +94,19 @@ func main() {
 	if err := appbench.Run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "idemd-appbench:", err)
 		os.Exit(1)
+	}
+}
+
+// writeAllocs writes the heap profile, whose alloc_space and alloc_objects samples
+// count every allocation since the app started.
+func writeAllocs(path string) {
+	f, err := os.Create(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "app:", err)
+		return
+	}
+	defer f.Close()
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "app:", err)
 	}
 }
