@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemd/idemd/clients/go/idemapi"
 )
@@ -39,7 +40,7 @@ type result struct {
 	status   int
 	acquired *idemapi.ClaimAcquired
 	finished *idemapi.ClaimFinished
-	record   *idemapi.KeyRecord
+	record   *finishedRecord
 	extended *idemapi.LeaseExtended
 	err      error
 }
@@ -189,7 +190,7 @@ func (b *batcher) send(calls []*call) {
 
 // batch sends one POST /v1/batch of n items. resend says that the daemon refused the
 // batch as a whole in a way its items alone would not be.
-func (c *Client) batch(ctx context.Context, body []byte, n int) (results []idemapi.BatchItemResult, resend bool, err error) {
+func (c *Client) batch(ctx context.Context, body []byte, n int) (results []batchItemResult, resend bool, err error) {
 	resp, err := c.api.BatchWithBody(ctx, "application/json", bytes.NewReader(body), c.authorize)
 	if err != nil {
 		return nil, false, transportError(err)
@@ -207,7 +208,7 @@ func (c *Client) batch(ctx context.Context, body []byte, n int) (results []idema
 		resp.Body.Close()
 		return nil, true, nil
 	}
-	var out idemapi.BatchResults
+	var out batchResults
 	if err := decode(resp, &out, http.StatusOK); err != nil {
 		return nil, false, err
 	}
@@ -271,7 +272,7 @@ func (c *Client) single(ctx context.Context, item idemapi.BatchItem, op string, 
 		r.finished = new(idemapi.ClaimFinished)
 		out = r.finished
 	case (item.Complete != nil || item.Release != nil) && resp.StatusCode == http.StatusOK:
-		r.record = new(idemapi.KeyRecord)
+		r.record = new(finishedRecord)
 		out = r.record
 	case item.Extend != nil && resp.StatusCode == http.StatusOK:
 		r.extended = new(idemapi.LeaseExtended)
@@ -285,8 +286,33 @@ func (c *Client) single(ctx context.Context, item idemapi.BatchItem, op string, 
 	return r
 }
 
+// batchResults is idemapi.BatchResults as the client reads it: the records of
+// completes and releases without the members it has no use for.
+type batchResults struct {
+	Results []batchItemResult `json:"results"`
+}
+
+type batchItemResult struct {
+	Acquired *idemapi.ClaimAcquired `json:"acquired,omitempty"`
+	Extended *idemapi.LeaseExtended `json:"extended,omitempty"`
+	Finished *idemapi.ClaimFinished `json:"finished,omitempty"`
+	Problem  *idemapi.Problem       `json:"problem,omitempty"`
+	Record   *finishedRecord        `json:"record,omitempty"`
+	Status   int                    `json:"status"`
+}
+
+// finishedRecord is what the client reads of the record a complete or release
+// answers: enough to put the result it stored into the replay cache. The stored
+// response, which the client sent itself, is skipped rather than decoded again.
+type finishedRecord struct {
+	State       string    `json:"state"`
+	Attempt     int64     `json:"attempt"`
+	Fingerprint *string   `json:"fingerprint,omitempty"`
+	ExpiresAt   time.Time `json:"expires_at"`
+}
+
 // fromBatch is an item's result as the single call's would be.
-func fromBatch(res idemapi.BatchItemResult) result {
+func fromBatch(res batchItemResult) result {
 	r := result{status: res.Status, acquired: res.Acquired, finished: res.Finished, record: res.Record, extended: res.Extended}
 	if res.Status >= 300 || res.Problem != nil {
 		p := &Problem{Status: res.Status, Title: http.StatusText(res.Status)}

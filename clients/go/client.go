@@ -19,6 +19,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/idemd/idemd/clients/go/idemapi"
@@ -258,7 +259,7 @@ func (c *Client) Complete(ctx context.Context, key, token string, r Response) er
 	return err
 }
 
-func (c *Client) complete(ctx context.Context, key, token string, r Response) (*idemapi.KeyRecord, error) {
+func (c *Client) complete(ctx context.Context, key, token string, r Response) (*finishedRecord, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
 	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: toStored(r),
@@ -267,7 +268,7 @@ func (c *Client) complete(ctx context.Context, key, token string, r Response) (*
 }
 
 // recordOf is the record a complete or release answered.
-func recordOf(res result) (*idemapi.KeyRecord, error) {
+func recordOf(res result) (*finishedRecord, error) {
 	if res.err != nil {
 		return nil, res.err
 	}
@@ -284,7 +285,7 @@ func (c *Client) Release(ctx context.Context, key, token string, mode ReleaseMod
 	return err
 }
 
-func (c *Client) release(ctx context.Context, key, token string, mode ReleaseMode, r *Response) (*idemapi.KeyRecord, error) {
+func (c *Client) release(ctx context.Context, key, token string, mode ReleaseMode, r *Response) (*finishedRecord, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
 	body := idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: idemapi.ReleaseRequestMode(mode),
@@ -382,14 +383,33 @@ func fromStored(s *idemapi.StoredResponse) *Response {
 	return r
 }
 
+// answerBuffers hold answers while they are decoded. encoding/json copies whatever it
+// keeps, so a buffer is free again once decode returns; a batch's answer, sent
+// chunked, would otherwise be read into a slice grown again and again.
+var answerBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledAnswer is the largest buffer kept for the next answer; one large answer
+// (a lookup of a large stored response) does not stay in memory.
+const maxPooledAnswer = 256 << 10
+
 // decode reads an answer: a JSON body into out when the status is one of want, a
 // *Problem otherwise.
 func decode(resp *http.Response, out any, want ...int) error {
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
+	buf := answerBuffers.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= maxPooledAnswer {
+			buf.Reset()
+			answerBuffers.Put(buf)
+		}
+	}()
+	if resp.ContentLength > 0 {
+		buf.Grow(int(min(resp.ContentLength, 64<<20)))
+	}
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, 64<<20)); err != nil {
 		return transportError(err)
 	}
+	body := buf.Bytes()
 	for _, w := range want {
 		if resp.StatusCode != w {
 			continue

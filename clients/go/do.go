@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/idemd/idemd/clients/go/idemapi"
 )
 
 // ErrFailed reports a key whose operation failed for good: Do returns it with the
@@ -161,8 +159,8 @@ func (c *Client) completeOnce(ctx context.Context, key, token string, r Response
 // repeated completion with the same token keeps the first result, whatever it sends,
 // which is why the public Complete does not remember. gen is the cache's generation
 // taken before the call that stored it.
-func (c *Client) remember(key string, rec *idemapi.KeyRecord, outcome Outcome, r *Response, gen uint64) {
-	if c.replays == nil || string(rec.State) != string(outcome) {
+func (c *Client) remember(key string, rec *finishedRecord, outcome Outcome, r *Response, gen uint64) {
+	if c.replays == nil || rec.State != string(outcome) {
 		return
 	}
 	fingerprint := ""
