@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -172,37 +173,52 @@ func (c *Client) remember(key string, rec *finishedRecord, outcome Outcome, r *R
 
 // keepAlive renews the lease every lease/3 until stop is called. When the daemon says
 // the lease is lost it cancels the function's context with ErrLeaseLost; transport
-// failures are tried again at the next tick.
+// failures are tried again at the next tick. Renewals run on a timer rather than a
+// goroutine of their own, which most calls, finished well before the first renewal,
+// would start and stop for nothing. stop returns once no renewal is under way, so
+// that what it decided is known.
 func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, key, token string, lease time.Duration) (stop func()) {
-	done := make(chan struct{})
-	exited := make(chan struct{})
-	go func() {
-		defer close(exited)
-		tick := time.NewTicker(max(lease/3, 10*time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				if _, err := c.Extend(ctx, key, token, lease); errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
-					cancel(fmt.Errorf("%w: %q was taken over while the operation ran", ErrLeaseLost, key))
-					return
-				}
-			}
-		}
-	}()
-	var once bool
-	return func() {
-		if once {
+	every := max(lease/3, 10*time.Millisecond)
+	k := &keeper{}
+	// Held until the timer is set, which the first renewal reads.
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.timer = time.AfterFunc(every, func() {
+		k.mu.Lock()
+		if k.stopped || ctx.Err() != nil {
+			k.mu.Unlock()
 			return
 		}
-		once = true
-		close(done)
-		<-exited
-	}
+		k.renewing.Add(1)
+		k.mu.Unlock()
+		defer k.renewing.Done()
+		if _, err := c.Extend(ctx, key, token, lease); errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
+			cancel(fmt.Errorf("%w: %q was taken over while the operation ran", ErrLeaseLost, key))
+			return
+		}
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		if !k.stopped {
+			k.timer.Reset(every)
+		}
+	})
+	return k.stop
+}
+
+// keeper is the state of one keepAlive.
+type keeper struct {
+	timer    *time.Timer
+	mu       sync.Mutex
+	stopped  bool
+	renewing sync.WaitGroup
+}
+
+func (k *keeper) stop() {
+	k.mu.Lock()
+	k.stopped = true
+	k.mu.Unlock()
+	k.timer.Stop()
+	k.renewing.Wait()
 }
 
 // Once runs fn at most once per message key, for consumers of brokers that deliver
