@@ -143,32 +143,37 @@ func (c *Client) run(ctx context.Context, key, token string, lease time.Duration
 }
 
 // completeOnce is Complete for a lease this client took and finishes exactly once
-// (Do's and Middleware's): the result it stores is r, so it goes to the replay cache
-// too.
-func (c *Client) completeOnce(ctx context.Context, key, token string, r Response) error {
+// (Middleware's): the result it stores is r, so it goes to the replay cache too. r
+// becomes the cache's: the caller must not change it afterwards.
+func (c *Client) completeOnce(ctx context.Context, key, token string, r *Response) error {
 	gen := c.replays.generation()
-	rec, err := c.complete(ctx, key, token, r)
+	rec, err := c.complete(ctx, key, token, *r)
 	if err != nil {
 		return err
 	}
-	c.remember(key, rec, Completed, &r, gen)
+	if c.replays != nil && rec.State == string(Completed) {
+		c.replays.keep(key, recordFingerprint(rec), Completed, rec.Attempt, rec.ExpiresAt, r, time.Now(), gen)
+	}
 	return nil
 }
 
-// remember puts a result this client just stored into the replay cache. Only the
-// callers that finish a lease exactly once call it, so the stored result is r: a
-// repeated completion with the same token keeps the first result, whatever it sends,
-// which is why the public Complete does not remember. gen is the cache's generation
-// taken before the call that stored it.
+// remember puts a copy of a result this client just stored into the replay cache.
+// Only the callers that finish a lease exactly once call it, so the stored result is
+// r: a repeated completion with the same token keeps the first result, whatever it
+// sends, which is why the public Complete does not remember. gen is the cache's
+// generation taken before the call that stored it.
 func (c *Client) remember(key string, rec *finishedRecord, outcome Outcome, r *Response, gen uint64) {
 	if c.replays == nil || rec.State != string(outcome) {
 		return
 	}
-	fingerprint := ""
-	if rec.Fingerprint != nil {
-		fingerprint = *rec.Fingerprint
+	c.replays.put(key, recordFingerprint(rec), outcome, rec.Attempt, rec.ExpiresAt, r, time.Now(), gen)
+}
+
+func recordFingerprint(rec *finishedRecord) string {
+	if rec.Fingerprint == nil {
+		return ""
 	}
-	c.replays.put(key, fingerprint, outcome, rec.Attempt, rec.ExpiresAt, r, time.Now(), gen)
+	return *rec.Fingerprint
 }
 
 // keepAlive renews the lease every lease/3 until stop is called. When the daemon says

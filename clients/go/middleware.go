@@ -415,15 +415,12 @@ func (m *middleware) cutShort(r *http.Request, key, token string, rec *recorder)
 }
 
 // finishContext is for the calls that finish a key: they must happen even when the
-// client has gone.
-func (m *middleware) finishContext(r *http.Request) (context.Context, context.CancelFunc) {
-	return m.c.callContext(context.WithoutCancel(r.Context()), 0)
-}
+// client has gone. Each call bounds itself by the client's timeout.
+func finishContext(r *http.Request) context.Context { return context.WithoutCancel(r.Context()) }
 
 func (m *middleware) complete(r *http.Request, key, token string, rec *recorder) {
-	ctx, cancel := m.finishContext(r)
-	defer cancel()
-	err := m.c.completeOnce(ctx, key, token, Response{Status: rec.status, Header: rec.kept, Body: rec.body.Bytes()})
+	// The recorder is done with: its copy of the answer goes to the replay cache as it is.
+	err := m.c.completeOnce(finishContext(r), key, token, &Response{Status: rec.status, Header: rec.kept, Body: rec.body.Bytes()})
 	var p *Problem
 	switch {
 	case err == nil:
@@ -439,9 +436,7 @@ func (m *middleware) complete(r *http.Request, key, token string, rec *recorder)
 
 // release frees the key for a retry.
 func (m *middleware) release(r *http.Request, key, token string) {
-	ctx, cancel := m.finishContext(r)
-	defer cancel()
-	if err := m.c.Release(ctx, key, token, Retry, nil); err != nil {
+	if err := m.c.Release(finishContext(r), key, token, Retry, nil); err != nil {
 		m.incident(r, IncidentReleaseFailed, key, err)
 	}
 }
@@ -449,12 +444,10 @@ func (m *middleware) release(r *http.Request, key, token string) {
 // notStored keeps at most once for an answer that cannot be replayed: it stores a
 // failure telling later requests that the operation ran and its answer is gone.
 func (m *middleware) notStored(r *http.Request, key, token string, cause error) {
-	ctx, cancel := m.finishContext(r)
-	defer cancel()
 	body, _ := json.Marshal(problemBody(http.StatusConflict, "response_not_stored", "Response not stored",
 		"the request with this Idempotency-Key was processed, but its response could not be kept; do not send it again"))
 	failure := &Response{Status: http.StatusConflict, Header: http.Header{"content-type": {"application/problem+json"}}, Body: body}
-	if err := m.c.Release(ctx, key, token, Fail, failure); err != nil {
+	if err := m.c.Release(finishContext(r), key, token, Fail, failure); err != nil {
 		m.incident(r, IncidentReleaseFailed, key, err)
 	}
 	m.incident(r, IncidentResultNotStored, key, cause)

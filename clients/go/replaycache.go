@@ -110,9 +110,21 @@ func (c *replayCache) generation() uint64 {
 
 // put remembers a finished result that idemd answered after generation gen was
 // taken; when a purge through this client came in between, the result may be the
-// purged record's and is not kept. An entry larger than a sixteenth of the cache is
-// not kept, so that one large answer cannot empty it.
+// purged record's and is not kept. The cache keeps a copy of r.
 func (c *replayCache) put(key, fingerprint string, outcome Outcome, attempt int64, expiresAt time.Time, r *Response, now time.Time, gen uint64) {
+	if c == nil {
+		return
+	}
+	if r != nil {
+		r = &Response{Status: r.Status, Header: r.Header.Clone(), Body: slices.Clone(r.Body)}
+	}
+	c.keep(key, fingerprint, outcome, attempt, expiresAt, r, now, gen)
+}
+
+// keep is put without the copy: r becomes the cache's, and its maker must not
+// change it. An entry larger than a sixteenth of the cache is not kept, so that one
+// large answer cannot empty it.
+func (c *replayCache) keep(key, fingerprint string, outcome Outcome, attempt int64, expiresAt time.Time, r *Response, now time.Time, gen uint64) {
 	if c == nil || expiresAt.IsZero() || !now.Before(expiresAt) {
 		return
 	}
@@ -122,9 +134,11 @@ func (c *replayCache) put(key, fingerprint string, outcome Outcome, attempt int6
 		e.until = expiresAt
 	}
 	if r != nil {
-		e.response = Response{Status: r.Status, Header: r.Header.Clone(), Body: slices.Clone(r.Body)}
+		e.response = *r
 	}
-	e.size = entryOverhead + len(key) + len(fingerprint) + len(e.response.Body)
+	// The body's capacity, not its length: a body kept as its maker wrote it may hold
+	// more than it shows.
+	e.size = entryOverhead + len(key) + len(fingerprint) + cap(e.response.Body)
 	for k, vs := range e.response.Header {
 		e.size += len(k)
 		for _, v := range vs {
