@@ -265,3 +265,61 @@ func TestBatchingFallsBackWithoutBatchEndpoint(t *testing.T) {
 		t.Fatalf("%d batches reached the daemon without a batch endpoint, want 1 and then none", batches)
 	}
 }
+
+// TestBatchAnswersAreReadInOnePass sends batches to the real daemon and checks that
+// the client reads its answers itself, in one pass, exactly as encoding/json reads
+// them: a claim that acquires, an extend, a complete, a claim that replays, and a
+// release.
+func TestBatchAnswersAreReadInOnePass(t *testing.T) {
+	send := func(items ...map[string]any) []byte {
+		t.Helper()
+		body, err := json.Marshal(map[string]any{"items": items})
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Post(daemonURL+"/v1/batch", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		answer, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("batch: %d %s %v", resp.StatusCode, answer, err)
+		}
+		return answer
+	}
+	read := func(answer []byte) {
+		t.Helper()
+		if fast, same := idem.ReadsBatchAnswer(answer); !fast || !same {
+			t.Fatalf("the answer %s was read in one pass: %v, as encoding/json reads it: %v", answer, fast, same)
+		}
+	}
+	done, failed := freshKey("one-pass-done"), freshKey("one-pass-failed")
+	first := send(
+		map[string]any{"claim": map[string]any{"key": done, "fingerprint": "sha256:ab", "owner": "test", "lease_ms": 30000}},
+		map[string]any{"claim": map[string]any{"key": failed, "lease_ms": 30000}},
+	)
+	read(first)
+	var claims struct {
+		Results []struct {
+			Acquired struct {
+				LeaseToken string `json:"lease_token"`
+			} `json:"acquired"`
+		} `json:"results"`
+	}
+	if err := json.Unmarshal(first, &claims); err != nil || len(claims.Results) != 2 {
+		t.Fatalf("claims: %s %v", first, err)
+	}
+	tokenDone, tokenFailed := claims.Results[0].Acquired.LeaseToken, claims.Results[1].Acquired.LeaseToken
+	read(send(
+		map[string]any{"extend": map[string]any{"key": done, "lease_token": tokenDone, "lease_ms": 30000}},
+		map[string]any{"complete": map[string]any{"key": done, "lease_token": tokenDone, "response": map[string]any{
+			"status": 201, "headers": map[string][]string{"content-type": {"application/json"}, "location": {"/orders/1"}}, "body": []byte(`{"id":1}`)}}},
+		map[string]any{"release": map[string]any{"key": failed, "lease_token": tokenFailed, "mode": "fail",
+			"response": map[string]any{"status": 402, "body": []byte{}}}},
+	))
+	read(send(
+		map[string]any{"claim": map[string]any{"key": done, "fingerprint": "sha256:ab"}},
+		map[string]any{"claim": map[string]any{"key": failed}},
+	))
+}

@@ -417,12 +417,20 @@ func decode(resp *http.Response, out any, want ...int) error {
 		if out == nil || len(body) == 0 {
 			return nil
 		}
-		if err := json.Unmarshal(body, out); err != nil {
+		if err := unmarshal(body, out); err != nil {
 			return fmt.Errorf("idem: answer %d is not the expected JSON: %w", resp.StatusCode, err)
 		}
 		return nil
 	}
 	return problemFrom(resp, body)
+}
+
+// unmarshal is json.Unmarshal, by decodeBatchResults for a batch's answer.
+func unmarshal(body []byte, out any) error {
+	if results, ok := out.(*batchResults); ok {
+		return decodeBatchResults(body, results)
+	}
+	return json.Unmarshal(body, out)
 }
 
 func problemFrom(resp *http.Response, body []byte) *Problem {

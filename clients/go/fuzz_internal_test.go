@@ -81,3 +81,43 @@ func FuzzKeyHeader(f *testing.F) {
 		}
 	})
 }
+
+// FuzzBatchResults holds the one-pass reader of batch answers to encoding/json: an
+// answer it reads, encoding/json reads too, into the same results; anything else it
+// leaves to encoding/json, so that decodeBatchResults fails exactly when
+// encoding/json does.
+func FuzzBatchResults(f *testing.F) {
+	for _, seed := range []string{
+		`{"results":[{"status":201,"acquired":{"outcome":"acquired","lease_token":"6f1c0e8a9b2d4c7e","attempt":1,"lease_expires_at":"2026-11-23T17:20:01.123Z","expires_at":"2026-11-24T17:19:31.123Z","recovered":false}}]}` + "\n",
+		`{"results":[{"status":200,"record":{"key":"idempotency-key:v1:ab","state":"completed","attempt":2,"fingerprint":"sha256:00ff","owner":"go-1","created_at":"2026-11-23T17:19:31.1Z","updated_at":"2026-11-23T17:19:31.2Z","expires_at":"2026-11-24T17:19:31.2Z","response":{"status":201,"headers":{"content-type":["application/json"],"location":["/orders/7"]},"body":"eyJpZCI6N30="}}},` +
+			`{"status":200,"finished":{"outcome":"completed","attempt":1,"expires_at":"2026-11-24T17:19:31Z","response":{"status":201,"headers":{"location":["/a","/b"],"x-empty":[]},"body":""}}},` +
+			`{"status":200,"extended":{"lease_expires_at":"2026-11-23T17:20:01Z","expires_at":"2026-11-24T17:20:01Z"}},` +
+			`{"status":409,"problem":{"type":"about:blank","title":"Conflict","status":409,"code":"in_progress","retry_after_ms":1000}}]}`,
+		` { "results" : [ { "status" : 200 , "record" : { "state" : "failed" , "attempt" : 3 , "expires_at" : "2026-11-24T17:19:31Z" , "extra" : [ 1 , true , { "x" : false } ] } } ] } `,
+		`{"results":[]}`, `{"results":null}`, `{"Results":[{"status":200}]}`, `{"results":[{"status":200,"STATUS":201}]}`,
+		`{"results":[{"status":200,"status":201}]}`, `{"results":[{"status":2.5e2}]}`, `{"results":[{"status":-0}]}`, `{"results":[{"status":01}]}`,
+		`{"results":[{"status":200,"record":{"fingerprint":"a\"b","state":"x"}}]}`, `{"results":[{"status":200,"record":{"expires_at":"yesterday"}}]}`,
+		`{"results":[{"status":200,"finished":{"response":{"body":"not base64!"}}}]}`,
+		`{"results":[{"status":200,"finished":{"response":{"headers":{"a":["1"],"a":["2"]}}}}]}`,
+		`{"results":[{"status":99999999999999999999}]}`, `{"results":[{"status":200}]} trailing`, `{"results":[{"status":200},]}`, `{"results":[{"status":200}]`, "",
+	} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		var want batchResults
+		wantErr := json.Unmarshal([]byte(body), &want)
+		var fast batchResults
+		if fastBatchResults([]byte(body), &fast) {
+			if wantErr != nil {
+				t.Fatalf("read %q, which encoding/json refuses: %v", body, wantErr)
+			}
+			if !reflect.DeepEqual(fast, want) {
+				t.Fatalf("read %q as\n%+v\nencoding/json as\n%+v", body, fast, want)
+			}
+		}
+		var got batchResults
+		if err := decodeBatchResults([]byte(body), &got); (err != nil) != (wantErr != nil) {
+			t.Fatalf("decodeBatchResults(%q): %v; encoding/json: %v", body, err, wantErr)
+		}
+	})
+}
