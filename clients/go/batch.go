@@ -3,8 +3,6 @@ package idem
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -220,25 +218,6 @@ func (c *Client) batch(ctx context.Context, body []byte, n int) (results []batch
 
 // size is what the call adds to a batch's body: {"op":body} and a comma.
 func (cl *call) size() int { return len(cl.op) + len(cl.body) + 6 }
-
-// encode returns the one member of item and its request as JSON.
-func encode(item idemapi.BatchItem) (op string, body []byte, err error) {
-	var v any
-	switch {
-	case item.Claim != nil:
-		op, v = "claim", item.Claim
-	case item.Complete != nil:
-		op, v = "complete", item.Complete
-	case item.Release != nil:
-		op, v = "release", item.Release
-	case item.Extend != nil:
-		op, v = "extend", item.Extend
-	default:
-		return "", nil, errors.New("idem: an operation without a body")
-	}
-	body, err = json.Marshal(v)
-	return op, body, err
-}
 
 // single sends one operation on its own. op and body are the item encoded (encode),
 // or empty when it is not yet.

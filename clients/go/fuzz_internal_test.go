@@ -7,6 +7,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/idemd/idemd/clients/go/idemapi"
 )
 
 // FuzzCanonicalBody checks the JSON canonicalisation the middleware fingerprints
@@ -118,6 +120,55 @@ func FuzzBatchResults(f *testing.F) {
 		var got batchResults
 		if err := decodeBatchResults([]byte(body), &got); (err != nil) != (wantErr != nil) {
 			t.Fatalf("decodeBatchResults(%q): %v; encoding/json: %v", body, err, wantErr)
+		}
+	})
+}
+
+// FuzzEncode holds the encoding of requests to json.Marshal, byte for byte.
+func FuzzEncode(f *testing.F) {
+	f.Add("idempotency-key:v1:00ff", "sha256:ab", "go-1", "6f1c0e8a", "location", "/orders/1", []byte(`{"id":1}`), int64(30000), 201, uint8(0))
+	f.Add("k\x00<é>\u2028\xff\"\\", "", "", "", "", "", []byte{}, int64(-1), 0, uint8(255))
+	f.Fuzz(func(t *testing.T, key, fingerprint, owner, token, header, value string, body []byte, ms int64, status int, absent uint8) {
+		set := func(bit uint8, s string) *string {
+			if absent&bit != 0 {
+				return nil
+			}
+			return &s
+		}
+		msPtr := func(bit uint8) *int64 {
+			if absent&bit != 0 {
+				return nil
+			}
+			return &ms
+		}
+		resp := idemapi.StoredResponse{Status: status}
+		if absent&64 == 0 {
+			resp.Body = &body
+		}
+		if absent&128 == 0 {
+			h := map[string][]string{header: {value, owner}, "content-type": {value}, "x-none": nil}
+			resp.Headers = &h
+		}
+		items := []idemapi.BatchItem{
+			{Claim: &idemapi.ClaimRequest{ClaimSecret: set(1, token), Fingerprint: set(2, fingerprint), Key: key, LeaseMs: msPtr(4), Owner: set(8, owner), WaitMs: msPtr(16)}},
+			{Complete: &idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: resp, RetentionMs: msPtr(32)}},
+			{Release: &idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: idemapi.ReleaseRequestMode(owner), RetentionMs: msPtr(1)}},
+			{Release: &idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: "fail", Response: &resp}},
+			{Extend: &idemapi.ExtendRequest{Key: key, LeaseMs: ms, LeaseToken: token}},
+		}
+		for _, item := range items {
+			op, got, err := encode(item)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var member any = map[string]any{"claim": item.Claim, "complete": item.Complete, "release": item.Release, "extend": item.Extend}[op]
+			want, err := json.Marshal(member)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("%s encoded as\n%s\njson.Marshal writes\n%s", op, got, want)
+			}
 		}
 	})
 }
