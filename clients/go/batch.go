@@ -45,8 +45,7 @@ type result struct {
 
 // call is one operation on its way: alone, or in a batch.
 type call struct {
-	ctx  context.Context
-	item idemapi.BatchItem
+	ctx context.Context
 	// op is the item's one member, and body its request, encoded once for whichever
 	// way the call goes.
 	op   string
@@ -70,16 +69,19 @@ type batcher struct {
 // do runs one operation: through the batcher when it can share a request, on its own
 // otherwise. ctx bounds the caller's wait; a call already sent in a batch may still
 // take effect after the caller stopped waiting, as a call cut off on its own may.
+//
+// The item is encoded here and not kept, so that the requests that make it up need not
+// outlive the caller's frame.
 func (c *Client) do(ctx context.Context, item idemapi.BatchItem) result {
-	b := c.batches
-	if b == nil || b.unsupported.Load() || (item.Claim != nil && item.Claim.WaitMs != nil) {
-		return c.single(ctx, item, "", nil)
-	}
 	op, body, err := encode(item)
-	if err != nil || len(body) > maxBatchItemBytes {
-		return c.single(ctx, item, "", nil)
+	if err != nil {
+		return result{err: err}
 	}
-	cl := &call{ctx: ctx, item: item, op: op, body: body, done: make(chan struct{})}
+	b := c.batches
+	if b == nil || b.unsupported.Load() || (item.Claim != nil && item.Claim.WaitMs != nil) || len(body) > maxBatchItemBytes {
+		return c.single(ctx, op, body)
+	}
+	cl := &call{ctx: ctx, op: op, body: body, done: make(chan struct{})}
 	b.mu.Lock()
 	b.queue = append(b.queue, cl)
 	start := !b.sending
@@ -106,7 +108,7 @@ func (b *batcher) run() {
 		if len(calls) == 1 {
 			// Alone: the call's own request, under its own context.
 			cl := calls[0]
-			cl.res = b.c.single(cl.ctx, cl.item, cl.op, cl.body)
+			cl.res = b.c.single(cl.ctx, cl.op, cl.body)
 			close(cl.done)
 			continue
 		}
@@ -149,8 +151,12 @@ func (b *batcher) next() []*call {
 // whole (no batch endpoint, too large, not accepted as valid) is sent again call by
 // call, so that every call gets the answer it would get on its own.
 func (b *batcher) send(calls []*call) {
+	size := len(`{"items":[]}`)
+	for _, cl := range calls {
+		size += cl.size()
+	}
 	var body bytes.Buffer
-	body.Grow(16 + len(calls)*256)
+	body.Grow(size)
 	body.WriteString(`{"items":[`)
 	for i, cl := range calls {
 		if i > 0 {
@@ -171,7 +177,7 @@ func (b *batcher) send(calls []*call) {
 	results, resend, err := b.c.batch(ctx, body.Bytes(), len(calls))
 	if resend {
 		for _, cl := range calls {
-			cl.res = b.c.single(cl.ctx, cl.item, cl.op, cl.body)
+			cl.res = b.c.single(cl.ctx, cl.op, cl.body)
 			close(cl.done)
 		}
 		return
@@ -219,15 +225,8 @@ func (c *Client) batch(ctx context.Context, body []byte, n int) (results []batch
 // size is what the call adds to a batch's body: {"op":body} and a comma.
 func (cl *call) size() int { return len(cl.op) + len(cl.body) + 6 }
 
-// single sends one operation on its own. op and body are the item encoded (encode),
-// or empty when it is not yet.
-func (c *Client) single(ctx context.Context, item idemapi.BatchItem, op string, body []byte) result {
-	if body == nil {
-		var err error
-		if op, body, err = encode(item); err != nil {
-			return result{err: err}
-		}
-	}
+// single sends one operation on its own: op and body are the item encoded (encode).
+func (c *Client) single(ctx context.Context, op string, body []byte) result {
 	send := c.api.ClaimWithBody
 	switch op {
 	case "complete":
@@ -244,16 +243,16 @@ func (c *Client) single(ctx context.Context, item idemapi.BatchItem, op string, 
 	r := result{status: resp.StatusCode}
 	var out any
 	switch {
-	case item.Claim != nil && resp.StatusCode == http.StatusCreated:
+	case op == "claim" && resp.StatusCode == http.StatusCreated:
 		r.acquired = new(idemapi.ClaimAcquired)
 		out = r.acquired
-	case item.Claim != nil && resp.StatusCode == http.StatusOK:
+	case op == "claim" && resp.StatusCode == http.StatusOK:
 		r.finished = new(idemapi.ClaimFinished)
 		out = r.finished
-	case (item.Complete != nil || item.Release != nil) && resp.StatusCode == http.StatusOK:
+	case (op == "complete" || op == "release") && resp.StatusCode == http.StatusOK:
 		r.record = new(finishedRecord)
 		out = r.record
-	case item.Extend != nil && resp.StatusCode == http.StatusOK:
+	case op == "extend" && resp.StatusCode == http.StatusOK:
 		r.extended = new(idemapi.LeaseExtended)
 		out = r.extended
 	}

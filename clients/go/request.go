@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/idemd/idemd/clients/go/idemapi"
 )
@@ -175,7 +176,9 @@ func appendMember(b []byte, name string) []byte {
 func appendJSONString(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
-			quoted, _ := json.Marshal(s)
+			// A copy, so that the strings of a request need not be on the heap on
+			// the common path for json.Marshal to have them on this one.
+			quoted, _ := json.Marshal(strings.Clone(s))
 			return append(b, quoted...)
 		}
 	}
