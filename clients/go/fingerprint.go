@@ -98,6 +98,26 @@ func asciiLower(s string) string {
 	return string(b)
 }
 
+// asciiEqualFold reports whether asciiLower(a) == asciiLower(b).
+func asciiEqualFold(a, b string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range len(a) {
+		x, y := a[i], b[i]
+		if 'A' <= x && x <= 'Z' {
+			x += 'a' - 'A'
+		}
+		if 'A' <= y && y <= 'Z' {
+			y += 'a' - 'A'
+		}
+		if x != y {
+			return false
+		}
+	}
+	return true
+}
+
 func isJSONMedia(media string) bool {
 	return media == "application/json" || strings.HasSuffix(media, "+json")
 }

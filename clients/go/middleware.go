@@ -467,7 +467,7 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, key string, 
 		return
 	}
 	for name, values := range resp.Header {
-		if slices.Contains(neverStored, asciiLower(name)) {
+		if slices.ContainsFunc(neverStored, func(n string) bool { return asciiEqualFold(n, name) }) {
 			continue
 		}
 		for _, v := range values {
@@ -525,12 +525,14 @@ func (rec *recorder) WriteHeader(status int) {
 // snapshot records the final status and the stored headers as they are now.
 func (rec *recorder) snapshot(status int) {
 	rec.wrote, rec.status = true, status
-	rec.kept = http.Header{}
+	rec.kept = make(http.Header, len(rec.allowed))
 	for name, values := range rec.ResponseWriter.Header() {
-		lower := asciiLower(name)
-		if len(values) == 0 || !slices.Contains(rec.allowed, lower) {
+		// The allowed name in lower case, as it is stored; found without making one.
+		i := slices.IndexFunc(rec.allowed, func(a string) bool { return asciiEqualFold(a, name) })
+		if len(values) == 0 || i < 0 {
 			continue
 		}
+		lower := rec.allowed[i]
 		rec.kept[lower] = append(rec.kept[lower], values...)
 		for _, v := range values {
 			rec.size += len(lower) + len(v)
