@@ -216,7 +216,13 @@ func ptr[T comparable](v T) *T {
 // RetryAfter) when another caller holds a live lease, and ErrFingerprintMismatch when
 // the key was used with another fingerprint.
 func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Claim, error) {
-	if cl, ok := c.replays.get(key, opts.Fingerprint, time.Now()); ok {
+	return c.claim(ctx, key, opts, false)
+}
+
+// claim is Claim. shared lets a claim answered from the replay cache share the
+// cache's response, for a caller that only reads it.
+func (c *Client) claim(ctx context.Context, key string, opts ClaimOptions, shared bool) (*Claim, error) {
+	if cl, ok := c.replays.get(key, opts.Fingerprint, time.Now(), shared); ok {
 		return cl, nil
 	}
 	gen := c.replays.generation()

@@ -301,8 +301,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	idemdKey := MiddlewareKey(scope, key)
 	// The claim outlives a client that goes away meanwhile, so that a lease it took is
 	// known and can be given back rather than left to run out.
-	cl, err := m.c.Claim(context.WithoutCancel(r.Context()), idemdKey,
-		ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait})
+	// A replay from the client's cache shares the cache's copy: replay only reads it.
+	cl, err := m.c.claim(context.WithoutCancel(r.Context()), idemdKey,
+		ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait}, true)
 	if err != nil {
 		m.refuse(w, r, idemdKey, err)
 		return

@@ -70,8 +70,10 @@ func newReplayCache(maxBytes int, maxAge time.Duration) *replayCache {
 // the list element and the map slot.
 const entryOverhead = 256
 
-// get returns the finished claim of key when it is cached with this fingerprint.
-func (c *replayCache) get(key, fingerprint string, now time.Time) (*Claim, bool) {
+// get returns the finished claim of key when it is cached with this fingerprint. Its
+// response is a copy unless shared, when it is the cache's own, which the caller
+// must not change.
+func (c *replayCache) get(key, fingerprint string, now time.Time, shared bool) (*Claim, bool) {
 	if c == nil {
 		return nil, false
 	}
@@ -90,8 +92,11 @@ func (c *replayCache) get(key, fingerprint string, now time.Time) (*Claim, bool)
 		return nil, false
 	}
 	c.order.MoveToFront(el)
-	// Callers may change what they get; the cache keeps its own copy.
-	r := Response{Status: e.response.Status, Header: e.response.Header.Clone(), Body: slices.Clone(e.response.Body)}
+	r := e.response
+	if !shared {
+		// Callers may change what they get; the cache keeps its own copy.
+		r = Response{Status: e.response.Status, Header: e.response.Header.Clone(), Body: slices.Clone(e.response.Body)}
+	}
 	if r.Header == nil {
 		r.Header = http.Header{}
 	}
