@@ -156,6 +156,19 @@ func (r *answerReader) str(v *string) bool {
 	return ok
 }
 
+// word is str for a member that is mostly one of known: those are not copied.
+func (r *answerReader) word(v *string, known ...string) bool {
+	s, ok := r.plain()
+	for _, k := range known {
+		if string(s) == k {
+			*v = k
+			return ok
+		}
+	}
+	*v = string(s)
+	return ok
+}
+
 // integer reads an integer without fraction or exponent, of at most 18 digits so
 // that it cannot overflow.
 func (r *answerReader) integer() (int64, bool) {
@@ -326,7 +339,7 @@ func (r *answerReader) acquired(out *idemapi.ClaimAcquired) bool {
 			return r.str(&out.LeaseToken)
 		case string(name) == "outcome" && r.first(&seen, 16):
 			var s string
-			ok := r.str(&s)
+			ok := r.word(&s, "acquired")
 			out.Outcome = idemapi.ClaimAcquiredOutcome(s)
 			return ok
 		case string(name) == "recovered" && r.first(&seen, 32):
@@ -347,7 +360,7 @@ func (r *answerReader) finished(out *idemapi.ClaimFinished) bool {
 			return r.time(&out.ExpiresAt)
 		case string(name) == "outcome" && r.first(&seen, 4):
 			var s string
-			ok := r.str(&s)
+			ok := r.word(&s, "completed", "failed")
 			out.Outcome = idemapi.ClaimFinishedOutcome(s)
 			return ok
 		case string(name) == "response" && r.first(&seen, 8):
@@ -397,7 +410,7 @@ func (r *answerReader) record(out *finishedRecord) bool {
 	return r.object(func(name []byte) bool {
 		switch {
 		case string(name) == "state" && r.first(&seen, 1):
-			return r.str(&out.State)
+			return r.word(&out.State, "completed", "failed", "released", "pending")
 		case string(name) == "attempt" && r.first(&seen, 2):
 			return r.int64(&out.Attempt)
 		case string(name) == "fingerprint" && r.first(&seen, 4):

@@ -105,9 +105,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 }
 
 func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b) // crypto/rand.Read never returns an error.
-	return hex.EncodeToString(b)
+	var b [32]byte
+	_, _ = rand.Read(b[:n]) // crypto/rand.Read never returns an error.
+	return hex.EncodeToString(b[:n])
 }
 
 // Response is an operation's result as idemd stores and replays it.
