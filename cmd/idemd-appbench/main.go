@@ -81,6 +81,7 @@ func main() {
 	configs := flag.String("configs", "a,b,c,d,c1,c0", "configurations to run (c1: (c) without batching; c0: (c) with the SDK's first settings)")
 	flag.StringVar(&cfg.Idemd, "idemd", "", "idemd binary (default: build ./cmd/idemd)")
 	flag.StringVar(&cfg.RedisServer, "redis-server", "redis-server", "redis-server binary")
+	flag.StringVar(&cfg.ServerCPUs, "server-cpus", "", "run redis-server and idemd on these CPUs (taskset list), apart from the apps and the load generator; run the bench itself under taskset -c on the others")
 	appFlags := flag.String("app-flags", "", "flags for every app process, space-separated (e.g. -sdk-replay-cache=false)")
 	flag.Parse()
 	cfg.AppFlags = strings.Fields(*appFlags)

@@ -37,6 +37,7 @@ type Main struct {
 	DataDir          string
 	ReplicaAcks      int
 	ReplicaTimeout   time.Duration
+	Pipelines        int
 	HashRecords      bool
 	RequireNoevict   bool
 	MaxResponseBytes int
@@ -79,6 +80,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
 	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
 	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
+	fs.IntVar(&m.Pipelines, "redis-pipelines", redisstore.DefaultPipelines, "how many pipelines of scripts may be in flight to each Redis master at once; the calls that arrive meanwhile go together in the next")
 	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "write Redis records as hashes, the layout of earlier releases, which cannot read this release's strings: set it while daemons of an earlier release share the Redis (a rolling upgrade), then drop it")
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
@@ -113,6 +115,9 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	}
 	if m.ReplicaAcks < 0 || m.ReplicaTimeout <= 0 {
 		return errors.New("--redis-replica-acks must not be negative and --redis-replica-timeout must be positive")
+	}
+	if m.Pipelines < 1 {
+		return errors.New("--redis-pipelines must be at least 1")
 	}
 	if m.BodyTimeout <= 0 || m.WriteTimeout <= 0 {
 		return errors.New("--body-timeout and --write-timeout must be positive")
@@ -156,7 +161,7 @@ func (m *Main) openStore() (engine.Store, error) {
 		return m.openBolt(path)
 	case strings.HasPrefix(m.Store, "redis"):
 		s, err := redisstore.OpenWith(m.Store, redisstore.Options{ReplicaAcks: m.ReplicaAcks, ReplicaTimeout: m.ReplicaTimeout,
-			HashRecords: m.HashRecords})
+			Pipelines: m.Pipelines, HashRecords: m.HashRecords})
 		if err != nil {
 			return nil, err
 		}

@@ -110,6 +110,7 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--body-timeout", "0s"},
 		{"--write-timeout", "-1s"},
 		{"--redis-replica-acks", "1", "--redis-replica-timeout", "2s", "--store-timeout", "1s"},
+		{"--redis-pipelines", "0"},
 		{"stray"},
 	} {
 		if err := NewMain().ParseFlags(args); err == nil {

@@ -42,7 +42,12 @@ type Config struct {
 	Idemd string
 	// RedisServer is the redis-server binary.
 	RedisServer string
-	Out         io.Writer
+	// ServerCPUs, when set, runs redis-server and the idemd daemons on these CPUs
+	// (a taskset list, "1" or "2-3"), apart from the apps and the load generator, which
+	// stay on the CPUs the bench itself was given (taskset -c 0 idemd-appbench ...): the
+	// service's host and the shared services' hosts, on one machine.
+	ServerCPUs string
+	Out        io.Writer
 }
 
 // configuration is one row of the table.
@@ -101,6 +106,15 @@ func Run(ctx context.Context, cfg Config) error {
 		return p, nil
 	}
 
+	// server starts a shared service: on ServerCPUs when the bench is told to keep
+	// them apart.
+	server := func(name string, argv ...string) (*process, error) {
+		if cfg.ServerCPUs != "" {
+			argv = append([]string{"taskset", "-c", cfg.ServerCPUs}, argv...)
+		}
+		return start(name, argv...)
+	}
+
 	if cfg.Idemd == "" {
 		cfg.Idemd = filepath.Join(dir, "idemd")
 		fmt.Fprintln(cfg.Out, "building idemd ...")
@@ -114,7 +128,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	_, redisPort, _ := net.SplitHostPort(redisAddr)
-	redisProc, err := start("redis-server", cfg.RedisServer, "--port", redisPort, "--bind", "127.0.0.1",
+	redisProc, err := server("redis-server", cfg.RedisServer, "--port", redisPort, "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no")
 	if err != nil {
 		return err
@@ -130,7 +144,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			return nil, err
 		}
-		p, err := start(name, append([]string{cfg.Idemd, "--listen", addr, "--log-level", "warn"}, args...)...)
+		p, err := server(name, append([]string{cfg.Idemd, "--listen", addr, "--log-level", "warn"}, args...)...)
 		if err != nil {
 			return nil, err
 		}
@@ -182,8 +196,13 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 
-	fmt.Fprintf(cfg.Out, "%d clients, %d requests per phase, %d rounds; redis-server %s\n\n",
+	fmt.Fprintf(cfg.Out, "%d clients, %d requests per phase, %d rounds; redis-server %s\n",
 		cfg.Clients, cfg.Requests, cfg.Rounds, redisVersion(cfg.RedisServer))
+	if cfg.ServerCPUs != "" {
+		fmt.Fprintf(cfg.Out, "load generator and apps on CPUs %s; redis-server and idemd on CPUs %s\n",
+			allowedCPUs(), cfg.ServerCPUs)
+	}
+	fmt.Fprintln(cfg.Out)
 	results := map[string][]rowResult{}
 	for round := 1; round <= cfg.Rounds; round++ {
 		for _, c := range configs {
@@ -392,6 +411,20 @@ func cpuTimes(pids []int) ([]time.Duration, error) {
 		out[i] = time.Duration(utime+stime) * clockTick
 	}
 	return out, nil
+}
+
+// allowedCPUs is the list of CPUs this process may run on, from /proc/self/status.
+func allowedCPUs() string {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return "?"
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Cpus_allowed_list:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
 }
 
 // machineTicks reads the busy and total CPU ticks of the whole machine from /proc/stat.

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 	"unicode/utf16"
 )
 
@@ -18,7 +19,7 @@ import (
 // different keys would name one record). It walks the tokens alongside t.
 func checkStrict(body []byte, t reflect.Type) error {
 	w := &strictWalker{body: body}
-	if err := w.value(t, "", 0); err != errMalformed {
+	if err := w.value(t, 0); err != errMalformed {
 		return err
 	}
 	return nil
@@ -32,10 +33,35 @@ var errMalformed = errors.New("malformed JSON")
 const maxDepth = 10000
 
 // strictWalker scans the body's bytes once, without building tokens: it looks only at
-// the structure, the member names and the escapes in strings.
+// the structure, the member names and the escapes in strings. It allocates next to
+// nothing on a valid body: the path of the value it stands on is kept as steps and
+// spelled out only for an error.
 type strictWalker struct {
 	body []byte
 	at   int
+	path []pathStep
+}
+
+// pathStep is a member's name, or an array's index when name is nil.
+type pathStep struct {
+	name  []byte
+	index int
+}
+
+// where spells out the path of the value the walker stands on, "items[3].claim.key".
+func (w *strictWalker) where() string {
+	var b strings.Builder
+	for _, s := range w.path {
+		if s.name == nil {
+			b.WriteString("[" + strconv.Itoa(s.index) + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.Write(s.name)
+	}
+	return b.String()
 }
 
 func (w *strictWalker) space() {
@@ -74,7 +100,7 @@ func (w *strictWalker) str() ([]byte, error) {
 	return nil, errMalformed
 }
 
-func (w *strictWalker) value(t reflect.Type, path string, depth int) error {
+func (w *strictWalker) value(t reflect.Type, depth int) error {
 	if depth > maxDepth {
 		return errMalformed
 	}
@@ -86,7 +112,7 @@ func (w *strictWalker) value(t reflect.Type, path string, depth int) error {
 		return errMalformed
 	case '{':
 		w.at++
-		return w.object(t, path, depth)
+		return w.object(t, depth)
 	case '[':
 		w.at++
 		var elem reflect.Type
@@ -98,7 +124,10 @@ func (w *strictWalker) value(t reflect.Type, path string, depth int) error {
 			return nil
 		}
 		for i := 0; ; i++ {
-			if err := w.value(elem, path+"["+strconv.Itoa(i)+"]", depth+1); err != nil {
+			w.path = append(w.path, pathStep{index: i})
+			err := w.value(elem, depth+1)
+			w.path = w.path[:len(w.path)-1]
+			if err != nil {
 				return err
 			}
 			switch w.next() {
@@ -117,7 +146,7 @@ func (w *strictWalker) value(t reflect.Type, path string, depth int) error {
 			return err
 		}
 		if loneSurrogate(raw) {
-			return invalid("%q holds a \\u escape that is half of a UTF-16 surrogate pair; strings must be Unicode text", path)
+			return invalid("%q holds a \\u escape that is half of a UTF-16 surrogate pair; strings must be Unicode text", w.where())
 		}
 		return nil
 	}
@@ -132,12 +161,22 @@ func (w *strictWalker) value(t reflect.Type, path string, depth int) error {
 	return nil
 }
 
-func (w *strictWalker) object(t reflect.Type, path string, depth int) error {
+// object walks an object's members. Each may appear once: a struct's are told apart
+// by field index, any other object's by name (a few compared in place, more in a map).
+func (w *strictWalker) object(t reflect.Type, depth int) error {
 	if w.next() == '}' {
 		w.at++
 		return nil
 	}
-	var seen map[string]bool
+	var fields *structFields
+	if t != nil && t.Kind() == reflect.Struct {
+		fields = fieldsOf(t)
+	}
+	var (
+		seenFields uint64
+		seenNames  [][]byte
+		seenMap    map[string]bool
+	)
 	for {
 		if w.next() != '"' {
 			return errMalformed
@@ -150,38 +189,65 @@ func (w *strictWalker) object(t reflect.Type, path string, depth int) error {
 		if err != nil {
 			return err
 		}
-		member := join(path, name)
+		w.path = append(w.path, pathStep{name: name})
 		if loneSurrogate(raw) {
 			return invalid("member %s holds a \\u escape that is half of a UTF-16 surrogate pair", raw)
 		}
-		if seen == nil {
-			seen = make(map[string]bool)
-		}
-		if seen[name] {
-			return invalid("member %q appears twice; each member may appear once", member)
-		}
-		seen[name] = true
 		var elem reflect.Type
-		if t != nil {
-			switch t.Kind() {
-			case reflect.Map:
+		switch {
+		case fields != nil:
+			i, exact, ok := fields.lookup(name)
+			if !ok {
+				return invalid("unknown field %q", w.where())
+			}
+			if !exact {
+				member := w.where()
+				w.path[len(w.path)-1].name = []byte(fields.list[i].name)
+				return invalid("member %q is not in the contract; member names are case-sensitive: %q", member, w.where())
+			}
+			if i < 64 && seenFields&(1<<i) != 0 || i >= 64 && seenMap[fields.list[i].name] {
+				return invalid("member %q appears twice; each member may appear once", w.where())
+			}
+			if i < 64 {
+				seenFields |= 1 << i
+			} else {
+				if seenMap == nil {
+					seenMap = make(map[string]bool)
+				}
+				seenMap[fields.list[i].name] = true
+			}
+			elem = fields.list[i].typ
+		default:
+			if t != nil && t.Kind() == reflect.Map {
 				elem = t.Elem()
-			case reflect.Struct:
-				field, exact, ok := fieldByName(t, name)
-				if !ok {
-					return invalid("unknown field %q", member)
+			}
+			twice := seenMap[string(name)]
+			for _, n := range seenNames {
+				twice = twice || bytes.Equal(n, name)
+			}
+			if twice {
+				return invalid("member %q appears twice; each member may appear once", w.where())
+			}
+			if seenMap == nil && len(seenNames) < 16 {
+				seenNames = append(seenNames, name)
+			} else {
+				if seenMap == nil {
+					seenMap = make(map[string]bool)
+					for _, n := range seenNames {
+						seenMap[string(n)] = true
+					}
+					seenNames = nil
 				}
-				if !exact {
-					return invalid("member %q is not in the contract; member names are case-sensitive: %q", member, join(path, field.name))
-				}
-				elem = field.typ
+				seenMap[string(name)] = true
 			}
 		}
 		if w.next() != ':' {
 			return errMalformed
 		}
 		w.at++
-		if err := w.value(elem, member, depth+1); err != nil {
+		err = w.value(elem, depth+1)
+		w.path = w.path[:len(w.path)-1]
+		if err != nil {
 			return err
 		}
 		switch w.next() {
@@ -198,23 +264,16 @@ func (w *strictWalker) object(t reflect.Type, path string, depth int) error {
 
 // memberName is a member name's text: its raw bytes when it has no escapes, as almost
 // every name has none.
-func memberName(raw []byte) (string, error) {
+func memberName(raw []byte) ([]byte, error) {
 	inner := raw[1 : len(raw)-1]
 	if bytes.IndexByte(inner, '\\') < 0 {
-		return string(inner), nil
+		return inner, nil
 	}
 	var name string
 	if err := json.Unmarshal(raw, &name); err != nil {
-		return "", errMalformed
+		return nil, errMalformed
 	}
-	return name, nil
-}
-
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
+	return []byte(name), nil
 }
 
 type jsonField struct {
@@ -222,32 +281,50 @@ type jsonField struct {
 	typ  reflect.Type
 }
 
-// fieldByName finds the struct field a member name decodes into as encoding/json
-// would (exact match first, then case-insensitive), and says whether it matched
-// exactly.
-func fieldByName(t reflect.Type, name string) (jsonField, bool, bool) {
-	var folded jsonField
-	found := false
+// structFields are the members a struct type decodes, as encoding/json names them.
+type structFields struct {
+	list   []jsonField
+	byName map[string]int
+}
+
+var structFieldsCache sync.Map // reflect.Type → *structFields
+
+func fieldsOf(t reflect.Type) *structFields {
+	if f, ok := structFieldsCache.Load(t); ok {
+		return f.(*structFields)
+	}
+	f := &structFields{byName: make(map[string]int)}
 	for i := range t.NumField() {
-		f := t.Field(i)
-		if !f.IsExported() {
+		sf := t.Field(i)
+		if !sf.IsExported() {
 			continue
 		}
-		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		tag, _, _ := strings.Cut(sf.Tag.Get("json"), ",")
 		if tag == "-" {
 			continue
 		}
 		if tag == "" {
-			tag = f.Name
+			tag = sf.Name
 		}
-		if tag == name {
-			return jsonField{tag, f.Type}, true, true
-		}
-		if !found && strings.EqualFold(tag, name) {
-			folded, found = jsonField{tag, f.Type}, true
+		f.byName[tag] = len(f.list)
+		f.list = append(f.list, jsonField{tag, sf.Type})
+	}
+	structFieldsCache.Store(t, f)
+	return f
+}
+
+// lookup finds the field a member name decodes into as encoding/json would (exact
+// match first, then case-insensitive), and says whether it matched exactly.
+func (f *structFields) lookup(name []byte) (int, bool, bool) {
+	if i, ok := f.byName[string(name)]; ok {
+		return i, true, true
+	}
+	for i, field := range f.list {
+		if strings.EqualFold(field.name, string(name)) {
+			return i, false, true
 		}
 	}
-	return folded, false, found
+	return 0, false, false
 }
 
 // loneSurrogate reports whether the raw text of a JSON string holds a \u escape of a

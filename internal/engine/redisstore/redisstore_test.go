@@ -36,11 +36,26 @@ func TestConformance(t *testing.T) {
 // BenchmarkClaimComplete runs claim+complete cycles on fresh keys through the store,
 // in parallel, and reports the CPU Redis spent per cycle and how many commands it
 // processed per read system call, as Redis itself counts them (INFO; the calls a
-// script makes count as commands, about five a script):
+// script makes count as commands, three a script); with records kept as strings (this
+// release's layout) and as hashes (--redis-hash-records, the earlier releases' layout),
+// and with one pipeline in flight per master as well as the default two:
 // go test -run XXX -bench ClaimComplete -cpu 32 ./internal/engine/redisstore/
 func BenchmarkClaimComplete(b *testing.B) {
+	for _, layout := range []struct {
+		name string
+		opts redisstore.Options
+	}{
+		{"strings", redisstore.Options{}},
+		{"hashes", redisstore.Options{HashRecords: true}},
+		{"strings/pipelines=1", redisstore.Options{Pipelines: 1}},
+	} {
+		b.Run(layout.name, func(b *testing.B) { claimComplete(b, layout.opts) })
+	}
+}
+
+func claimComplete(b *testing.B, opts redisstore.Options) {
 	srv := testredis.Start(b)
-	s, err := redisstore.Open(srv.URL())
+	s, err := redisstore.OpenWith(srv.URL(), opts)
 	if err != nil {
 		b.Fatal(err)
 	}
