@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemd/idemd/clients/go/idemapi"
 )
@@ -171,4 +172,99 @@ func FuzzEncode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestEncodeKnowsEveryField fills every field of every request, by reflection, and
+// holds encode to json.Marshal: a member the contract gains and encode does not write
+// fails here, whatever the fuzz corpus holds.
+func TestEncodeKnowsEveryField(t *testing.T) {
+	for _, item := range []idemapi.BatchItem{
+		{Claim: filled[idemapi.ClaimRequest](t)},
+		{Complete: filled[idemapi.CompleteRequest](t)},
+		{Release: filled[idemapi.ReleaseRequest](t)},
+		{Extend: filled[idemapi.ExtendRequest](t)},
+	} {
+		op, got, err := encode(item)
+		if err != nil {
+			t.Fatal(err)
+		}
+		member := map[string]any{"claim": item.Claim, "complete": item.Complete, "release": item.Release, "extend": item.Extend}[op]
+		want, err := json.Marshal(member)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("%s encoded as\n%s\njson.Marshal writes\n%s", op, got, want)
+		}
+	}
+}
+
+// TestAnswerReaderKnowsEveryField fills every member of each answer a batch item
+// carries but a problem, by reflection, and holds the one-pass reader to
+// encoding/json: a member the contract gains and the reader skips fails here.
+func TestAnswerReaderKnowsEveryField(t *testing.T) {
+	for _, item := range []batchItemResult{
+		{Status: 201, Acquired: filled[idemapi.ClaimAcquired](t)},
+		{Status: 200, Finished: filled[idemapi.ClaimFinished](t)},
+		{Status: 200, Record: filled[finishedRecord](t)},
+		{Status: 200, Extended: filled[idemapi.LeaseExtended](t)},
+	} {
+		body, err := json.Marshal(batchResults{Results: []batchItemResult{item}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var fast, want batchResults
+		if !fastBatchResults(body, &fast) {
+			t.Fatalf("the one-pass reader leaves %s to encoding/json", body)
+		}
+		if err := json.Unmarshal(body, &want); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(fast, want) {
+			t.Errorf("read %s as\n%+v\nencoding/json as\n%+v", body, fast.Results[0], want.Results[0])
+		}
+	}
+}
+
+// filled returns a T with every field set to a value that is not its zero.
+func filled[T any](t *testing.T) *T {
+	v := new(T)
+	fill(t, reflect.ValueOf(v).Elem())
+	return v
+}
+
+func fill(t *testing.T, v reflect.Value) {
+	switch v.Kind() {
+	case reflect.Pointer:
+		v.Set(reflect.New(v.Type().Elem()))
+		fill(t, v.Elem())
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(time.Time{}) {
+			v.Set(reflect.ValueOf(time.Date(2026, 11, 23, 17, 19, 31, 123e6, time.UTC)))
+			return
+		}
+		for i := range v.NumField() {
+			fill(t, v.Field(i))
+		}
+	case reflect.String:
+		v.SetString("s")
+	case reflect.Int, reflect.Int32, reflect.Int64:
+		v.SetInt(7)
+	case reflect.Bool:
+		v.SetBool(true)
+	case reflect.Slice:
+		v.Set(reflect.MakeSlice(v.Type(), 1, 1))
+		fill(t, v.Index(0))
+	case reflect.Uint8:
+		v.SetUint('b')
+	case reflect.Map:
+		m := reflect.MakeMap(v.Type())
+		k, e := reflect.New(v.Type().Key()).Elem(), reflect.New(v.Type().Elem()).Elem()
+		fill(t, k)
+		fill(t, e)
+		m.SetMapIndex(k, e)
+		v.Set(m)
+	default:
+		t.Fatalf("no value to fill a %s with", v.Type())
+	}
 }
