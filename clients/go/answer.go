@@ -244,32 +244,13 @@ func (r *answerReader) base64() ([]byte, bool) {
 // of them but for case, which encoding/json would decode into that field.
 func (r *answerReader) unknown(name []byte, fields ...string) bool {
 	for _, f := range fields {
-		if asciiFold(name, f) {
+		// encoding/json's matching of a member name to a field's, for names of
+		// printable ASCII.
+		if asciiEqualFold(name, f) {
 			return false
 		}
 	}
 	return r.skip(0)
-}
-
-// asciiFold is encoding/json's matching of a member name to a field's, for names
-// of printable ASCII.
-func asciiFold(name []byte, field string) bool {
-	if len(name) != len(field) {
-		return false
-	}
-	for i := range len(name) {
-		a, b := name[i], field[i]
-		if 'A' <= a && a <= 'Z' {
-			a += 'a' - 'A'
-		}
-		if 'A' <= b && b <= 'Z' {
-			b += 'a' - 'A'
-		}
-		if a != b {
-			return false
-		}
-	}
-	return true
 }
 
 // skip reads any JSON value, as strictly as encoding/json checks it.

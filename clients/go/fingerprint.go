@@ -98,8 +98,9 @@ func asciiLower(s string) string {
 	return string(b)
 }
 
-// asciiEqualFold reports whether asciiLower(a) == asciiLower(b).
-func asciiEqualFold(a, b string) bool {
+// asciiEqualFold reports whether asciiLower(a) == asciiLower(b), for a string or the
+// bytes of one.
+func asciiEqualFold[S ~string | ~[]byte](a S, b string) bool {
 	if len(a) != len(b) {
 		return false
 	}
