@@ -4,12 +4,19 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 // Queued is how many calls wait for a pipeline, for tests that arrange a batch.
 func (s *Store) Queued() int { return s.pipe.queued() }
+
+// Lanes is how many masters have a lane of pipelines.
+func (s *Store) Lanes() int { return s.pipe.lanesOpen() }
+
+// SetLaneIdle sets how long an unused lane stays; call it before the store's first call.
+func (s *Store) SetLaneIdle(d time.Duration) { s.pipe.laneIdle = d }
 
 // OpenWithScripts is OpenWith running the scripts in dir (prelude.lua, then each
 // transition's file, as lua.Source joins them) instead of this release's: the scripts

@@ -17,6 +17,11 @@ const DefaultPipelines = 2
 // not hold its connection, and Redis's other clients, for long.
 const maxBatch = 128
 
+// DefaultLaneIdle is how long a master's lane stays after its last call. A Cluster's
+// masters change address as nodes are replaced (a restarted pod comes back on a new
+// address), so lanes are retired when unused rather than kept for every address seen.
+const DefaultLaneIdle = time.Minute
+
 // errClosed answers the calls made after Close, and those still queued at Close.
 var errClosed = errors.New("redis store closed")
 
@@ -33,6 +38,8 @@ var errClosed = errors.New("redis store closed")
 // replicas) from stalling every call behind it. On a Cluster each master has slots,
 // a queue and workers of its own (a lane), so that a master that stops answering
 // holds up only the calls for its own keys, as it did when every call went alone.
+// A lane unused for a while (laneIdle to twice that) is retired and its workers stop;
+// the next call for its master starts a new one.
 type pipeliner struct {
 	client  Client
 	workers int
@@ -40,6 +47,8 @@ type pipeliner struct {
 	// ackTimeout (see sendReplicated).
 	acks       int
 	ackTimeout time.Duration
+	// laneIdle is how long an unused lane stays; set before the first call.
+	laneIdle time.Duration
 
 	// mu guards lanes and orders sends on their queues before Close: a call that saw
 	// closed unset is in its queue before Close answers the queued calls.
@@ -48,15 +57,21 @@ type pipeliner struct {
 	lanes  map[string]*lane
 	quit   chan struct{}
 	wg     sync.WaitGroup
+	// sweeping is set once the goroutine that retires unused lanes runs.
+	sweeping bool
 }
 
-// lane is the queue and the slots of the calls for one master. Lanes are never
-// removed: a Cluster has few masters, and one that left keeps only idle workers.
+// lane is the queue and the slots of the calls for one master.
 type lane struct {
 	queue chan *call
 	slots chan struct{}
 	// pending counts the calls queued or taken by a worker that waits for a slot.
 	pending atomic.Int64
+	// used is set by every call and cleared by each sweep; a sweep that finds it
+	// clear, with nothing queued or in flight, retires the lane.
+	used atomic.Bool
+	// retired is closed when the lane leaves lanes; its workers then return.
+	retired chan struct{}
 }
 
 // call is one script of one caller, with the caller's context. The worker sets val
@@ -82,7 +97,7 @@ func newPipeliner(client Client, opts Options) *pipeliner {
 		workers = DefaultPipelines
 	}
 	return &pipeliner{client: client, workers: workers, lanes: make(map[string]*lane), quit: make(chan struct{}),
-		acks: opts.ReplicaAcks, ackTimeout: opts.ReplicaTimeout}
+		acks: opts.ReplicaAcks, ackTimeout: opts.ReplicaTimeout, laneIdle: DefaultLaneIdle}
 }
 
 // do runs script on key in the next pipeline and returns its answer, or ctx's error
@@ -99,14 +114,22 @@ func (p *pipeliner) do(ctx context.Context, script script, key string, args []an
 	c := &call{ctx: ctx, script: script, key: key, args: args, done: make(chan struct{})}
 	p.mu.RLock()
 	l := p.lanes[addr]
-	if l == nil && !p.closed {
+	for l == nil && !p.closed {
+		// Looked up again under the read lock: a sweep may retire a lane between its
+		// start and this call's use of it.
 		p.mu.RUnlock()
-		l = p.lane(addr)
+		p.startLane(addr)
 		p.mu.RLock()
+		l = p.lanes[addr]
 	}
 	if p.closed {
 		p.mu.RUnlock()
 		return nil, errClosed
+	}
+	// Under the read lock a sweep cannot retire l: it takes the write lock, and a
+	// call holds the read lock until it has a slot or is counted in pending.
+	if !l.used.Load() {
+		l.used.Store(true)
 	}
 	select {
 	case l.slots <- struct{}{}:
@@ -142,20 +165,59 @@ func (p *pipeliner) do(ctx context.Context, script script, key string, args []an
 	}
 }
 
-// lane returns the lane of the master at addr, starting it if need be.
-func (p *pipeliner) lane(addr string) *lane {
+// startLane starts the lane of the master at addr unless it has one.
+func (p *pipeliner) startLane(addr string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if l := p.lanes[addr]; l != nil || p.closed {
-		return l
+	if p.lanes[addr] != nil || p.closed {
+		return
 	}
-	l := &lane{queue: make(chan *call, 4*maxBatch), slots: make(chan struct{}, p.workers)}
+	l := &lane{queue: make(chan *call, 4*maxBatch), slots: make(chan struct{}, p.workers), retired: make(chan struct{})}
+	l.used.Store(true)
 	p.lanes[addr] = l
 	p.wg.Add(p.workers)
 	for range p.workers {
 		go p.work(l)
 	}
-	return l
+	if !p.sweeping {
+		p.sweeping = true
+		p.wg.Add(1)
+		go p.sweep()
+	}
+}
+
+// sweep retires, every laneIdle, the lanes that no call used since the sweep before
+// and that have nothing queued or in flight, until Close.
+func (p *pipeliner) sweep() {
+	defer p.wg.Done()
+	tick := time.NewTicker(p.laneIdle)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-p.quit:
+			return
+		}
+		p.mu.Lock()
+		for addr, l := range p.lanes {
+			if l.used.Load() {
+				l.used.Store(false)
+				continue
+			}
+			if l.pending.Load() == 0 && len(l.slots) == 0 {
+				delete(p.lanes, addr)
+				close(l.retired)
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// lanesOpen is how many lanes there are.
+func (p *pipeliner) lanesOpen() int {
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.lanes)
 }
 
 // queued is how many calls wait for a pipeline.
@@ -204,6 +266,8 @@ func (p *pipeliner) work(l *lane) {
 		case c := <-l.queue:
 			batch = append(batch[:0], c)
 		case <-p.quit:
+			return
+		case <-l.retired:
 			return
 		}
 		select {

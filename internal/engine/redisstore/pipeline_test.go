@@ -333,3 +333,65 @@ func TestPipelineReplicaAcks(t *testing.T) {
 			calls+1, c.pipelines, c.evalsha, c.eval, c.waits, calls+1)
 	}
 }
+
+// TestPipelineLanesRetire: a master's lane of pipelines goes once no call has used it
+// for a while, so that the lanes of masters that left a Cluster (a node replaced, on
+// a new address) do not pile up; the next call starts a new lane and is answered.
+func TestPipelineLanesRetire(t *testing.T) {
+	t.Parallel()
+	s, g := gatedStore(t, testredis.Start(t), 2)
+	close(g.open)
+	s.SetLaneIdle(10 * time.Millisecond)
+	for round := range 3 {
+		if err := answer(t, claimAll(t.Context(), s, fmt.Sprintf("retire-%d", round), 8), "the claims")[0]; err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if n := s.Lanes(); n != 1 {
+			t.Fatalf("round %d: %d lanes after a call, want 1", round, n)
+		}
+		wait.For(t, 30*time.Second, "the unused lane retired", func() bool { return s.Lanes() == 0 })
+	}
+}
+
+// TestPipelineLanesRetireUnderLoad: calls that arrive while lanes are retired and
+// started again, over and over, are all answered; none waits in a lane whose workers
+// have gone.
+func TestPipelineLanesRetireUnderLoad(t *testing.T) {
+	t.Parallel()
+	s, g := gatedStore(t, testredis.Start(t), 1)
+	close(g.open)
+	s.SetLaneIdle(time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	const rounds, callers, cycles = 20, 16, 5
+	for round := range rounds {
+		errs := make(chan error, callers*cycles)
+		var wg sync.WaitGroup
+		for c := range callers {
+			wg.Go(func() {
+				for i := range cycles {
+					cl := claim(fmt.Sprintf("load-%d-%d-%d", round, c, i))
+					if _, err := s.Claim(ctx, cl); err != nil {
+						errs <- fmt.Errorf("claim: %w", err)
+						continue
+					}
+					if _, err := s.Complete(ctx, engine.Completion{ID: cl.ID, LeaseToken: cl.Token, Retention: time.Hour,
+						Response: engine.Response{Status: 200}}); err != nil {
+						errs <- fmt.Errorf("complete: %w", err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Errorf("round %d: %v", round, err)
+		}
+		if t.Failed() {
+			return
+		}
+		if round%2 == 0 {
+			wait.For(t, 30*time.Second, "the unused lane retired", func() bool { return s.Lanes() == 0 })
+		}
+	}
+}
