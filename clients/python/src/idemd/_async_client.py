@@ -13,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
-from . import _wire
+from . import _fork, _wire
 from ._batch import ANSWERS, AsyncBatcher, Operation, Outcome, Resend, answered, batch_request, failed
 from ._client import DEFAULT_LEASE, api_client, default_owner, json_response
 from ._errors import (
@@ -81,13 +81,26 @@ class AsyncClient:
         backoff: float = 0.05,
         batching: bool = True,
     ) -> None:
-        self._api = api_client(base_url, token, AsyncRetryTransport(timeout, retries, backoff))
+        self._base_url = base_url
+        self._token = token
+        self._transport = AsyncRetryTransport(timeout, retries, backoff)
+        self._api = api_client(base_url, token, self._transport)
         self.owner = owner or default_owner()
         self.timeout = timeout
         self.retention = retention
         self._batches = AsyncBatcher(self._single, self._post) if batching else None
+        _fork.track(self)
+
+    def _renew_after_fork(self) -> None:
+        # As Client's; the inherited connections are also bound to the parent's event
+        # loop, which does not run in the child.
+        self._transport = self._transport.renewed()
+        self._api = api_client(self._base_url, self._token, self._transport)
+        if self._batches is not None:
+            self._batches = self._batches.renewed()
 
     async def aclose(self) -> None:
+        _fork.forget(self)
         await self._api.get_async_httpx_client().aclose()
 
     async def __aenter__(self) -> AsyncClient:

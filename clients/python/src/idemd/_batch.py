@@ -255,6 +255,13 @@ class Batcher:
         #: Set once the daemon answered a batch as an unknown endpoint.
         self.unsupported = False
 
+    def renewed(self) -> Batcher:
+        """A batcher with nothing in flight, for a forked child: the threads of the
+        calls this one holds are not there. What it learnt of the daemon is kept."""
+        fresh = Batcher(self._single, self._post)
+        fresh.unsupported = self.unsupported
+        return fresh
+
     @property
     def queued(self) -> int:
         """How many calls wait for the request in flight to return."""
@@ -362,6 +369,13 @@ class AsyncBatcher:
         self._sender: asyncio.Task[None] | None = None
         #: Set once the daemon answered a batch as an unknown endpoint.
         self.unsupported = False
+
+    def renewed(self) -> AsyncBatcher:
+        """A batcher with nothing in flight, for a forked child: the sender task and
+        the callers' futures this one holds belong to the parent's event loop."""
+        fresh = AsyncBatcher(self._single, self._post)
+        fresh.unsupported = self.unsupported
+        return fresh
 
     @property
     def queued(self) -> int:

@@ -13,7 +13,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
-from . import _wire
+from . import _fork, _wire
 from ._batch import ANSWERS, Batcher, Operation, Outcome, Resend, answered, batch_request, failed
 from ._errors import (
     Failed,
@@ -108,13 +108,27 @@ class Client:
         backoff: float = 0.05,
         batching: bool = True,
     ) -> None:
-        self._api = api_client(base_url, token, RetryTransport(timeout, retries, backoff))
+        self._base_url = base_url
+        self._token = token
+        self._transport = RetryTransport(timeout, retries, backoff)
+        self._api = api_client(base_url, token, self._transport)
         self.owner = owner or default_owner()
         self.timeout = timeout
         self.retention = retention
         self._batches = Batcher(self._single, self._post) if batching else None
+        _fork.track(self)
+
+    def _renew_after_fork(self) -> None:
+        # The inherited httpx client, its pool and connections are left unclosed for the
+        # garbage collector (see _fork). A new httpx client also brings a new cookie jar,
+        # whose lock a thread of the parent may have held.
+        self._transport = self._transport.renewed()
+        self._api = api_client(self._base_url, self._token, self._transport)
+        if self._batches is not None:
+            self._batches = self._batches.renewed()
 
     def close(self) -> None:
+        _fork.forget(self)
         self._api.get_httpx_client().close()
 
     def __enter__(self) -> Client:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import contextvars
 import json
+import ssl
 import time
 from collections.abc import Iterator
 
@@ -66,9 +67,19 @@ class _Policy:
 
 
 class RetryTransport(httpx.BaseTransport):
-    def __init__(self, timeout: float | None, retries: int, backoff: float) -> None:
-        self._inner = httpx.HTTPTransport()
+    def __init__(
+        self, timeout: float | None, retries: int, backoff: float, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        # The TLS settings are made once (loading the CA bundle takes some 20 ms) and
+        # shared with the transports renewed in forked children.
+        self._ssl_context = ssl_context or httpx.create_ssl_context()
+        self._inner = httpx.HTTPTransport(verify=self._ssl_context)
         self._policy = _Policy(timeout, retries, backoff)
+
+    def renewed(self) -> RetryTransport:
+        """A transport with the same settings and a connection pool of its own."""
+        p = self._policy
+        return RetryTransport(p.timeout, p.retries, p.backoff, self._ssl_context)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         deadline = self._policy.deadline()
@@ -93,9 +104,17 @@ class RetryTransport(httpx.BaseTransport):
 
 
 class AsyncRetryTransport(httpx.AsyncBaseTransport):
-    def __init__(self, timeout: float | None, retries: int, backoff: float) -> None:
-        self._inner = httpx.AsyncHTTPTransport()
+    def __init__(
+        self, timeout: float | None, retries: int, backoff: float, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
+        self._ssl_context = ssl_context or httpx.create_ssl_context()
+        self._inner = httpx.AsyncHTTPTransport(verify=self._ssl_context)
         self._policy = _Policy(timeout, retries, backoff)
+
+    def renewed(self) -> AsyncRetryTransport:
+        """See :meth:`RetryTransport.renewed`."""
+        p = self._policy
+        return AsyncRetryTransport(p.timeout, p.retries, p.backoff, self._ssl_context)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         deadline = self._policy.deadline()
