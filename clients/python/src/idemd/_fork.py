@@ -9,8 +9,8 @@ the child every client that is still open drops the batcher and the connection p
 inherited and starts with fresh ones. The inherited ones are not closed: closing an
 AsyncClient's TLS connection sends close_notify on it, and closing any of its connections
 unregisters it from the parent's event loop, whose epoll instance the child shares. Left
-to the garbage
-collector, they only close the child's file descriptors; the parent's stay open.
+to the garbage collector, they only close the child's file descriptors; the parent's stay
+open.
 """
 
 from __future__ import annotations
