@@ -82,7 +82,7 @@ func main() {
 	flag.StringVar(&cfg.Idemd, "idemd", "", "idemd binary (default: build ./cmd/idemd)")
 	flag.StringVar(&cfg.RedisServer, "redis-server", "redis-server", "redis-server binary")
 	flag.StringVar(&cfg.ServerCPUs, "server-cpus", "", "run redis-server and idemd on these CPUs (taskset list), apart from the apps and the load generator; run the bench itself under taskset -c on the others")
-	appFlags := flag.String("app-flags", "", "flags for every app process, space-separated (e.g. -sdk-replay-cache=false)")
+	appFlags := flag.String("app-flags", "", "flags for every app process, space-separated (e.g. -sdk-replay-cache=false); {config} in a flag becomes the configuration's name (-cpuprofile /tmp/app-{config}.prof)")
 	flag.Parse()
 	cfg.AppFlags = strings.Fields(*appFlags)
 	cfg.Configs = strings.Split(*configs, ",")

@@ -35,7 +35,9 @@ type Config struct {
 	// AppCommand starts one app process: the command and its leading arguments, to
 	// which the bench appends -mode, -listen, -redis and -idemd.
 	AppCommand []string
-	// AppFlags are passed to every app process (see cmd/idemd-appbench app -h).
+	// AppFlags are passed to every app process (see cmd/idemd-appbench app -h), with
+	// {config} in each replaced by the configuration's name (a, b, c, ...), so that
+	// the apps of several configurations can write profiles of their own.
 	AppFlags []string
 	// Idemd is the idemd binary; empty builds ./cmd/idemd from the module in the
 	// working directory.
@@ -186,7 +188,7 @@ func Run(ctx context.Context, cfg Config) error {
 			idemdURL = "http://" + c.idemd.addr
 		}
 		argv := append(slices.Clone(cfg.AppCommand), "-mode", c.mode, "-listen", addr, "-redis", redisURL, "-idemd", idemdURL)
-		argv = append(append(argv, c.appFlags...), cfg.AppFlags...)
+		argv = append(append(argv, c.appFlags...), appFlags(cfg.AppFlags, c.name)...)
 		if c.app, err = start("app "+c.name, argv...); err != nil {
 			return err
 		}
@@ -582,3 +584,12 @@ func printSpread(w io.Writer, configs []*configuration, results map[string][]row
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// appFlags is flags with {config} replaced by name in each.
+func appFlags(flags []string, name string) []string {
+	out := make([]string, len(flags))
+	for i, f := range flags {
+		out[i] = strings.ReplaceAll(f, "{config}", name)
+	}
+	return out
+}
