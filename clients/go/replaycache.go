@@ -28,6 +28,11 @@ const (
 // A purge through this client is seen at once. A purge through anything else (another
 // process, idemctl) is seen by this client within maxAge: until then a claim on the
 // purged key replays the result this client saw.
+//
+// expires_at is the store's time, and this client compares it with its own clock: on a
+// host whose clock runs behind, an entry outlives its record by as much, never by more
+// than maxAge. Such a late replay answers with the result that was stored; it never
+// runs the operation again.
 func WithReplayCache(maxBytes int, maxAge time.Duration) Option {
 	return func(s *settings) { s.replayBytes, s.replayAge = maxBytes, maxAge }
 }
