@@ -73,8 +73,9 @@ class _Policy:
 # (encode/httpcore#1110), which then fails with EBADF or waits out its timeout. With no
 # connection ever surplus, the pool closes none while requests come and go. The bound
 # stays small because each pass of httpcore's pool costs the square of its connections
-# (64 kept idle nearly tripled the client's CPU per call with 64 threads and no batching); with
-# batching, the default, a client rarely has more than two requests in flight.
+# (64 kept idle nearly tripled the client's CPU per call with 64 threads and no
+# batching); with batching, the default, a client rarely has more than two requests in
+# flight.
 LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32, keepalive_expiry=90.0)
 
 
