@@ -110,7 +110,8 @@ const (
 )
 
 // WithWait makes a duplicate that arrives while the first request runs wait up to d
-// for its result, instead of getting 409 at once (at most 30 s).
+// for its result, instead of getting 409 at once (at most 30 s). A duplicate whose
+// client leaves stops waiting at once.
 func WithWait(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.wait = d } }
 
 // WithLease sets the lease held while the handler runs, renewed every lease/3

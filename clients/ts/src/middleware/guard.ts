@@ -43,7 +43,10 @@ export interface IdempotencyOptions<Req> {
   methods?: readonly string[];
   /** Answer 400 to a request of those methods without a key; default off. */
   requireKey?: boolean;
-  /** How long a duplicate waits for the first request to finish instead of a 409 (at most 30 s); default 0. */
+  /**
+   * How long a duplicate waits for the first request to finish instead of a 409 (at most
+   * 30 s); default 0. A duplicate whose client leaves stops waiting at once.
+   */
   waitMs?: number;
   /** The lease held while the handler runs, renewed every leaseMs/3; default 30 s (100 ms to 1 h). */
   leaseMs?: number;
