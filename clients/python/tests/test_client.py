@@ -16,6 +16,7 @@ import pytest
 from conftest import Daemon, fresh_key
 
 import idemd
+from idemd._transport import LIMITS
 
 
 def test_claim_complete_replay(any_daemon: Daemon) -> None:
@@ -280,3 +281,103 @@ def test_a_waiting_claim_gets_its_wait_on_top_of_the_timeout(daemon: Daemon) -> 
     holder.claim(key)
     with pytest.raises(idemd.InProgress):
         idemd.Client(daemon.url, timeout=1, retries=0).claim(key, wait=2)
+
+
+def _count_connections(client: httpx.Client | httpx.AsyncClient) -> Callable[[], int]:
+    """Counts the TCP connections a client opens, from httpcore's trace events."""
+    opened = 0
+    lock = threading.Lock()
+
+    def trace(event: str, _: object) -> None:
+        nonlocal opened
+        if event == "connection.connect_tcp.complete":
+            with lock:
+                opened += 1
+
+    async def async_trace(event: str, info: object) -> None:
+        trace(event, info)
+
+    def hook(request: httpx.Request) -> None:
+        request.extensions["trace"] = trace
+
+    async def async_hook(request: httpx.Request) -> None:
+        request.extensions["trace"] = async_trace
+
+    if isinstance(client, httpx.Client):
+        client.event_hooks["request"].append(hook)
+    else:
+        client.event_hooks["request"].append(async_hook)
+    return lambda: opened
+
+
+def _established_to(url: str) -> int:
+    """How many TCP connections to url's port are established, from /proc/net/tcp."""
+    port = httpx.URL(url).port
+    n = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        remote, state = fields[2], fields[3]
+        if state == "01" and int(remote.split(":")[1], 16) == port:
+            n += 1
+    return n
+
+
+# Many callers without batching each keep a connection busy. httpx keeps 20 idle
+# connections by default and closes the others as they come back, and while it does,
+# its pool can close a connection it has just handed to another caller
+# (encode/httpcore#1110, in httpcore 1.0.9): that call fails with EBADF or waits out its
+# timeout. The client keeps as many idle connections as it may open, so that the pool
+# never closes one for being surplus; each test checks that it opened more than 20,
+# no more than its bound, and that every one is still open once the callers are done.
+needs_proc_net = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net/tcp")
+CALLERS, CYCLES = 64, 10
+BOUND = LIMITS.max_connections or 0
+
+
+@needs_proc_net
+def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) -> None:
+    d = own_daemon()
+    with idemd.Client(d.url, batching=False, retries=0) as c:
+        opened = _count_connections(c._api.get_httpx_client())
+        failures: list[BaseException] = []
+        start = threading.Barrier(CALLERS)
+
+        def worker(n: int) -> None:
+            try:
+                start.wait(timeout=60)
+                for i in range(CYCLES):
+                    key = fresh_key(f"conns-{n}-{i}")
+                    cl = c.claim(key)
+                    c.complete(key, cl.token, idemd.Response(204))
+            except BaseException as err:
+                failures.append(err)
+
+        pool = [threading.Thread(target=worker, args=(n,)) for n in range(CALLERS)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        assert failures == []
+        assert 20 < opened() <= BOUND
+        assert _established_to(d.url) == opened()
+
+
+@needs_proc_net
+def test_many_tasks_keep_their_connections(own_daemon: Callable[..., Daemon]) -> None:
+    d = own_daemon()
+
+    async def main() -> None:
+        async with idemd.AsyncClient(d.url, batching=False, retries=0) as c:
+            opened = _count_connections(c._api.get_async_httpx_client())
+
+            async def worker(n: int) -> None:
+                for i in range(CYCLES):
+                    key = fresh_key(f"aconns-{n}-{i}")
+                    cl = await c.claim(key)
+                    await c.complete(key, cl.token, idemd.Response(204))
+
+            await asyncio.gather(*(worker(n) for n in range(CALLERS)))
+            assert 20 < opened() <= BOUND
+            assert _established_to(d.url) == opened()
+
+    asyncio.run(main())

@@ -66,6 +66,19 @@ class _Policy:
         return pause
 
 
+# The connections to idemd: at most 32, and all of them kept when idle, for 90 s as the
+# Go SDK does (idemd closes a connection idle for 2 minutes). httpx keeps 20 idle for 5 s
+# by default and closes the others as they come back; while it does, httpcore 1.0.9 can
+# close a connection its pool has just handed to another request
+# (encode/httpcore#1110), which then fails with EBADF or waits out its timeout. With no
+# connection ever surplus, the pool closes none while requests come and go. The bound
+# stays small because each pass of httpcore's pool costs the square of its connections
+# (64 kept idle nearly tripled the client's CPU per call with 64 threads and no
+# batching); with batching, the default, a client rarely has more than two requests in
+# flight.
+LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32, keepalive_expiry=90.0)
+
+
 class RetryTransport(httpx.BaseTransport):
     def __init__(
         self, timeout: float | None, retries: int, backoff: float, ssl_context: ssl.SSLContext | None = None
@@ -73,7 +86,7 @@ class RetryTransport(httpx.BaseTransport):
         # The TLS settings are made once (loading the CA bundle takes some 20 ms) and
         # shared with the transports renewed in forked children.
         self._ssl_context = ssl_context or httpx.create_ssl_context()
-        self._inner = httpx.HTTPTransport(verify=self._ssl_context)
+        self._inner = httpx.HTTPTransport(verify=self._ssl_context, limits=LIMITS)
         self._policy = _Policy(timeout, retries, backoff)
 
     def renewed(self) -> RetryTransport:
@@ -108,7 +121,7 @@ class AsyncRetryTransport(httpx.AsyncBaseTransport):
         self, timeout: float | None, retries: int, backoff: float, ssl_context: ssl.SSLContext | None = None
     ) -> None:
         self._ssl_context = ssl_context or httpx.create_ssl_context()
-        self._inner = httpx.AsyncHTTPTransport(verify=self._ssl_context)
+        self._inner = httpx.AsyncHTTPTransport(verify=self._ssl_context, limits=LIMITS)
         self._policy = _Policy(timeout, retries, backoff)
 
     def renewed(self) -> AsyncRetryTransport:
