@@ -110,7 +110,8 @@ const (
 )
 
 // WithWait makes a duplicate that arrives while the first request runs wait up to d
-// for its result, instead of getting 409 at once (at most 30 s).
+// for its result, instead of getting 409 at once (at most 30 s). A duplicate whose
+// client leaves stops waiting at once.
 func WithWait(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.wait = d } }
 
 // WithLease sets the lease held while the handler runs, renewed every lease/3
@@ -299,12 +300,24 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
 	idemdKey := MiddlewareKey(scope, key)
-	// The claim outlives a client that goes away meanwhile, so that a lease it took is
-	// known and can be given back rather than left to run out.
+	// A claim that does not wait is answered at once: it outlives a client that goes
+	// away meanwhile, so that a lease it took is known and can be given back rather
+	// than left to run out. A claim that waits may wait up to 30 s, so it ends with its
+	// client (C3a), and so does idemd's waiter; a lease granted just as the client left
+	// never reaches the middleware and runs out, which keeps at most once.
 	// A replay from the client's cache shares the cache's copy: replay only reads it.
-	cl, err := m.c.claim(context.WithoutCancel(r.Context()), idemdKey,
+	claimCtx := context.WithoutCancel(r.Context())
+	if m.s.wait > 0 {
+		claimCtx = r.Context()
+	}
+	cl, err := m.c.claim(claimCtx, idemdKey,
 		ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait}, true)
 	if err != nil {
+		if claimCtx.Err() != nil {
+			// The client left while the claim waited: nobody is there to answer, and
+			// nothing ran.
+			return
+		}
 		m.refuse(w, r, idemdKey, err)
 		return
 	}

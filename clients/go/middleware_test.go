@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -510,6 +511,82 @@ func TestMiddlewareCancelledRequestLeavesTheKeyFree(t *testing.T) {
 	}
 	if n := runs.Load(); n != 2 {
 		t.Fatalf("handler ran %d times, want 2", n)
+	}
+}
+
+// claimWaiters reads idemd's gauge of claims waiting on a key.
+func claimWaiters(t *testing.T, d *testenv.Daemon) string {
+	t.Helper()
+	resp, err := http.Get(d.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if value, ok := strings.CutPrefix(line, "idemd_claim_waiters "); ok {
+			return strings.TrimSpace(value)
+		}
+	}
+	t.Fatal("idemd's /metrics has no idemd_claim_waiters")
+	return ""
+}
+
+// C3a: a duplicate waiting on the key stops waiting when its client leaves. Its call
+// to idemd is given up, so idemd's waiter goes away at once rather than after the wait,
+// and its handler never runs.
+func TestMiddlewareWaitEndsWhenTheClientLeaves(t *testing.T) {
+	d := ownDaemon(t)
+	c, err := idem.New(d.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &orders{block: make(chan struct{})}
+	url := serveWith(t, c, h, idem.WithWait(30*time.Second))
+	// Lets the first request end even when the test fails, so that the server can close.
+	release := sync.OnceFunc(func() { close(h.block) })
+	t.Cleanup(release)
+	key := freshKey("mw-wait-gone")
+	body := `{"amount":1}`
+
+	first := make(chan reply, 1)
+	go func() { first <- call{key: key, body: body}.do(t, url) }()
+	testenv.WaitFor(t, 10*time.Second, "the first request to run", func() bool { return h.runs.Load() == 1 })
+
+	// The duplicate, on a connection of its own that the test closes.
+	conn, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: %s\r\nX-User: alice\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", key, len(body), body)
+	testenv.WaitFor(t, 20*time.Second, "idemd to see the duplicate wait", func() bool { return claimWaiters(t, d) == "1" })
+	conn.Close()
+	// Well within the 30 s wait: the wait must end because the client left, not because
+	// it ran out.
+	testenv.WaitFor(t, 20*time.Second, "idemd's waiter to go", func() bool { return claimWaiters(t, d) == "0" })
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times while the first request held the key, want 1", n)
+	}
+
+	release()
+	if r := <-first; r.status != 201 || r.replayed() {
+		t.Fatalf("first: %+v", r)
+	}
+	rec, err := c.Lookup(t.Context(), idem.MiddlewareKey("alice", key))
+	if err != nil || rec.State != "completed" || rec.Attempt != 1 {
+		t.Fatalf("the key after the first request: %+v, %v", rec, err)
+	}
+	retry := call{key: key, body: body}.do(t, url)
+	if retry.status != 201 || !retry.replayed() || !strings.Contains(retry.body, `"run":1`) {
+		t.Fatalf("a retry: %+v", retry)
+	}
+	if n := h.runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
 	}
 }
 

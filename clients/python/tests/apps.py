@@ -28,8 +28,12 @@ class Orders:
         self.lock = threading.Lock()
         self.gate = threading.Event()
         self.block = False
+        #: How long a held handler waits for the gate at most.
+        self.hold_limit = 20.0
         self.stream_gate = threading.Event()
         self.quiet_done = threading.Event()
+        #: The types of the messages the quiet handler received, in order.
+        self.quiet_heard: list[str] = []
 
     def run(self, path: str) -> int:
         with self.lock:
@@ -38,7 +42,7 @@ class Orders:
 
     def hold(self) -> None:
         if self.block:
-            self.gate.wait(20)
+            self.gate.wait(self.hold_limit)
 
 
 def order(n: int, body: bytes, status: int) -> tuple[int, dict[str, str], bytes]:
@@ -88,8 +92,10 @@ def starlette_app(state: Orders) -> Starlette:
     async def quiet(scope: Any, receive: Any, send: Any) -> None:
         """A handler that notices its client is gone and returns without answering."""
         state.run("quiet")
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        while True:
+            state.quiet_heard.append((await receive())["type"])
+            if state.quiet_heard[-1] == "http.disconnect":
+                break
         state.quiet_done.set()
 
     class Quiet:  # a class, so that Starlette routes to it as a plain ASGI app

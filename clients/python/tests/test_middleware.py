@@ -480,12 +480,17 @@ def test_lease_lost_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> No
         admin.lookup(idemd.middleware_key("user-1", key))
 
 
-def test_asgi_client_gone_before_an_answer(daemon: Daemon) -> None:
+@pytest.mark.parametrize("wait", [0, 30])
+def test_asgi_client_gone_before_an_answer(daemon: Daemon, wait: int) -> None:
     """R5: the client goes away and the handler returns without answering: nothing ran to
-    completion, so the key is released for the retry, never stored as an empty 200."""
+    completion, so the key is released for the retry, never stored as an empty 200. With
+    a wait, the middleware listened for the disconnect while it claimed: the handler still
+    receives its body, then the disconnect, each once."""
     state = Orders()
     app = starlette_app(state)
-    app.add_middleware(asgi.IdempotencyMiddleware, client=idemd.AsyncClient(daemon.url), scope=_asgi_user)
+    app.add_middleware(
+        asgi.IdempotencyMiddleware, client=idemd.AsyncClient(daemon.url), scope=_asgi_user, wait=wait
+    )
     server = _Uvicorn(app)
     key = fresh_key("gone")
     try:
@@ -498,12 +503,66 @@ def test_asgi_client_gone_before_an_answer(daemon: Daemon) -> None:
             conn.sendall(request)
             wait_until("the handler to run", lambda: state.runs["quiet"] == 1)
         wait_until("the handler to see the client gone", state.quiet_done.is_set)
+        assert state.quiet_heard == ["http.request", "http.disconnect"]
         admin = idemd.Client(daemon.url)
         wait_until(
             "the key to be released",
             lambda: admin.lookup(idemd.middleware_key("user-1", key)).state == "released",
         )
     finally:
+        server.stop()
+
+
+def _claim_waiters(d: Daemon) -> str:
+    """idemd's gauge of claims waiting on a key."""
+    for line in httpx.get(d.url + "/metrics").text.splitlines():
+        if line.startswith("idemd_claim_waiters "):
+            return line.split(" ", 1)[1].strip()
+    pytest.fail("idemd's /metrics has no idemd_claim_waiters")
+
+
+def test_asgi_wait_ends_when_the_client_leaves(own_daemon: Callable[..., Daemon]) -> None:
+    """C3a: a duplicate waiting on the key stops waiting when its client leaves. Its call to
+    idemd is given up, so idemd's waiter goes away at once rather than after the wait, and
+    its handler never runs."""
+    d = own_daemon()
+    state = Orders()
+    state.block = True
+    # Longer than the test's deadlines: the first request ends only when the test says.
+    state.hold_limit = 60
+    app = starlette_app(state)
+    app.add_middleware(asgi.IdempotencyMiddleware, client=idemd.AsyncClient(d.url), scope=_asgi_user, wait=30)
+    server = _Uvicorn(app)
+    key = fresh_key("wait-gone")
+    body = b'{"item":"book"}'
+    headers = {"Idempotency-Key": key, "X-User": "user-1", "Content-Type": "application/json"}
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(http.post, server.url + "/orders", content=body, headers=headers)
+            wait_until("the first request to run", lambda: state.runs["orders"] == 1)
+            request = (
+                f"POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nX-User: user-1\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as conn:
+                conn.sendall(request)
+                wait_until("idemd to see the duplicate wait", lambda: _claim_waiters(d) == "1")
+            # Well within the 30 s wait: the wait must end because the client left, not
+            # because it ran out.
+            wait_until("idemd's waiter to go", lambda: _claim_waiters(d) == "0", deadline=20)
+            assert state.runs["orders"] == 1
+            state.gate.set()
+            answer = first.result()
+            assert answer.status_code == 201
+            assert "idempotent-replayed" not in answer.headers
+        record = idemd.Client(d.url).lookup(idemd.middleware_key("user-1", key))
+        assert (record.state, record.attempt) == ("completed", 1)
+        again = http.post(server.url + "/orders", content=body, headers=headers)
+        assert again.status_code == 201
+        assert again.headers["idempotent-replayed"] == "true"
+        assert state.runs["orders"] == 1
+    finally:
+        state.gate.set()
         server.stop()
 
 

@@ -1,7 +1,7 @@
 // The Idempotency-Key middleware for Express 4 and 5: docs/middleware.md, row by row.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { IdemClient } from "./client.js";
-import { type Answer, type BodyRead, Guard, type IdempotencyOptions } from "./middleware/guard.js";
+import { type Answer, type BodyRead, clientGone, Guard, type IdempotencyOptions } from "./middleware/guard.js";
 
 export { type Incident, type IncidentKind, type IdempotencyOptions, idempotencySignal } from "./middleware/guard.js";
 
@@ -34,6 +34,7 @@ async function handle<Req extends ExpressRequest>(
   const read = guard.readKey(req);
   if ("pass" in read) return next();
   if ("answer" in read) return write(res, read.answer);
+  const gone = clientGone(res);
 
   if (req.readableEnded || (req as { _body?: boolean })._body) {
     throw new Error(
@@ -44,7 +45,8 @@ async function handle<Req extends ExpressRequest>(
   const bodyProblem = guard.bodyAnswer(body);
   if (bodyProblem || !("body" in body)) return write(res, bodyProblem as Answer);
 
-  const decision = await guard.decide(req, req, req.originalUrl ?? req.url ?? "", read.key, body.body);
+  const decision = await guard.decide(req, req, req.originalUrl ?? req.url ?? "", read.key, body.body, gone);
+  if ("gone" in decision) return;
   if ("answer" in decision) {
     write(res, decision.answer);
     guard.report(req, decision.incident);

@@ -2,7 +2,7 @@
 import { Readable } from "node:stream";
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
 import type { IdemClient } from "./client.js";
-import { type Answer, type BodyRead, Guard, type IdempotencyOptions } from "./middleware/guard.js";
+import { type Answer, type BodyRead, clientGone, Guard, type IdempotencyOptions } from "./middleware/guard.js";
 
 export { type Incident, type IncidentKind, type IdempotencyOptions, idempotencySignal } from "./middleware/guard.js";
 
@@ -46,7 +46,18 @@ const plugin: FastifyPluginAsync<FastifyIdempotencyOptions> = async (app, option
       if ("answer" in key) return send(reply, key.answer);
       read = { key: key.key, body: Buffer.alloc(0) };
     }
-    const decision = await guard.decide(request, request.raw, request.raw.url ?? "", read.key, read.body);
+    const decision = await guard.decide(
+      request,
+      request.raw,
+      request.raw.url ?? "",
+      read.key,
+      read.body,
+      clientGone(reply.raw),
+    );
+    if ("gone" in decision) {
+      // C3a: the client left; nothing is answered and the handler does not run.
+      return reply.hijack();
+    }
     if ("answer" in decision) {
       // Not awaited: the incident is reported as soon as the answer is written.
       send(reply, decision.answer);

@@ -654,5 +654,53 @@ describe("options", () => {
         await own.stop();
       }
     });
+
+    test(`${framework}: C3a a duplicate waiting for the key stops waiting when its client leaves`, async () => {
+      const own = await Daemon.start();
+      const ownClient = new IdemClient({ baseUrl: own.url });
+      const app = await startApp(framework, ownClient, ownClient, { waitMs: 30_000 });
+      try {
+        const key = freshKey("wait-gone");
+        const first = send(`${app.url}/slow`, json(key, {}));
+        // A failure below closes the app under it: the failure is what the test reports.
+        first.catch(() => undefined);
+        await waitFor("the first request to run", () => app.runs.get(`slow ${key}`) === 1);
+        // The duplicate, on a connection of its own that the test destroys.
+        const { headers, body } = json(key, {});
+        const dup = httpRequest(`${app.url}/slow`, { method: "POST", headers, agent: false });
+        dup.on("error", () => undefined);
+        dup.end(body);
+        await waitFor("idemd to see the duplicate wait", async () => (await claimWaiters(own)) === "1");
+        dup.destroy();
+        // Well within the 30 s wait: the wait must end because the client left, not
+        // because it ran out.
+        await waitFor("idemd's waiter to go", async () => (await claimWaiters(own)) === "0", 20_000);
+        assert.equal(app.runs.get(`slow ${key}`), 1);
+
+        app.open();
+        const answer = await first;
+        assert.equal(answer.status, 200);
+        assert.equal(answer.headers["idempotent-replayed"], undefined);
+        const record = await ownClient.lookup(idemdKey("user-1", key));
+        assert.equal(record.state, "completed");
+        assert.equal(record.attempt, 1);
+        const again = await send(`${app.url}/slow`, json(key, {}));
+        assert.equal(again.status, 200);
+        assert.equal(again.headers["idempotent-replayed"], "true");
+        assert.equal(app.runs.get(`slow ${key}`), 1);
+      } finally {
+        app.open();
+        await app.close();
+        await own.stop();
+      }
+    });
   }
 });
+
+/** idemd's gauge of claims waiting on a key, as /metrics gives it. */
+async function claimWaiters(d: Daemon): Promise<string> {
+  const metrics = await (await fetch(`${d.url}/metrics`)).text();
+  const line = metrics.split("\n").find((l) => l.startsWith("idemd_claim_waiters "));
+  if (line === undefined) throw new Error("idemd's /metrics has no idemd_claim_waiters");
+  return line.slice("idemd_claim_waiters ".length).trim();
+}

@@ -37,6 +37,7 @@ from ._middleware import (
     refusal,
     replay,
 )
+from ._types import Claim
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -146,7 +147,23 @@ class IdempotencyMiddleware:
             )
             return
 
-        replayed_receive = _replaying(body, receive)
+        replayed = _Replaying(body, receive)
+        try:
+            await self._claim_and_run(scope, replayed, send, principal, key, body, headers)
+        finally:
+            replayed.close()
+
+    async def _claim_and_run(
+        self,
+        scope: Scope,
+        replayed_receive: _Replaying,
+        send: Send,
+        principal: str,
+        key: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> None:
+        o = self.options
         ikey = idemd_key(principal, key)
         digest = fingerprint(
             scope["method"],
@@ -157,8 +174,10 @@ class IdempotencyMiddleware:
             body,
         )
         try:
-            claim = await self.client.claim(ikey, fingerprint=digest, lease=o.lease, wait=o.wait or None)
+            claim = await self._claim(ikey, digest, replayed_receive)
         except IdemdError as err:  # C3-C6
+            if replayed_receive.gone():  # C3a: nobody is there to answer
+                return
             answer, kind = refusal(err, o.fail_open)
             if answer is None:
                 await self.app(scope, replayed_receive, send)
@@ -168,13 +187,48 @@ class IdempotencyMiddleware:
             if kind:
                 o.incident(scope, kind, ikey, err)
             return
+        if claim is None:  # C3a: the client left while the claim waited; nothing ran
+            return
         if claim.outcome != "acquired":  # C2
             answer = replay(claim.response)
             await _answer(send, answer)
             if answer.status == 502:
                 o.incident(scope, "replay_invalid", ikey)
             return
-        await self._run(scope, replayed_receive, send, AsyncLease(ikey, claim.token, claim.attempt))
+        held = AsyncLease(ikey, claim.token, claim.attempt)
+        if replayed_receive.gone():
+            # The client left as the lease came: nothing ran, and a retry may run it.
+            await self._release(scope, held)
+            return
+        await self._run(scope, replayed_receive, send, held)
+
+    async def _claim(self, ikey: str, digest: str, replayed: _Replaying) -> Claim | None:
+        """Claims the key; None when the client left while the claim waited (C3a).
+
+        A claim that waits may wait up to 30 s, so the middleware listens for the client's
+        disconnect meanwhile, and gives the claim up when it comes: idemd's waiter goes
+        with it. A lease idemd granted as the client left never arrives and runs out,
+        which keeps at most once. A claim that does not wait is answered at once; it
+        outlives its client, and a lease it took is given back."""
+        o = self.options
+        claiming = self.client.claim(ikey, fingerprint=digest, lease=o.lease, wait=o.wait or None)
+        if not o.wait:
+            return await claiming
+        claim = asyncio.ensure_future(claiming)
+        either: list[asyncio.Future[Any]] = [claim, replayed.listen()]
+        try:
+            await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            claim.cancel()  # this request is being cancelled itself (a server shutting down)
+            raise
+        if claim.done() or not replayed.gone():
+            return await claim
+        claim.cancel()
+        # Wait for the cancelled call to end, so that its connection to idemd is closed.
+        await asyncio.wait([claim])
+        if not claim.cancelled():
+            claim.exception()  # the answer came too late for anyone: retrieved, dropped
+        return None
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, held: AsyncLease) -> None:
         o = self.options
@@ -303,19 +357,50 @@ async def _read_body(receive: Receive, limit: int) -> bytes:
             return bytes(body)
 
 
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """A receive that gives the app the body already read, then what the client sends
-    next (a disconnect)."""
-    sent = False
+class _Replaying:
+    """The receive handed to the app: the body already read, then what the client sends
+    next (a disconnect). While a claim waits, the middleware listens for that message
+    itself (see listen); the app then gets the very message the middleware heard, or
+    waits for it, so that none is lost or heard twice."""
 
-    async def replayed() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
+    def __init__(self, body: bytes, receive: Receive) -> None:
+        self._body: bytes | None = body
+        self._receive = receive
+        self._pending: asyncio.Future[Message] | None = None
+
+    def listen(self) -> asyncio.Future[Message]:
+        """The client's next message, received once, for the middleware and the app."""
+        if self._pending is None:
+            self._pending = asyncio.ensure_future(self._receive())
+        return self._pending
+
+    def gone(self) -> bool:
+        """Whether the client was heard to disconnect."""
+        p = self._pending
+        return (
+            p is not None
+            and p.done()
+            and not p.cancelled()
+            and p.exception() is None
+            and p.result()["type"] == "http.disconnect"
+        )
+
+    async def __call__(self) -> Message:
+        if self._body is not None:
+            body, self._body = self._body, None
             return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+        if self._pending is not None:
+            # Shielded: an app that stops waiting (a cancel scope) leaves the message here
+            # for its next receive.
+            message = await asyncio.shield(self._pending)
+            self._pending = None
+            return message
+        return await self._receive()
 
-    return replayed
+    def close(self) -> None:
+        """Stops listening once the request is done with."""
+        if self._pending is not None and not self._pending.done():
+            self._pending.cancel()
 
 
 async def _answer(send: Send, answer: Answer) -> None:

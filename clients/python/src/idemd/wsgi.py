@@ -14,6 +14,10 @@ after the first chunk of a result went out (R15).
 
 WSGI servers join repeated header lines into one value with commas, so two
 ``Idempotency-Key`` lines arrive as one value that is refused like a list (M3).
+
+WSGI tells an application nothing of its client before the answer is written, so a
+duplicate whose claim waits (``wait``) keeps waiting, up to ``wait``, after its client
+has gone; the ASGI middleware stops at the disconnect (C3a).
 """
 
 from __future__ import annotations

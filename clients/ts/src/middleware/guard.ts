@@ -43,7 +43,10 @@ export interface IdempotencyOptions<Req> {
   methods?: readonly string[];
   /** Answer 400 to a request of those methods without a key; default off. */
   requireKey?: boolean;
-  /** How long a duplicate waits for the first request to finish instead of a 409 (at most 30 s); default 0. */
+  /**
+   * How long a duplicate waits for the first request to finish instead of a 409 (at most
+   * 30 s); default 0. A duplicate whose client leaves stops waiting at once.
+   */
   waitMs?: number;
   /** The lease held while the handler runs, renewed every leaseMs/3; default 30 s (100 ms to 1 h). */
   leaseMs?: number;
@@ -131,7 +134,26 @@ export type Decision =
   /** Answer in the handler's place; then report the incident, if any. */
   | { answer: Answer; incident?: Incident }
   /** The lease is held: run the handler under it. */
-  | { acquired: { idemdKey: string; leaseToken: string } };
+  | { acquired: { idemdKey: string; leaseToken: string } }
+  /** The client left before the handler could run (C3a): nobody is there to answer. */
+  | { gone: true };
+
+/**
+ * A signal that aborts when the client of res goes away before its answer is finished.
+ * A request's own 'close' says nothing of the client: Node emits it once the body has
+ * been read. The response's 'close' before it finished does (Node's http docs).
+ */
+export function clientGone(res: ServerResponse): AbortSignal {
+  const gone = new AbortController();
+  const leave = () => gone.abort(new Error("the client went away"));
+  if (res.destroyed || res.socket?.destroyed) leave();
+  else {
+    res.once("close", () => {
+      if (!res.writableFinished) leave();
+    });
+  }
+  return gone.signal;
+}
 
 /** Reads a request body whole, up to a limit. */
 export type BodyRead = { body: Buffer } | { tooLarge: true } | { unreadable: unknown };
@@ -223,8 +245,19 @@ export class Guard<Req> {
     return undefined;
   }
 
-  /** M4, then the claim: C1 to C6, and the replay of P1 to P4. */
-  async decide(req: Req, raw: IncomingMessage, target: string, key: string, body: Buffer): Promise<Decision> {
+  /**
+   * M4, then the claim: C1 to C6, and the replay of P1 to P4. gone is clientGone's
+   * signal: a claim that waits is given up when it aborts (C3a), and a lease taken for
+   * a client that has gone is given back.
+   */
+  async decide(
+    req: Req,
+    raw: IncomingMessage,
+    target: string,
+    key: string,
+    body: Buffer,
+    gone: AbortSignal,
+  ): Promise<Decision> {
     let scope: unknown;
     try {
       scope = await this.#o.scope(req);
@@ -244,17 +277,31 @@ export class Guard<Req> {
       contentEncoding: raw.headers["content-encoding"],
       body,
     });
+    // A claim that waits may wait up to 30 s: it ends with its client, and so does
+    // idemd's waiter. A lease idemd granted as the client left never arrives and runs
+    // out, which keeps at most once. A claim that does not wait is answered at once, so
+    // it outlives its client, and a lease it took is given back below.
+    const waits = this.#o.waitMs > 0;
     let claim: Awaited<ReturnType<IdemClient["claim"]>>;
     try {
       claim = await this.#client.claim(derived, {
         fingerprint: fp.fingerprint,
         leaseMs: this.#o.leaseMs,
         waitMs: this.#o.waitMs,
+        ...(waits ? { signal: gone } : {}),
       });
     } catch (err) {
+      if (waits && gone.aborted) return { gone: true };
       return this.#refused(derived, err);
     }
-    if (claim.outcome === "acquired") return { acquired: { idemdKey: derived, leaseToken: claim.leaseToken } };
+    if (claim.outcome === "acquired") {
+      if (gone.aborted) {
+        // Nothing ran, and nobody is there to answer: a retry may run it.
+        await this.#release(req, derived, claim.leaseToken);
+        return { gone: true };
+      }
+      return { acquired: { idemdKey: derived, leaseToken: claim.leaseToken } };
+    }
     return this.#replay(derived, claim.response);
   }
 
