@@ -2,6 +2,7 @@ package testredis
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -47,10 +48,16 @@ func StartCluster(t testing.TB, extra ...string) *Cluster {
 		// A replica whose link to its master was down for long (in node timeouts) may
 		// not be promoted; tests kill masters under load and want the promotion, so the
 		// check is off here (production keeps the default).
-		args := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-			"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
-			"--cluster-port", strconv.Itoa(FreePort(t))}, extra...)
-		s := Start(t, args...)
+		var s *Server
+		for attempt := 0; s == nil; attempt++ {
+			args := append([]string{"--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+				"--cluster-node-timeout", "1000", "--cluster-replica-validity-factor", "0",
+				"--cluster-port", strconv.Itoa(FreePort(t))}, extra...)
+			// A taken port, the node's or its bus's, is tried again with two fresh ones.
+			if s, err = tryStart(t, args...); err != nil && (attempt+1 == portAttempts || !errors.Is(err, errPortTaken)) {
+				t.Fatal(err)
+			}
+		}
 		c.Nodes = append(c.Nodes, s)
 		addrs[i] = s.Addr()
 	}

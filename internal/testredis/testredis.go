@@ -6,7 +6,9 @@ package testredis
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -53,14 +55,43 @@ func FreePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// errPortTaken is a server that could not listen: its port, free when it was picked,
+// was taken before the server bound it (by another test's server or an outgoing
+// connection's ephemeral port).
+var errPortTaken = errors.New("port taken")
+
+// portAttempts bounds how many fresh ports Start tries.
+const portAttempts = 5
+
 // Start runs a redis-server on a free loopback port with the extra config arguments
-// (such as "--appendonly", "yes") and stops it when the test ends.
+// (such as "--appendonly", "yes") and stops it when the test ends. A port taken between
+// being picked and being bound is replaced by another.
 func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
+	var err error
+	for range portAttempts {
+		var s *Server
+		if s, err = tryStart(t, extra...); err == nil {
+			return s
+		}
+		if !errors.Is(err, errPortTaken) {
+			break
+		}
+	}
+	t.Fatal(err)
+	return nil
+}
+
+// tryStart runs a redis-server on a port free a moment ago; errPortTaken says that the
+// port was taken meanwhile and another may be tried.
+func tryStart(t testing.TB, extra ...string) (*Server, error) {
+	t.Helper()
 	s := &Server{t: t, Port: FreePort(t), Dir: t.TempDir(), args: extra}
-	s.Restart()
+	if err := s.launch(); err != nil {
+		return nil, err
+	}
 	t.Cleanup(s.Stop)
-	return s
+	return s, nil
 }
 
 // Addr is host:port of the server.
@@ -72,6 +103,16 @@ func (s *Server) URL() string { return "redis://" + s.Addr() + "/0" }
 // Restart starts the server again on the same port and directory after Stop or Kill.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if err := s.launch(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// launch starts redis-server and waits until the server that answers on its port is
+// this process, not another that holds the port; if the process exits first (its port
+// taken, most often) it says why, with the server's log.
+func (s *Server) launch() error {
+	s.t.Helper()
 	bin := Binary(s.t)
 	args := append([]string{
 		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1", "--dir", s.Dir,
@@ -80,14 +121,78 @@ func (s *Server) Restart() {
 	}, s.args...)
 	cmd := exec.Command(bin, args...)
 	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
+		return fmt.Errorf("start redis-server: %w", err)
 	}
 	s.cmd = cmd
-	if err := WaitReady(s.Addr(), 10*time.Second); err != nil {
-		s.Stop()
-		log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
-		s.t.Fatalf("redis-server on %s: %v\n%s", s.Addr(), err, log)
+	pid := cmd.Process.Pid
+	exited := false
+	err := wait.Until(10*time.Second, func() error {
+		if isZombie(pid) {
+			exited = true
+			return nil
+		}
+		got, err := serverPID(s.Addr())
+		if err == nil && got != pid {
+			err = fmt.Errorf("the server answering is process %d, not %d", got, pid)
+		}
+		return err
+	})
+	if err == nil && !exited {
+		return nil
 	}
+	s.Stop()
+	log, _ := os.ReadFile(filepath.Join(s.Dir, "redis.log"))
+	if exited {
+		err = errors.New("redis-server exited")
+		if strings.Contains(string(log), "Address already in use") {
+			err = errPortTaken
+		}
+	}
+	return fmt.Errorf("redis-server on %s: %w\n%s", s.Addr(), err, log)
+}
+
+// isZombie says whether process pid has exited and awaits its parent's wait, from
+// /proc (false where there is none).
+func isZombie(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// The state follows the command name, which is in parentheses.
+	i := strings.LastIndexByte(string(stat), ')')
+	return i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z'
+}
+
+// serverPID asks the server at addr for its process ID (INFO server).
+func serverPID(addr string) (int, error) {
+	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte("*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")); err != nil {
+		return 0, err
+	}
+	r := bufio.NewReader(conn)
+	head, err := r.ReadString('\n')
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.Atoi(strings.TrimPrefix(strings.TrimRight(head, "\r\n"), "$"))
+	if err != nil || !strings.HasPrefix(head, "$") {
+		return 0, fmt.Errorf("INFO answered %q", head)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0, err
+	}
+	for line := range strings.SplitSeq(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			return strconv.Atoi(v)
+		}
+	}
+	return 0, errors.New("INFO server names no process_id")
 }
 
 // Stop kills the server (SIGKILL: the tests want an abrupt loss) and reaps it.
