@@ -165,16 +165,11 @@ func isZombie(pid int) bool {
 
 // serverPID asks the server at addr for its process ID (INFO server).
 func serverPID(addr string) (int, error) {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	conn, r, err := send(addr, "INFO", "server")
 	if err != nil {
 		return 0, err
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Write([]byte("*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")); err != nil {
-		return 0, err
-	}
-	r := bufio.NewReader(conn)
 	head, err := r.ReadString('\n')
 	if err != nil {
 		return 0, err
@@ -213,11 +208,22 @@ func (s *Server) Command(args ...string) (string, error) {
 // Command sends one command in RESP to addr and returns the first line of the answer;
 // it keeps test code free of a second Redis client.
 func Command(addr string, args ...string) (string, error) {
-	conn, err := net.DialTimeout("tcp", addr, time.Second)
+	conn, r, err := send(addr, args...)
 	if err != nil {
 		return "", err
 	}
 	defer conn.Close()
+	line, err := r.ReadString('\n')
+	return strings.TrimRight(line, "\r\n"), err
+}
+
+// send opens a connection to addr and sends one command in RESP on it; the caller reads
+// the answer from r and closes conn.
+func send(addr string, args ...string) (conn net.Conn, r *bufio.Reader, err error) {
+	conn, err = net.DialTimeout("tcp", addr, time.Second)
+	if err != nil {
+		return nil, nil, err
+	}
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
@@ -225,10 +231,10 @@ func Command(addr string, args ...string) (string, error) {
 		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
 	}
 	if _, err := conn.Write([]byte(b.String())); err != nil {
-		return "", err
+		conn.Close()
+		return nil, nil, err
 	}
-	line, err := bufio.NewReader(conn).ReadString('\n')
-	return strings.TrimRight(line, "\r\n"), err
+	return conn, bufio.NewReader(conn), nil
 }
 
 // WaitReady waits until a server at addr answers PING, or the timeout passes.
