@@ -480,6 +480,20 @@ def test_lease_lost_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> No
         admin.lookup(idemd.middleware_key("user-1", key))
 
 
+def _raw_post(server: _Uvicorn, path: str, key: str, body: bytes) -> socket.socket:
+    """Sends user-1's POST of body with key on a connection of its own, which the caller
+    closes to play a client that leaves; nothing of the answer is read."""
+    conn = socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1])))
+    conn.sendall(
+        (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nX-User: user-1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    )
+    return conn
+
+
 @pytest.mark.parametrize("wait", [0, 30])
 def test_asgi_client_gone_before_an_answer(daemon: Daemon, wait: int) -> None:
     """R5: the client goes away and the handler returns without answering: nothing ran to
@@ -494,13 +508,7 @@ def test_asgi_client_gone_before_an_answer(daemon: Daemon, wait: int) -> None:
     server = _Uvicorn(app)
     key = fresh_key("gone")
     try:
-        body = b"{}"
-        request = (
-            f"POST /quiet HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nX-User: user-1\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode() + body
-        with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as conn:
-            conn.sendall(request)
+        with _raw_post(server, "/quiet", key, b"{}"):
             wait_until("the handler to run", lambda: state.runs["quiet"] == 1)
         wait_until("the handler to see the client gone", state.quiet_done.is_set)
         assert state.quiet_heard == ["http.request", "http.disconnect"]
@@ -540,12 +548,7 @@ def test_asgi_wait_ends_when_the_client_leaves(own_daemon: Callable[..., Daemon]
         with ThreadPoolExecutor(1) as pool:
             first = pool.submit(http.post, server.url + "/orders", content=body, headers=headers)
             wait_until("the first request to run", lambda: state.runs["orders"] == 1)
-            request = (
-                f"POST /orders HTTP/1.1\r\nHost: x\r\nIdempotency-Key: {key}\r\nX-User: user-1\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
-            with socket.create_connection(("127.0.0.1", int(server.url.rsplit(":", 1)[1]))) as conn:
-                conn.sendall(request)
+            with _raw_post(server, "/orders", key, body):
                 wait_until("idemd to see the duplicate wait", lambda: _claim_waiters(d) == "1")
             # Well within the 30 s wait: the wait must end because the client left, not
             # because it ran out.
