@@ -47,6 +47,8 @@ func (o DoOptions) lease() time.Duration {
 
 // Do runs fn at most once for key. It claims the key; when it gets the lease it runs
 // fn, renewing the lease in the background every lease/3, and stores fn's response.
+// fn finds the lease it runs under, with its attempt and whether it recovered the key
+// from a holder whose lease ran out, with LeaseFrom(ctx).
 // When the key is already done it returns the stored response with Replayed true,
 // without running fn.
 //
@@ -78,7 +80,7 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx co
 	case Failed:
 		return Result{Response: stored, Replayed: true}, ErrFailed
 	}
-	return c.run(ctx, key, cl.Token, o.lease(), fn)
+	return c.run(ctx, leaseOf(key, cl), cl.Token, o.lease(), fn)
 }
 
 // Result is what Do returns: the response, and whether it was replayed from an
@@ -89,8 +91,9 @@ type Result struct {
 }
 
 // run runs fn under the lease and finishes the key according to how fn ended.
-func (c *Client) run(ctx context.Context, key, token string, lease time.Duration, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
-	fnCtx, cancel := context.WithCancelCause(ctx)
+func (c *Client) run(ctx context.Context, held Lease, token string, lease time.Duration, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
+	key := held.Key
+	fnCtx, cancel := context.WithCancelCause(withLease(ctx, held))
 	defer cancel(nil)
 	// Renewals go on until fn returns, even after ctx ends: fn may still be finishing
 	// work it cannot stop, and a lease that runs out meanwhile lets another caller run
@@ -230,7 +233,7 @@ func (k *keeper) stop() {
 // at least once: a redelivered message whose key already ran returns nil without
 // running fn. An error from fn releases the key so that the next delivery runs fn
 // again. Another consumer running the same key is ErrInProgress: leave the message
-// for redelivery.
+// for redelivery. fn finds its lease with LeaseFrom(ctx), as under Do.
 func (c *Client) Once(ctx context.Context, key string, fn func(ctx context.Context) error, opts ...DoOptions) error {
 	_, err := c.Do(ctx, key, "", func(ctx context.Context) (Response, error) {
 		return Response{Status: 200}, fn(ctx)

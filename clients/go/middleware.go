@@ -194,6 +194,10 @@ func defaultStoreStatus(status int) bool {
 //   - when idemd cannot be reached the answer is 503 (WithFailOpen to let requests
 //     through instead); when idemd answers an error, 503 and never fail-open.
 //
+// The handler finds the lease it runs under with LeaseFrom(r.Context()): its attempt
+// and whether it recovered the key from a request whose lease ran out, for fencing its
+// writes (docs/effects.md). A request that runs unprotected has none.
+//
 // Cases where the middleware cannot keep its promise reach WithIncidentHook.
 //
 // Middleware panics without WithScope, or when WithStoredHeaders names a header that
@@ -331,7 +335,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.release(r, idemdKey, cl.Token)
 		return
 	}
-	m.run(w, r, idemdKey, cl.Token)
+	m.run(w, r, leaseOf(idemdKey, cl), cl.Token)
 }
 
 // refuse answers a claim that did not acquire.
@@ -367,10 +371,12 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, key string, 
 	}
 }
 
-// run runs the handler under the lease and finishes the key according to its answer.
-func (m *middleware) run(w http.ResponseWriter, r *http.Request, key, token string) {
+// run runs the handler under the lease, which the handler finds with LeaseFrom, and
+// finishes the key according to its answer.
+func (m *middleware) run(w http.ResponseWriter, r *http.Request, held Lease, token string) {
+	key := held.Key
 	rec := &recorder{ResponseWriter: w, allowed: m.s.headers, limit: m.s.maxStored}
-	ctx, cancel := context.WithCancelCause(r.Context())
+	ctx, cancel := context.WithCancelCause(withLease(r.Context(), held))
 	defer cancel(nil)
 	// Renewals go on while the handler runs, even after its client has gone.
 	stop := m.c.keepAlive(context.WithoutCancel(r.Context()), cancel, key, token, m.s.lease)
