@@ -30,7 +30,6 @@ var ErrFenced = errors.New("effects: refused by the fence: a later holder of the
 // DB is what a charge needs of the database: *pgx.Conn and *pgxpool.Pool both fit.
 type DB interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // fence moves the key's fence up to the lease's attempt, in the transaction of the
@@ -39,12 +38,18 @@ const fence = `
 INSERT INTO fences AS f (key, attempt) VALUES ($1, $2)
 ON CONFLICT (key) DO UPDATE SET attempt = EXCLUDED.attempt WHERE f.attempt < EXCLUDED.attempt`
 
-// Charge debits account by cents under lease, once: in one transaction it moves the
-// key's fence to the lease's attempt and writes the charge, so a holder whose lease
-// was taken over and who wakes up after the new holder wrote gets ErrFenced and
-// changes nothing.
-func Charge(ctx context.Context, db DB, lease idem.Lease, account string, cents int64) error {
-	return inTx(ctx, db, func(tx pgx.Tx) error {
+// Charge debits account by cents under lease, once for the lease's key, whichever of
+// the key's holders gets there first. In one transaction it moves the key's fence up to
+// the lease's attempt, looks for a charge already made for the key, and makes it only
+// if there is none. It reports false when an earlier holder had charged (one whose
+// lease ran out before it stored its result), and ErrFenced when a later holder has
+// written: this holder's lease was taken over, and it changes nothing.
+//
+// The look-up belongs in the transaction, after the fence: the fence's row lock orders
+// it after any holder's charge that committed, so a stalled holder that wakes between
+// a look-up and a charge cannot slip a second charge in.
+func Charge(ctx context.Context, db DB, lease idem.Lease, account string, cents int64) (charged bool, err error) {
+	err = inTx(ctx, db, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, fence, lease.Key, lease.Attempt)
 		if err != nil {
 			return err
@@ -52,14 +57,25 @@ func Charge(ctx context.Context, db DB, lease idem.Lease, account string, cents 
 		if tag.RowsAffected() == 0 {
 			return ErrFenced
 		}
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ledger WHERE key = $1)`, lease.Key).Scan(&charged); err != nil {
+			return err
+		}
+		if charged {
+			charged = false
+			return nil // the fence moved up: the earlier holder can write no more
+		}
+		charged = true
 		return debit(ctx, tx, lease, account, cents)
 	})
+	return charged && err == nil, err
 }
 
-// ChargeUnfenced is Charge without the fence: what a service that trusts the lease
-// alone does. A holder that wakes up after its lease was taken over charges again.
-func ChargeUnfenced(ctx context.Context, db DB, lease idem.Lease, account string, cents int64) error {
-	return inTx(ctx, db, func(tx pgx.Tx) error { return debit(ctx, tx, lease, account, cents) })
+// ChargeUnfenced is Charge without the fence and the look-up: what a service that
+// trusts the lease alone does. A holder that wakes up after its lease was taken over
+// charges again.
+func ChargeUnfenced(ctx context.Context, db DB, lease idem.Lease, account string, cents int64) (charged bool, err error) {
+	err = inTx(ctx, db, func(tx pgx.Tx) error { return debit(ctx, tx, lease, account, cents) })
+	return err == nil, err
 }
 
 func debit(ctx context.Context, tx pgx.Tx, lease idem.Lease, account string, cents int64) error {
@@ -74,17 +90,6 @@ func debit(ctx context.Context, tx pgx.Tx, lease idem.Lease, account string, cen
 	return err
 }
 
-// Charged tells whether a charge for key has been written, by any holder: what a
-// holder that recovered the key looks up before charging again.
-func Charged(ctx context.Context, db DB, key string) (bool, error) {
-	var attempt int64
-	err := db.QueryRow(ctx, `SELECT attempt FROM fences WHERE key = $1`, key).Scan(&attempt)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return false, nil
-	}
-	return err == nil, err
-}
-
 func inTx(ctx context.Context, db DB, fn func(pgx.Tx) error) error {
 	tx, err := db.Begin(ctx)
 	if err != nil {
@@ -97,11 +102,9 @@ func inTx(ctx context.Context, db DB, fn func(pgx.Tx) error) error {
 	return tx.Commit(ctx)
 }
 
-// ChargeOnce is the whole pattern: it charges account by cents at most once for key,
-// through idemd, and exactly once in the database. Under the lease it reconciles first
-// when the lease was recovered (the previous holder may have charged and died before
-// storing its result), then charges behind the fence. The stored result answers every
-// later call for key.
+// ChargeOnce is the whole pattern: it charges account by cents at most once for key
+// through idemd, and exactly once in the database, with the fenced charge under the
+// lease. The stored result answers every later call for key.
 func ChargeOnce(ctx context.Context, client *idem.Client, db DB, key, account string, cents int64, opts ...idem.DoOptions) (idem.Result, error) {
 	return client.Do(ctx, key, "", func(ctx context.Context) (idem.Response, error) {
 		lease, _ := idem.LeaseFrom(ctx)
@@ -109,20 +112,16 @@ func ChargeOnce(ctx context.Context, client *idem.Client, db DB, key, account st
 	}, opts...)
 }
 
-// ChargeWithLease is the work ChargeOnce runs under the lease: reconcile when the lease
-// was recovered, then the fenced charge.
+// ChargeWithLease is the work ChargeOnce runs under the lease: the fenced charge, and
+// its answer. A lease recovered from a holder whose lease ran out may find that holder's
+// charge made: the answer then says so, and nothing is charged again.
 func ChargeWithLease(ctx context.Context, db DB, lease idem.Lease, account string, cents int64) (idem.Response, error) {
-	if lease.Recovered {
-		done, err := Charged(ctx, db, lease.Key)
-		if err != nil {
-			return idem.Response{}, err
-		}
-		if done {
-			return idem.Response{Status: 200, Body: []byte("charged by an earlier holder")}, nil
-		}
-	}
-	if err := Charge(ctx, db, lease, account, cents); err != nil {
+	charged, err := Charge(ctx, db, lease, account, cents)
+	switch {
+	case err != nil:
 		return idem.Response{}, err
+	case !charged:
+		return idem.Response{Status: 200, Body: []byte("charged by an earlier holder")}, nil
 	}
 	return idem.Response{Status: 201, Body: []byte("charged")}, nil
 }

@@ -103,7 +103,7 @@ func client(t *testing.T, url string, opts ...idem.Option) *idem.Client {
 	return c
 }
 
-type charge func(ctx context.Context, db effects.DB, lease idem.Lease, account string, cents int64) error
+type charge func(ctx context.Context, db effects.DB, lease idem.Lease, account string, cents int64) (bool, error)
 
 // stalledHolder takes key and, under its lease, runs before, cuts its link to idemd
 // and waits for resume; then it runs after. Its lease runs out meanwhile. It returns
@@ -212,10 +212,15 @@ func TestStalledHolderAfterTakeover(t *testing.T) {
 			url, db := daemon(t), database(t)
 			key := "charge-" + t.Name()
 			resume, done := stalledHolder(t, url, key, nothing, func(ctx context.Context, lease idem.Lease) error {
-				return tc.charge(ctx, db, lease, account, cents)
+				_, err := tc.charge(ctx, db, lease, account, cents)
+				return err
 			})
 			second := takeOver(t, url, key, func(ctx context.Context, lease idem.Lease) (idem.Response, error) {
-				return idem.Response{Status: 201}, tc.charge(ctx, db, lease, account, cents)
+				charged, err := tc.charge(ctx, db, lease, account, cents)
+				if err == nil && !charged {
+					err = errors.New("the caller that took over found a charge the stalled holder never made")
+				}
+				return idem.Response{Status: 201}, err
 			})
 			if want := (idem.Lease{Key: key, Attempt: 2, Recovered: true}); second != want {
 				t.Fatalf("the lease of the caller that took over: %+v, want %+v", second, want)
@@ -246,7 +251,8 @@ func TestRecoveredHolderReconciles(t *testing.T) {
 	url, db := daemon(t), database(t)
 	key := "charge-reconcile"
 	resume, done := stalledHolder(t, url, key, func(ctx context.Context, lease idem.Lease) error {
-		return effects.Charge(ctx, db, lease, account, cents)
+		_, err := effects.Charge(ctx, db, lease, account, cents)
+		return err
 	}, nothing)
 	var res idem.Response
 	second := takeOver(t, url, key, func(ctx context.Context, lease idem.Lease) (idem.Response, error) {
@@ -283,5 +289,45 @@ func TestChargeOnce(t *testing.T) {
 	}
 	if rows, balance := charges(t, db, "charge-once"); len(rows) != 1 || balance != opening-cents {
 		t.Fatalf("charges %v and balance %d, want one charge", rows, balance)
+	}
+}
+
+// TestStaleChargeBetweenLookupAndCharge: the caller that recovered the key looks the
+// charge up and finds none; the stalled holder then wakes and charges; then the
+// recovering caller charges. A lookup made outside the charge's transaction would let
+// both charge; the charge must find the stale holder's charge in its own transaction.
+func TestStaleChargeBetweenLookupAndCharge(t *testing.T) {
+	url, db := daemon(t), database(t)
+	key := "charge-race"
+	resume, done := stalledHolder(t, url, key, nothing, func(ctx context.Context, lease idem.Lease) error {
+		_, err := effects.Charge(ctx, db, lease, account, cents)
+		return err
+	})
+	var staleErr error
+	var charged bool
+	second := takeOver(t, url, key, func(ctx context.Context, lease idem.Lease) (idem.Response, error) {
+		var found bool
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM ledger WHERE key = $1)`, lease.Key).Scan(&found); err != nil || found {
+			return idem.Response{}, fmt.Errorf("the look-up before the stalled holder woke: %v %v", found, err)
+		}
+		resume(false)
+		staleErr = <-done
+		var err error
+		charged, err = effects.Charge(ctx, db, lease, account, cents)
+		return idem.Response{Status: 201}, err
+	})
+	if charged {
+		t.Error("the caller that took over charged after the stalled holder had")
+	}
+	if want := (idem.Lease{Key: key, Attempt: 2, Recovered: true}); second != want {
+		t.Fatalf("the lease of the caller that took over: %+v, want %+v", second, want)
+	}
+	// The stalled holder charged, then could not store its result (its link is cut).
+	if errors.Is(staleErr, effects.ErrFenced) {
+		t.Fatalf("the stalled holder, first to charge, was fenced: %v", staleErr)
+	}
+	rows, balance := charges(t, db, key)
+	if len(rows) != 1 || rows[0].attempt != 1 || balance != opening-cents {
+		t.Fatalf("charges %v and balance %d, want one charge, by attempt 1", rows, balance)
 	}
 }
