@@ -146,3 +146,27 @@ func ExampleMiddleware() {
 	// 201 {"id":42} replayed: false
 	// 201 {"id":42} replayed: true
 }
+
+// The function given to Do finds its lease with LeaseFrom: its attempt fences the
+// writes it makes, and Recovered says that a holder whose lease ran out may have made
+// them already (docs/effects.md).
+func ExampleLeaseFrom() {
+	ctx := context.Background()
+	client, _ := idem.New(daemonURL)
+	key := freshKey("charge:order-42")
+
+	res, err := client.Do(ctx, key, "", func(ctx context.Context) (idem.Response, error) {
+		lease, _ := idem.LeaseFrom(ctx)
+		// In one transaction of your database: refuse the write if the key's fence is at
+		// lease.Attempt or above, else move it there, look the charge up, and charge.
+		fmt.Println("attempt", lease.Attempt, "recovered", lease.Recovered)
+		return idem.Response{Status: 201}, nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Status)
+	// Output:
+	// attempt 1 recovered false
+	// 201
+}
