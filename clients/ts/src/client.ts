@@ -145,6 +145,29 @@ export interface RunOptions extends CallOptions {
   waitMs?: number;
 }
 
+/**
+ * The lease an operation runs under, handed to the function given to run and once, and
+ * to handlers behind the middleware (res.locals.idemdLease, request.idemdLease). attempt
+ * and recovered let the operation make its effect happen once (docs/effects.md).
+ */
+export interface Lease {
+  /** The idemd key the lease is on; behind the middleware, the key it derived. */
+  readonly key: string;
+  /**
+   * Grows by one at every acquisition of the key: a fencing token. A store that keeps the
+   * highest attempt it has seen for the key can refuse the writes of a holder whose lease
+   * ran out and was taken over.
+   */
+  readonly attempt: number;
+  /**
+   * True when this lease took the key over from a holder whose lease ran out: that holder
+   * may have done part of the work, so look the effect up before doing it again.
+   */
+  readonly recovered: boolean;
+  /** Aborts when the lease is lost (or the caller's signal aborts). */
+  readonly signal: AbortSignal;
+}
+
 /** What run returns: the operation's value, and whether it was replayed from an earlier run. */
 export interface RunResult<T> {
   value: T;
@@ -308,11 +331,12 @@ export class IdemClient {
    * If fn throws, the key is released so that a later run calls fn again; a
    * PermanentError is stored as a terminal failure instead, and later runs throw a
    * FailedError. If the lease is lost while fn runs, fn's signal is aborted and run
-   * throws a LeaseLostError.
+   * throws a LeaseLostError. fn gets the lease as its second argument: its attempt, and
+   * whether it recovered the key from a holder whose lease ran out.
    */
   async run<T>(
     key: string,
-    fn: (signal: AbortSignal) => Promise<T> | T,
+    fn: (signal: AbortSignal, lease: Lease) => Promise<T> | T,
     options: RunOptions = {},
   ): Promise<RunResult<T>> {
     const leaseMs = options.leaseMs ?? defaultLeaseMs;
@@ -330,7 +354,7 @@ export class IdemClient {
 
     let value: T;
     try {
-      value = await this.underLease(key, claim.leaseToken, leaseMs, options.signal, fn);
+      value = await this.underLease(key, claim.leaseToken, leaseMs, options.signal, fn, claim);
     } catch (err) {
       if (err instanceof LeaseLostError) throw err;
       if (err instanceof PermanentError) {
@@ -355,16 +379,17 @@ export class IdemClient {
    * once. Resolves true when fn ran now, false when an earlier delivery already ran it.
    * An error from fn releases the key so that the next delivery runs fn again; another
    * consumer running the same key is an InProgressError: leave the message for redelivery.
+   * fn gets the lease as its second argument, as with run.
    */
   async once(
     key: string,
-    fn: (signal: AbortSignal) => Promise<void> | void,
+    fn: (signal: AbortSignal, lease: Lease) => Promise<void> | void,
     options: RunOptions = {},
   ): Promise<boolean> {
     const { replayed } = await this.run(
       key,
-      async (signal) => {
-        await fn(signal);
+      async (signal, lease) => {
+        await fn(signal, lease);
         return null;
       },
       options,
@@ -375,17 +400,20 @@ export class IdemClient {
   /**
    * Runs fn under the lease, renewing it every leaseMs/3. fn's signal aborts when the
    * caller's does or when the lease is lost; a lost lease is thrown as a LeaseLostError
-   * whatever fn did. The key is not finished here.
+   * whatever fn did. The key is not finished here. fn gets the lease as its second
+   * argument, with the attempt and recovered of acquired (the claim that got it).
    */
   async underLease<T>(
     key: string,
     leaseToken: string,
     leaseMs: number,
     callerSignal: AbortSignal | undefined,
-    fn: (signal: AbortSignal) => Promise<T> | T,
+    fn: (signal: AbortSignal, lease: Lease) => Promise<T> | T,
+    acquired: { attempt: number; recovered: boolean } = { attempt: 0, recovered: false },
   ): Promise<T> {
     const lease = new AbortController();
     const signal = callerSignal ? AbortSignal.any([callerSignal, lease.signal]) : lease.signal;
+    const held: Lease = Object.freeze({ key, attempt: acquired.attempt, recovered: acquired.recovered, signal });
     let lost: LeaseLostError | undefined;
     let stopped = false;
     let renewing: Promise<void> = Promise.resolve();
@@ -422,7 +450,7 @@ export class IdemClient {
     };
     schedule();
     try {
-      const value = await fn(signal);
+      const value = await fn(signal, held);
       if (lost) throw lost;
       return value;
     } catch (err) {

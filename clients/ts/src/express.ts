@@ -1,9 +1,22 @@
 // The Idempotency-Key middleware for Express 4 and 5: docs/middleware.md, row by row.
 import type { IncomingMessage, ServerResponse } from "node:http";
 import type { IdemClient } from "./client.js";
-import { type Answer, type BodyRead, clientGone, Guard, type IdempotencyOptions } from "./middleware/guard.js";
+import {
+  type Answer,
+  type BodyRead,
+  clientGone,
+  Guard,
+  type IdempotencyOptions,
+  idempotencyLease,
+} from "./middleware/guard.js";
 
-export { type Incident, type IncidentKind, type IdempotencyOptions, idempotencySignal } from "./middleware/guard.js";
+export {
+  type Incident,
+  type IncidentKind,
+  type IdempotencyOptions,
+  idempotencyLease,
+  idempotencySignal,
+} from "./middleware/guard.js";
 
 /** The request as Express gives it; originalUrl is the target before any mount point was cut. */
 type ExpressRequest = IncomingMessage & { originalUrl?: string };
@@ -14,6 +27,8 @@ type ExpressRequest = IncomingMessage & { originalUrl?: string };
  * itself to fingerprint it, then hands the same bytes on to the parsers.
  *
  *     app.use(authenticate, idempotency(client, { scope: (req) => req.user.id }), express.json());
+ *
+ * A handler it runs under a lease finds it at res.locals.idemdLease (docs/effects.md).
  */
 export function idempotency<Req extends ExpressRequest = ExpressRequest>(
   client: IdemClient,
@@ -57,7 +72,12 @@ async function handle<Req extends ExpressRequest>(
     guard.report(req, decision.incident);
     return;
   }
-  await guard.run(req, req, res, decision.acquired, () => next());
+  await guard.run(req, req, res, decision.acquired, () => {
+    // L1: Express's res.locals is the place for what a middleware hands the handlers.
+    const locals = ((res as ServerResponse & { locals?: Record<string, unknown> }).locals ??= {});
+    locals.idemdLease = idempotencyLease(req);
+    next();
+  });
 }
 
 function write(res: ServerResponse, answer: Answer): void {

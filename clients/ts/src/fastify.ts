@@ -1,10 +1,33 @@
 // The Idempotency-Key plugin for Fastify: docs/middleware.md, row by row.
 import { Readable } from "node:stream";
 import type { FastifyPluginAsync, FastifyReply, FastifyRequest } from "fastify";
-import type { IdemClient } from "./client.js";
-import { type Answer, type BodyRead, clientGone, Guard, type IdempotencyOptions } from "./middleware/guard.js";
+import type { IdemClient, Lease } from "./client.js";
+import {
+  type Answer,
+  type BodyRead,
+  clientGone,
+  Guard,
+  type IdempotencyOptions,
+  idempotencyLease,
+} from "./middleware/guard.js";
 
-export { type Incident, type IncidentKind, type IdempotencyOptions, idempotencySignal } from "./middleware/guard.js";
+export {
+  type Incident,
+  type IncidentKind,
+  type IdempotencyOptions,
+  idempotencyLease,
+  idempotencySignal,
+} from "./middleware/guard.js";
+
+declare module "fastify" {
+  interface FastifyRequest {
+    /**
+     * The lease the idempotency plugin runs this request under (docs/effects.md);
+     * undefined for a request it does not protect.
+     */
+    idemdLease?: Lease | undefined;
+  }
+}
 
 export interface FastifyIdempotencyOptions extends IdempotencyOptions<FastifyRequest> {
   client: IdemClient;
@@ -19,10 +42,13 @@ const bodies = new WeakMap<FastifyRequest, { key: string; body: Buffer }>();
  * authentication hooks registered before it, which the scope comes from.
  *
  *     await app.register(idempotency, { client, scope: (request) => request.user.id });
+ *
+ * A handler it runs under a lease finds it at request.idemdLease (docs/effects.md).
  */
 const plugin: FastifyPluginAsync<FastifyIdempotencyOptions> = async (app, options) => {
   const { client, ...rest } = options;
   const guard = new Guard<FastifyRequest>(client, rest);
+  if (!app.hasRequestDecorator("idemdLease")) app.decorateRequest("idemdLease", undefined);
 
   app.addHook("preParsing", async (request, reply, payload) => {
     const read = guard.readKey(request.raw);
@@ -69,7 +95,10 @@ const plugin: FastifyPluginAsync<FastifyIdempotencyOptions> = async (app, option
       return;
     }
     await new Promise<void>((resolve) => {
-      void guard.run(request, request.raw, reply.raw, decision.acquired, resolve);
+      void guard.run(request, request.raw, reply.raw, decision.acquired, () => {
+        request.idemdLease = idempotencyLease(request.raw); // L1
+        resolve();
+      });
     });
   });
 };

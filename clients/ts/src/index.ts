@@ -11,6 +11,7 @@ export {
   type FinishOptions,
   IdemClient,
   type KeyRecord,
+  type Lease,
   newClaimSecret,
   type ReleaseOptions,
   type ResponseInit,

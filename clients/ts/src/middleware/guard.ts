@@ -1,7 +1,7 @@
 // The Idempotency-Key middleware's behaviour, shared by the Express middleware and the
 // Fastify plugin: docs/middleware.md, row by row (the row names are in the comments).
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { IdemClient, StoredResponse } from "../client.js";
+import type { IdemClient, Lease, StoredResponse } from "../client.js";
 import {
   FingerprintMismatchError,
   InProgressError,
@@ -89,14 +89,24 @@ const neverStored = new Set([
   "idempotent-replayed",
 ]);
 
-const signals = new WeakMap<IncomingMessage, AbortSignal>();
+const leases = new WeakMap<IncomingMessage, Lease>();
 
 /**
  * The signal of a request the middleware runs under a lease: it aborts when the lease is
  * lost (R12). Undefined for a request it does not protect.
  */
 export function idempotencySignal(req: IncomingMessage | { raw: IncomingMessage }): AbortSignal | undefined {
-  return signals.get("raw" in req ? req.raw : req);
+  return idempotencyLease(req)?.signal;
+}
+
+/**
+ * The lease a request the middleware protects runs under (L1): the idemd key, its
+ * attempt and whether it was recovered from a request whose lease ran out. Undefined for
+ * a request it does not protect (L2). Express handlers also find it at
+ * res.locals.idemdLease, Fastify handlers at request.idemdLease.
+ */
+export function idempotencyLease(req: IncomingMessage | { raw: IncomingMessage }): Lease | undefined {
+  return leases.get("raw" in req ? req.raw : req);
 }
 
 /** A problem+json answer of the middleware (never stored, except response_not_stored). */
@@ -127,6 +137,14 @@ function originForm(target: string): string {
   return target.startsWith("/") ? target : `/${target}`;
 }
 
+/** The lease the middleware claimed for a request. */
+export interface Acquired {
+  idemdKey: string;
+  leaseToken: string;
+  attempt: number;
+  recovered: boolean;
+}
+
 /** What to do with a request, decided before the handler runs. */
 export type Decision =
   /** Run the handler without protection (M1, M2, fail-open); then report the incident, if any. */
@@ -134,7 +152,7 @@ export type Decision =
   /** Answer in the handler's place; then report the incident, if any. */
   | { answer: Answer; incident?: Incident }
   /** The lease is held: run the handler under it. */
-  | { acquired: { idemdKey: string; leaseToken: string } }
+  | { acquired: Acquired }
   /** The client left before the handler could run (C3a): nobody is there to answer. */
   | { gone: true };
 
@@ -300,7 +318,14 @@ export class Guard<Req> {
         await this.#release(req, derived, claim.leaseToken);
         return { gone: true };
       }
-      return { acquired: { idemdKey: derived, leaseToken: claim.leaseToken } };
+      return {
+        acquired: {
+          idemdKey: derived,
+          leaseToken: claim.leaseToken,
+          attempt: claim.attempt,
+          recovered: claim.recovered,
+        },
+      };
     }
     return this.#replay(derived, claim.response);
   }
@@ -387,15 +412,10 @@ export class Guard<Req> {
   /**
    * Runs the handler under the lease (R1 to R14): records its answer as it passes
    * through, renews the lease, and finishes the key by how the handler ended. `proceed`
-   * starts the handler; it is called once, synchronously. Never rejects.
+   * starts the handler, once idempotencyLease(raw) gives the lease; it is called once,
+   * synchronously. Never rejects.
    */
-  async run(
-    req: Req,
-    raw: IncomingMessage,
-    res: ServerResponse,
-    lease: { idemdKey: string; leaseToken: string },
-    proceed: () => void,
-  ): Promise<void> {
+  async run(req: Req, raw: IncomingMessage, res: ServerResponse, lease: Acquired, proceed: () => void): Promise<void> {
     const recorder = new Recorder(res, this.#stored, this.#o.maxStoredBytes, this.#o.leaseMs);
     try {
       await this.#runRecorded(req, raw, res, lease, recorder, proceed);
@@ -408,27 +428,34 @@ export class Guard<Req> {
     req: Req,
     raw: IncomingMessage,
     res: ServerResponse,
-    lease: { idemdKey: string; leaseToken: string },
+    lease: Acquired,
     recorder: Recorder,
     proceed: () => void,
   ): Promise<void> {
     const { idemdKey: key, leaseToken } = lease;
     let ending: Awaited<Recorder["ending"]>;
     try {
-      ending = await this.#client.underLease(key, leaseToken, this.#o.leaseMs, undefined, (signal) => {
-        signals.set(raw, signal);
-        signal.addEventListener("abort", () => {
-          if (signal.reason instanceof LeaseLostError && recorder.status === 0 && !res.headersSent) {
-            // R12: the handler wrote nothing; the key belongs to another request now.
-            const a = problem(409, "lease_lost", "Request taken over", signal.reason.detail, 1);
-            recorder.answer(a.status, a.headers as Record<string, string>, a.body);
-          }
-          // Else the status went out: the handler's answer goes on to the client, so
-          // that it ends; nothing of it is stored.
-        });
-        proceed();
-        return recorder.ending;
-      });
+      ending = await this.#client.underLease(
+        key,
+        leaseToken,
+        this.#o.leaseMs,
+        undefined,
+        (signal, held) => {
+          leases.set(raw, held);
+          signal.addEventListener("abort", () => {
+            if (signal.reason instanceof LeaseLostError && recorder.status === 0 && !res.headersSent) {
+              // R12: the handler wrote nothing; the key belongs to another request now.
+              const a = problem(409, "lease_lost", "Request taken over", signal.reason.detail, 1);
+              recorder.answer(a.status, a.headers as Record<string, string>, a.body);
+            }
+            // Else the status went out: the handler's answer goes on to the client, so
+            // that it ends; nothing of it is stored.
+          });
+          proceed();
+          return recorder.ending;
+        },
+        lease,
+      );
     } catch (err) {
       if (err instanceof LeaseLostError) {
         this.#incident(req, { kind: "lease_lost", idemdKey: key, error: err });
