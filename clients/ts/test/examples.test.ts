@@ -93,7 +93,7 @@ test("the README's Express and Fastify apps run an order once per key and user",
 test("the README shows the examples' code", () => {
   const here = dirname(fileURLToPath(import.meta.url));
   // Compiled to dist/test; the sources are two and four levels up.
-  const source = ["readme.ts", "fastify.ts"]
+  const source = ["readme.ts", "fastify.ts", "effects.ts"]
     .map((f) => readFileSync(join(here, "..", "..", "examples", f), "utf8"))
     .join("\n");
   const readme = readFileSync(join(here, "..", "..", "..", "..", "README.md"), "utf8");
