@@ -1,6 +1,7 @@
 """GateProxy: a loopback HTTP proxy in front of a real idemd that records every request
 and holds chosen ones until the test opens them, so that a test can gather a client's
-calls behind a request in flight without sleeping."""
+calls behind a request in flight without sleeping; or drops every request while cut,
+so that a holder's renewals stop reaching idemd while its work goes on."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class GateProxy:
 
     def __init__(self, target: str, hold: Iterable[int] = (0,), batch_status: int | None = None) -> None:
         self.received: list[Received] = []
+        #: While set, every request is dropped unanswered, as by a cut link.
+        self.cut = False
         self._target = target
         self._batch_status = batch_status
         self._lock = threading.Lock()
@@ -82,6 +85,9 @@ class GateProxy:
 
     def _forward(self, handler: http.server.BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
+        if self.cut:
+            handler.close_connection = True
+            return
         items = 0
         if handler.path == "/v1/batch":
             items = len(json.loads(body).get("items", []))

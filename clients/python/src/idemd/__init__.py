@@ -9,6 +9,7 @@ on. :mod:`idemd.asgi` and :mod:`idemd.wsgi` make web handlers idempotent by thei
 
 from ._async_client import AsyncClient, AsyncLease
 from ._client import Client, Lease
+from ._current import current_lease
 from ._errors import (
     Failed,
     FingerprintMismatch,
@@ -47,6 +48,7 @@ __all__ = [
     "Response",
     "Result",
     "Unavailable",
+    "current_lease",
     "message_key",
     "middleware_key",
     "new_secret",

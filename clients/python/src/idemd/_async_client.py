@@ -16,6 +16,7 @@ import httpx
 from . import _fork, _wire
 from ._batch import ANSWERS, AsyncBatcher, Operation, Outcome, Resend, answered, batch_request, failed
 from ._client import DEFAULT_LEASE, api_client, default_owner, json_response
+from ._current import leased
 from ._errors import (
     Failed,
     IdemdError,
@@ -52,11 +53,13 @@ SINGLE: dict[str, Callable[..., Awaitable[Any]]] = {
 @dataclass
 class AsyncLease:
     """The lease a coroutine given to :meth:`AsyncClient.run` runs under. When a renewal
-    finds the lease gone, ``lost`` is set and the coroutine is cancelled."""
+    finds the lease gone, ``lost`` is set and the coroutine is cancelled. ``attempt`` and
+    ``recovered`` are those of :class:`idemd.Lease`."""
 
     key: str
     token: str
     attempt: int
+    recovered: bool = False
     lost: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -195,12 +198,13 @@ class AsyncClient:
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":
             raise Failed(claim.response or Response())
-        return await self._run_leased(AsyncLease(key, claim.token, claim.attempt), lease, fn)
+        return await self._run_leased(AsyncLease(key, claim.token, claim.attempt, claim.recovered), lease, fn)
 
     async def _run_leased(
         self, held: AsyncLease, lease: float, fn: Callable[[AsyncLease], Awaitable[Response]]
     ) -> Result:
-        work = asyncio.ensure_future(fn(held))
+        with leased(held):  # the task takes a copy of the context, with the lease
+            work = asyncio.ensure_future(fn(held))
         renewer = asyncio.create_task(self._keep_alive(held, lease, work))
         try:
             response = await work

@@ -15,6 +15,7 @@ import httpx
 
 from . import _fork, _wire
 from ._batch import ANSWERS, Batcher, Operation, Outcome, Resend, answered, batch_request, failed
+from ._current import leased
 from ._errors import (
     Failed,
     IdemdError,
@@ -48,11 +49,17 @@ DEFAULT_LEASE = 30.0
 class Lease:
     """The lease a function given to :meth:`Client.run` runs under. ``lost`` is set when
     a renewal finds the lease gone (another caller took the key over): the function
-    should stop, and nothing it returns afterwards is stored."""
+    should stop, and nothing it returns afterwards is stored.
+
+    ``attempt`` grows by one at every acquisition of the key, so it is a fencing token
+    for the function's writes; ``recovered`` is True when this lease took the key over
+    from a holder whose lease ran out, which may have done the work already
+    (docs/effects.md)."""
 
     key: str
     token: str
     attempt: int
+    recovered: bool = False
     lost: threading.Event = field(default_factory=threading.Event)
 
 
@@ -231,7 +238,9 @@ class Client:
         When the key is already done, the stored response comes back with ``replayed``
         true and ``fn`` does not run. While ``fn`` runs, a thread renews the lease every
         ``lease / 3`` seconds; if a renewal finds the lease gone, ``lease.lost`` is set and
-        ``run`` raises :class:`LeaseLost` instead of storing anything.
+        ``run`` raises :class:`LeaseLost` instead of storing anything. ``fn`` gets the
+        lease, with its ``attempt`` and whether it was ``recovered`` from a holder whose
+        lease ran out; so does :func:`idemd.current_lease` while ``fn`` runs.
 
         An exception from ``fn`` releases the key for a retry and propagates; a
         :class:`Permanent` one stores its response as a terminal failure instead, and
@@ -242,14 +251,15 @@ class Client:
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":
             raise Failed(claim.response or Response())
-        return self._run_leased(Lease(key, claim.token, claim.attempt), lease, fn)
+        return self._run_leased(Lease(key, claim.token, claim.attempt, claim.recovered), lease, fn)
 
     def _run_leased(self, held: Lease, lease: float, fn: Callable[[Lease], Response]) -> Result:
         stop = threading.Event()
         renewer = threading.Thread(target=self._keep_alive, args=(held, lease, stop), daemon=True)
         renewer.start()
         try:
-            response = fn(held)
+            with leased(held):
+                response = fn(held)
         except Permanent as failure:
             self._stop(stop, renewer)
             if held.lost.is_set():
@@ -314,7 +324,8 @@ class Client:
         """Decorate a function to run at most once per key made from its arguments:
         ``key`` is a template formatted with them by name (``"charge:{order_id}"``) or a
         function of the same arguments. The return value is stored as JSON, so it must
-        be JSON-serialisable, and a later call gets it back decoded from JSON."""
+        be JSON-serialisable, and a later call gets it back decoded from JSON. The function
+        finds its lease with :func:`idemd.current_lease`."""
 
         def decorate(fn: Callable[P, T]) -> Callable[P, T]:
             signature = inspect.signature(fn)

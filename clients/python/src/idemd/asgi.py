@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from ._async_client import AsyncClient, AsyncLease, stop
+from ._current import leased
 from ._errors import IdemdError, LeaseLost, Problem
 from ._middleware import (
     NOT_STORED,
@@ -195,7 +196,7 @@ class IdempotencyMiddleware:
             if answer.status == 502:
                 o.incident(scope, "replay_invalid", ikey)
             return
-        held = AsyncLease(ikey, claim.token, claim.attempt)
+        held = AsyncLease(ikey, claim.token, claim.attempt, claim.recovered)
         if replayed_receive.gone():
             # The client left as the lease came: nothing ran, and a retry may run it.
             await self._release(scope, held)
@@ -266,7 +267,12 @@ class IdempotencyMiddleware:
                     await settle(ended=True)
             await send(message)
 
-        work = asyncio.ensure_future(self.app(scope, receive, recording_send))
+        # L1: the handler finds its lease in the request's state (Starlette's
+        # request.state.idemd_lease) and with idemd.current_lease().
+        state = scope.setdefault("state", {})
+        state["idemd_lease"] = held
+        with leased(held):  # the task takes a copy of the context, with the lease
+            work = asyncio.ensure_future(self.app(scope, receive, recording_send))
         renewer = asyncio.create_task(self.client._keep_alive(held, o.lease, work))
         try:
             await work

@@ -30,6 +30,7 @@ from types import TracebackType
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._client import Client, Lease
+from ._current import leased
 from ._errors import IdemdError, LeaseLost, Problem
 from ._middleware import (
     NOT_STORED,
@@ -169,7 +170,9 @@ class IdempotencyMiddleware:
             if answer.status == 502:
                 o.incident(environ, "replay_invalid", ikey)
             return _answer(start_response, answer)
-        return _Leased(self, environ, start_response, Lease(ikey, claim.token, claim.attempt))
+        return _Leased(
+            self, environ, start_response, Lease(ikey, claim.token, claim.attempt, claim.recovered)
+        )
 
 
 class _TooLarge(Exception):
@@ -250,10 +253,11 @@ class _Leased:
             target=mw.client._keep_alive, args=(held, mw.options.lease, self._stop), daemon=True
         )
         self._renewer.start()
-        environ["idemd.lease"] = held
+        environ["idemd.lease"] = held  # L1
         self._start_response = start_response
         try:
-            self._result = mw.app(environ, self._recording_start_response)
+            with leased(held):
+                self._result = mw.app(environ, self._recording_start_response)
         except BaseException:
             self._fail()
             raise
