@@ -103,6 +103,7 @@ func TestDoHandsTheLease(t *testing.T) {
 func TestDoRecoveredLease(t *testing.T) {
 	holder, link := stalledHolder(t)
 	key := freshKey("do-recovered")
+	holding := make(chan struct{})
 	taken := make(chan idem.Lease, 1)
 	var first idem.Lease
 	var firstCause error
@@ -111,6 +112,7 @@ func TestDoRecoveredLease(t *testing.T) {
 		_, err := holder.Do(context.Background(), key, "", func(ctx context.Context) (idem.Response, error) {
 			first, _ = idem.LeaseFrom(ctx)
 			link.cut.Store(true)
+			close(holding)
 			<-taken
 			link.cut.Store(false)
 			// Renewals reach idemd again and hear that the lease is gone.
@@ -120,6 +122,11 @@ func TestDoRecoveredLease(t *testing.T) {
 		}, idem.DoOptions{Lease: 300 * time.Millisecond})
 		done <- err
 	}()
+	select {
+	case <-holding:
+	case err := <-done:
+		t.Fatalf("the first holder ended before it held the key: %v", err)
+	}
 	second := takeOver(t, newClient(t), key)
 	taken <- second
 	err := <-done
