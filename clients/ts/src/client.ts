@@ -401,7 +401,8 @@ export class IdemClient {
    * Runs fn under the lease, renewing it every leaseMs/3. fn's signal aborts when the
    * caller's does or when the lease is lost; a lost lease is thrown as a LeaseLostError
    * whatever fn did. The key is not finished here. fn gets the lease as its second
-   * argument, with the attempt and recovered of acquired (the claim that got it).
+   * argument, with the attempt and recovered of acquired, the claim that got it (attempt
+   * 0 when it is not given).
    */
   async underLease<T>(
     key: string,
