@@ -10,6 +10,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -131,10 +132,10 @@ func coordinate(s settings) error {
 	prefix := fmt.Sprintf("stress-%d-", time.Now().UnixNano())
 	started := time.Now()
 	workers := make([]*exec.Cmd, s.workers)
-	outs := make([]*jsonLine, s.workers)
+	outs := make([]*bytes.Buffer, s.workers)
 	exited := make([]chan struct{}, s.workers)
 	for i := range workers {
-		outs[i] = &jsonLine{}
+		outs[i] = &bytes.Buffer{}
 		cmd := exec.Command(self, "-worker", "-pg", pg.URL, "-idemd", s.idemdURL, "-key-prefix", prefix,
 			"-keys", strconv.Itoa(s.keys), "-concurrency", strconv.Itoa(s.concurrency),
 			"-lease", s.lease.String(), "-work", s.work.String(), "-charge", s.charge)
@@ -187,8 +188,9 @@ func coordinate(s settings) error {
 			return fmt.Errorf("worker %d: %s", i, w.ProcessState)
 		}
 		var c counts
-		if err := json.Unmarshal(outs[i].last(), &c); err != nil {
-			return fmt.Errorf("worker %d reported %q: %w", i, outs[i].last(), err)
+		// A worker's standard output is its one line of counts, read once it has exited.
+		if err := json.Unmarshal(outs[i].Bytes(), &c); err != nil {
+			return fmt.Errorf("worker %d reported %q: %w", i, outs[i].Bytes(), err)
 		}
 		sum.add(c)
 	}
@@ -214,34 +216,6 @@ func coordinate(s settings) error {
 	}
 	fmt.Println("every key charged exactly once")
 	return nil
-}
-
-// jsonLine keeps the last line a worker wrote.
-type jsonLine struct {
-	mu  sync.Mutex
-	buf []byte
-}
-
-func (j *jsonLine) Write(p []byte) (int, error) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	j.buf = append(j.buf, p...)
-	return len(p), nil
-}
-
-func (j *jsonLine) last() []byte {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	b := j.buf
-	for len(b) > 0 && b[len(b)-1] == '\n' {
-		b = b[:len(b)-1]
-	}
-	for i := len(b) - 1; i >= 0; i-- {
-		if b[i] == '\n' {
-			return b[i+1:]
-		}
-	}
-	return b
 }
 
 func (c *counts) add(o counts) {
