@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -45,7 +46,7 @@ class Postgres:
     def stop(self) -> None:
         """A fast shutdown (SIGINT; SIGKILL after 30 s), then remove the directory."""
         if self.process.poll() is None:
-            self.process.send_signal(2)
+            self.process.send_signal(signal.SIGINT)
             try:
                 self.process.wait(30)
             except subprocess.TimeoutExpired:
