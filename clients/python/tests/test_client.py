@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import http.server
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from conftest import Daemon, fresh_key
 
 import idemd
+import idemd._transport
 from idemd._transport import LIMITS
 
 
@@ -360,6 +362,39 @@ def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) 
         assert failures == []
         assert 20 < opened() <= BOUND
         assert _established_to(d.url) == opened()
+
+
+# httpcore's pool checks whether an idle connection was closed by the server by reading
+# its state and then its socket; a request can go out and be answered on that connection
+# in between, and the pool then closes it under the request (EBADF). The window is a
+# thread switch wide, so the test makes the interpreter switch threads every 10 µs.
+def test_pool_never_closes_a_connection_in_use(own_daemon: Callable[..., Daemon]) -> None:
+    d = own_daemon()
+    transport = idemd._transport.RetryTransport(timeout=30, retries=0, backoff=0.01)
+    client = httpx.Client(transport=transport, base_url=d.url)
+    failures: list[BaseException] = []
+    start = threading.Barrier(CALLERS)
+
+    def worker() -> None:
+        try:
+            start.wait(timeout=60)
+            for _ in range(200):
+                client.get("/healthz").raise_for_status()
+        except BaseException as err:
+            failures.append(err)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    try:
+        pool = [threading.Thread(target=worker) for _ in range(CALLERS)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+        client.close()
+    assert failures == []
 
 
 @needs_proc_net

@@ -13,9 +13,12 @@ import contextlib
 import contextvars
 import json
 import ssl
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import cast
 
+import httpcore
 import httpx
 
 from ._errors import problem_class
@@ -71,12 +74,107 @@ class _Policy:
 # by default and closes the others as they come back; while it does, httpcore 1.0.9 can
 # close a connection its pool has just handed to another request
 # (encode/httpcore#1110), which then fails with EBADF or waits out its timeout. With no
-# connection ever surplus, the pool closes none while requests come and go. The bound
+# connection ever surplus, the pool closes none for that reason (for the one other way it
+# can close a connection in use, see _GuardedConnection). The bound
 # stays small because each pass of httpcore's pool costs the square of its connections
 # (64 kept idle nearly tripled the client's CPU per call with 64 threads and no
 # batching); with batching, the default, a client rarely has more than two requests in
 # flight.
 LIMITS = httpx.Limits(max_connections=32, max_keepalive_connections=32, keepalive_expiry=90.0)
+
+
+# httpcore's pool asks each connection on every pass whether it has expired, and an idle
+# HTTP/1.1 connection whose socket is readable counts as closed by the server. The check
+# reads the connection's state and then its socket, without the lock that a request
+# takes to make the connection active: a pass on one thread can read "idle", lose the
+# CPU while another thread's request goes out on that connection and its answer comes
+# back, then find the answer readable and close the connection under the request, which
+# fails with EBADF or waits out its timeout. The guard below counts the requests on a
+# connection and checks expiry under the same lock, so that a connection in use is
+# never taken for expired, and a request cannot start while the check runs.
+
+
+class _GuardedConnection(httpcore.ConnectionInterface):
+    def __init__(self, inner: httpcore.ConnectionInterface) -> None:
+        self._inner = inner
+        self._lock = threading.Lock()
+        self._requests = 0
+
+    def handle_request(self, request: httpcore.Request) -> httpcore.Response:
+        with self._lock:
+            self._requests += 1
+        try:
+            response = self._inner.handle_request(request)
+        except BaseException:
+            self._finished()
+            raise
+        response.stream = _ClosingStream(cast("Iterable[bytes]", response.stream), self._finished)
+        return response
+
+    def _finished(self) -> None:
+        with self._lock:
+            self._requests -= 1
+
+    def has_expired(self) -> bool:
+        with self._lock:
+            return self._requests == 0 and self._inner.has_expired()
+
+    def is_idle(self) -> bool:
+        with self._lock:
+            return self._requests == 0 and self._inner.is_idle()
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def info(self) -> str:
+        return self._inner.info()
+
+    def can_handle_request(self, origin: httpcore.Origin) -> bool:
+        return self._inner.can_handle_request(origin)
+
+    def is_available(self) -> bool:
+        return self._inner.is_available()
+
+    def is_closed(self) -> bool:
+        return self._inner.is_closed()
+
+
+class _ClosingStream:
+    """A response body that calls ``done`` once, when it is closed."""
+
+    def __init__(self, inner: Iterable[bytes], done: Callable[[], None]) -> None:
+        self._inner = inner
+        self._done: Callable[[], None] | None = done
+
+    def __iter__(self) -> Iterator[bytes]:
+        yield from self._inner
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._inner, "close", None)
+            if close is not None:
+                close()
+        finally:
+            done, self._done = self._done, None
+            if done is not None:
+                done()
+
+
+class _GuardedPool(httpcore.ConnectionPool):
+    def create_connection(self, origin: httpcore.Origin) -> httpcore.ConnectionInterface:
+        return _GuardedConnection(super().create_connection(origin))
+
+
+def _http_transport(ssl_context: ssl.SSLContext) -> httpx.HTTPTransport:
+    """httpx's transport over a pool of guarded connections, with LIMITS."""
+    transport = httpx.HTTPTransport(verify=ssl_context, limits=LIMITS)
+    transport._pool = _GuardedPool(
+        ssl_context=ssl_context,
+        max_connections=LIMITS.max_connections,
+        max_keepalive_connections=LIMITS.max_keepalive_connections,
+        keepalive_expiry=LIMITS.keepalive_expiry,
+    )
+    return transport
 
 
 class RetryTransport(httpx.BaseTransport):
@@ -86,7 +184,7 @@ class RetryTransport(httpx.BaseTransport):
         # The TLS settings are made once (loading the CA bundle takes some 20 ms) and
         # shared with the transports renewed in forked children.
         self._ssl_context = ssl_context or httpx.create_ssl_context()
-        self._inner = httpx.HTTPTransport(verify=self._ssl_context, limits=LIMITS)
+        self._inner = _http_transport(self._ssl_context)
         self._policy = _Policy(timeout, retries, backoff)
 
     def renewed(self) -> RetryTransport:
