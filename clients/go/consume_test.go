@@ -130,6 +130,10 @@ func TestStepKey(t *testing.T) {
 	if idem.StepKey(k, "charge") == idem.StepKey(k, "email") || idem.StepKey(k, "charge") == idem.StepKey(k+"x", "charge") {
 		t.Fatal("StepKey gives two steps the same key")
 	}
+	// The same key in every idemd client.
+	if got := idem.StepKey("req-1", "charge"); got != "msg-828aedf1c68eb588f35320345076e88dc90193e8a33ddf7b632f66ea0d1e46e8" {
+		t.Fatalf("StepKey(req-1, charge) = %s", got)
+	}
 	if idem.StepKey("a", "bc") == idem.StepKey("ab", "c") {
 		t.Fatal("StepKey does not separate its parts")
 	}

@@ -3,7 +3,9 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Batcher, type Deadline, deadlineOf, noAnswer } from "./batch.js";
 import {
   FailedError,
+  FingerprintMismatchError,
   IdemError,
+  InProgressError,
   LeaseLostError,
   NotFoundError,
   PermanentError,
@@ -172,6 +174,37 @@ export interface Lease {
 export interface RunResult<T> {
   value: T;
   replayed: boolean;
+}
+
+/**
+ * What consume decided for one delivery: "ack" removes the message (handled now or
+ * before), "requeue" leaves it to be delivered again after delayMs (not handled; never
+ * dropped), "dead-letter" removes it to the broker's dead-letter queue where it has one
+ * (failed for good, the failure stored). ran says that fn ran for this delivery; error is
+ * why the message was not acknowledged.
+ */
+export interface Verdict {
+  action: "ack" | "requeue" | "dead-letter";
+  delayMs: number;
+  ran: boolean;
+  error?: unknown;
+}
+
+/** The delay of a requeue whose cause does not say when to try again. */
+const requeueDelayMs = 1000;
+
+// fnFailed says that the error is fn's own, handed back by run once it finished the key
+// as the error asks (the failure stored, or the key released).
+function verdictOf(error: unknown, ran: boolean, fnFailed: boolean): Verdict {
+  if (!ran) {
+    if (error instanceof FailedError || error instanceof FingerprintMismatchError) {
+      return { action: "dead-letter", delayMs: 0, ran, error };
+    }
+    const delayMs = error instanceof InProgressError ? (error.retryAfterMs ?? requeueDelayMs) : requeueDelayMs;
+    return { action: "requeue", delayMs, ran, error };
+  }
+  if (fnFailed && error instanceof PermanentError) return { action: "dead-letter", delayMs: 0, ran, error };
+  return { action: "requeue", delayMs: requeueDelayMs, ran, error };
 }
 
 /** Returns a fresh claim secret: 128 random bits, hex-encoded. */
@@ -395,6 +428,53 @@ export class IdemClient {
       options,
     );
     return !replayed;
+  }
+
+  /**
+   * Runs fn at most once for a message's key and says what to do with the delivery, by
+   * the same rules in every idemd client:
+   *
+   * - fn ran and its result is stored, or an earlier delivery ran it: "ack".
+   * - Another consumer holds the key: "requeue", after the time its lease has left (or
+   *   wait for it with waitMs); never drop the message.
+   * - fn threw: the key is released and the message requeued.
+   * - fn threw a PermanentError: the failure is stored and the message dead-lettered; a
+   *   later delivery of it is dead-lettered without running fn.
+   * - idemd could not be asked, or did not store the outcome: "requeue". fn does not run
+   *   without a lease.
+   *
+   * fn gets the lease as its second argument, as with run: a recovered lease means that
+   * a consumer died holding the key, so the work may be done in part and fn must fence
+   * or reconcile its effects.
+   */
+  async consume(
+    key: string,
+    fn: (signal: AbortSignal, lease: Lease) => Promise<void> | void,
+    options: RunOptions = {},
+  ): Promise<Verdict> {
+    let ran = false;
+    let threw = false;
+    let fnError: unknown;
+    try {
+      await this.run(
+        key,
+        async (signal, lease) => {
+          ran = true;
+          try {
+            await fn(signal, lease);
+          } catch (err) {
+            threw = true;
+            fnError = err;
+            throw err;
+          }
+          return null;
+        },
+        options,
+      );
+      return { action: "ack", delayMs: 0, ran };
+    } catch (err) {
+      return verdictOf(err, ran, threw && err === fnError);
+    }
   }
 
   /**

@@ -1,6 +1,6 @@
 // The TypeScript client of idemd, the idempotency service: typed calls for claim,
 // complete, release, extend, lookup and purge; run, which runs a function at most once
-// per key; once and messageKey, for queue consumers.
+// per key; once, consume, messageKey and stepKey, for queue consumers.
 export {
   type Acquired,
   type CallOptions,
@@ -18,6 +18,7 @@ export {
   type RunOptions,
   type RunResult,
   type StoredResponse,
+  type Verdict,
 } from "./client.js";
 export {
   FailedError,
@@ -32,4 +33,4 @@ export {
   ResultNotStoredError,
   UnavailableError,
 } from "./errors.js";
-export { messageKey } from "./key.js";
+export { messageHeader, messageKey, stepKey } from "./key.js";

@@ -16,3 +16,21 @@ export function messageKey(...parts: string[]): string {
   }
   return `msg-${hash.digest("hex")}`;
 }
+
+/**
+ * The message header that carries an idemd key from the request that published a message
+ * to its consumers: the lease's key, as idempotencyLease gives it inside a request
+ * handled by the middleware (or run). The name and the value are the same in every idemd
+ * client.
+ */
+export const messageHeader = "idemd-key";
+
+/**
+ * Derives the key of one step of the work that key started: a consumer of a message
+ * whose messageHeader is key runs step "charge" under stepKey(key, "charge"), so one
+ * request can fan out to several steps without their keys colliding. The Go client's
+ * StepKey gives the same key.
+ */
+export function stepKey(key: string, step: string): string {
+  return messageKey("step", key, step);
+}
