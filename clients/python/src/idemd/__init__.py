@@ -9,6 +9,7 @@ on. :mod:`idemd.asgi` and :mod:`idemd.wsgi` make web handlers idempotent by thei
 
 from ._async_client import AsyncClient, AsyncLease
 from ._client import Client, Lease
+from ._consume import Verdict
 from ._current import current_lease
 from ._errors import (
     Failed,
@@ -21,13 +22,14 @@ from ._errors import (
     Problem,
     Unavailable,
 )
-from ._keys import message_key
+from ._keys import MESSAGE_HEADER, message_key, step_key
 from ._middleware import Incident
 from ._middleware import idemd_key as middleware_key
 from ._types import Claim, Outcome, Record, ReleaseMode, Response, Result
 from ._wire import new_secret
 
 __all__ = [
+    "MESSAGE_HEADER",
     "AsyncClient",
     "AsyncLease",
     "Claim",
@@ -48,8 +50,10 @@ __all__ = [
     "Response",
     "Result",
     "Unavailable",
+    "Verdict",
     "current_lease",
     "message_key",
     "middleware_key",
     "new_secret",
+    "step_key",
 ]

@@ -16,6 +16,7 @@ import httpx
 from . import _fork, _wire
 from ._batch import ANSWERS, AsyncBatcher, Operation, Outcome, Resend, answered, batch_request, failed
 from ._client import DEFAULT_LEASE, api_client, default_owner, json_response
+from ._consume import Verdict, verdict_of
 from ._current import leased
 from ._errors import (
     Failed,
@@ -267,6 +268,34 @@ class AsyncClient:
             return Response(200)
 
         return not (await self.run(key, body, lease=lease, wait=wait)).replayed
+
+    async def consume(
+        self,
+        key: str,
+        fn: Callable[[AsyncLease], Awaitable[object]],
+        *,
+        lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
+    ) -> Verdict:
+        """See :meth:`idemd.Client.consume`; ``fn`` is a coroutine function."""
+        ran = False
+        fn_error: BaseException | None = None
+
+        async def body(held: AsyncLease) -> Response:
+            nonlocal ran, fn_error
+            ran = True
+            try:
+                await fn(held)
+            except BaseException as err:
+                fn_error = err
+                raise
+            return Response(200)
+
+        try:
+            await self.run(key, body, lease=lease, wait=wait)
+        except Exception as err:
+            return verdict_of(err, ran, fn_error)
+        return Verdict("ack", ran=ran)
 
     def idempotent(
         self, key: KeySpec, *, lease: float = DEFAULT_LEASE, wait: float | None = None

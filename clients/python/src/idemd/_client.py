@@ -15,6 +15,7 @@ import httpx
 
 from . import _fork, _wire
 from ._batch import ANSWERS, Batcher, Operation, Outcome, Resend, answered, batch_request, failed
+from ._consume import Verdict, verdict_of
 from ._current import leased
 from ._errors import (
     Failed,
@@ -317,6 +318,49 @@ class Client:
             return Response(200)
 
         return not self.run(key, body, lease=lease, wait=wait).replayed
+
+    def consume(
+        self,
+        key: str,
+        fn: Callable[[Lease], object],
+        *,
+        lease: float = DEFAULT_LEASE,
+        wait: float | None = None,
+    ) -> Verdict:
+        """Run ``fn`` at most once for a message's key and say what to do with the
+        delivery, by the same rules in every idemd client:
+
+        - ``fn`` ran and its result is stored, or an earlier delivery ran it: ``"ack"``.
+        - Another consumer holds the key: ``"requeue"``, after the time its lease has
+          left (or wait for it with ``wait``); never drop the message.
+        - ``fn`` raised: the key is released and the message requeued.
+        - ``fn`` raised :class:`Permanent`: the failure is stored and the message
+          dead-lettered; a later delivery of it is dead-lettered without running ``fn``.
+        - idemd could not be asked, or did not store the outcome: ``"requeue"``. ``fn``
+          does not run without a lease.
+
+        ``fn`` gets the lease: a ``recovered`` one means that a consumer died holding
+        the key, so the work may be done in part and ``fn`` must fence or reconcile its
+        effects. Make the key with :func:`step_key` or :func:`message_key`.
+        """
+        ran = False
+        fn_error: BaseException | None = None
+
+        def body(held: Lease) -> Response:
+            nonlocal ran, fn_error
+            ran = True
+            try:
+                fn(held)
+            except BaseException as err:
+                fn_error = err
+                raise
+            return Response(200)
+
+        try:
+            self.run(key, body, lease=lease, wait=wait)
+        except Exception as err:
+            return verdict_of(err, ran, fn_error)
+        return Verdict("ack", ran=ran)
 
     def idempotent(
         self, key: KeySpec, *, lease: float = DEFAULT_LEASE, wait: float | None = None

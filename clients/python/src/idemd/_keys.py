@@ -25,6 +25,20 @@ def message_key(*parts: str) -> str:
     return "msg-" + h.hexdigest()
 
 
+#: The message header that carries an idemd key from the request that published a
+#: message to its consumers: the lease's key, as :func:`idemd.current_lease` gives it
+#: inside a request handled by the middleware (or ``run``). The same in every idemd client.
+MESSAGE_HEADER = "idemd-key"
+
+
+def step_key(key: str, step: str) -> str:
+    """The key of one step of the work that ``key`` started: a consumer of a message whose
+    :data:`MESSAGE_HEADER` is ``key`` runs step ``"charge"`` under
+    ``step_key(key, "charge")``, so one request can fan out to several steps without
+    their keys colliding. The Go client's ``StepKey`` gives the same key."""
+    return message_key("step", key, step)
+
+
 #: How a decorated function's key is made: a template formatted with the call's
 #: arguments by name (``"charge:{order_id}"``), or a function of the same arguments.
 KeySpec = str | Callable[..., str]
