@@ -1,13 +1,15 @@
 # The one command that runs every test of every language: `make test`.
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one.
 
-.PHONY: test test-go test-ts test-python check-contract check-ts-generated generate-python
+.PHONY: test test-go test-ts test-python check-contract check-ts-generated generate-python payments-api
 
 test: test-go test-ts test-python
 
 # The Go tests start their own redis-server processes and idemd daemons on free
 # loopback ports; without redis-server on the PATH the Redis tests say so and skip.
-test-go:
+# The payments example's test (examples/payments) also runs its API with node and its
+# Python charger in the Python client's venv, and starts RabbitMQ and PostgreSQL.
+test-go: payments-api $(PYVENV)/installed
 	go test -race ./... ./clients/go/...
 
 # The TypeScript client: its linter, the strict compile of all its code, and its tests,
@@ -18,6 +20,15 @@ test-ts: clients/ts/node_modules/.package-lock.json
 
 clients/ts/node_modules/.package-lock.json: clients/ts/package-lock.json
 	cd clients/ts && npm ci --no-audit --no-fund
+
+# The payments example's API, built against the TypeScript client it links to.
+PAYAPI := examples/payments/api
+payments-api: clients/ts/node_modules/.package-lock.json $(PAYAPI)/node_modules/.package-lock.json
+	cd clients/ts && npm run build
+	cd $(PAYAPI) && npm run lint && npm run build
+
+$(PAYAPI)/node_modules/.package-lock.json: $(PAYAPI)/package-lock.json clients/ts/node_modules/.package-lock.json
+	cd $(PAYAPI) && npm ci --no-audit --no-fund
 
 # The committed client in clients/ts/src/gen is what the pinned generator makes of the contract.
 check-ts-generated: clients/ts/node_modules/.package-lock.json
@@ -45,6 +56,9 @@ $(PYVENV)/installed: $(PY)/requirements-dev.txt
 
 test-python: $(PYVENV)/installed
 	cd $(PY) && .venv/bin/ruff format --check && .venv/bin/ruff check && .venv/bin/mypy
+	cd $(PY) && .venv/bin/ruff format --check ../../examples/payments/charger.py && \
+		.venv/bin/ruff check ../../examples/payments/charger.py && \
+		MYPYPATH=examples .venv/bin/mypy --strict --ignore-missing-imports ../../examples/payments/charger.py
 	cd $(PY) && .venv/bin/python -m pytest -q
 
 # Regenerate the low-level client from the contract (CI checks that this leaves no diff).

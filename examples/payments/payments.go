@@ -1,0 +1,27 @@
+// Package payments is an end-to-end system built on idemd: an API (api/, TypeScript on
+// Express) takes POST /payments with an Idempotency-Key, records the payment and
+// publishes a message carrying the request's idemd key; chargers in Go (charger/) and
+// Python (charger.py) consume the messages from RabbitMQ and charge PostgreSQL once per
+// payment, with the fenced charge of examples/effects, acknowledging each delivery by
+// the table in docs/queues.md. payments_test.go runs it all with retrying callers and
+// chargers killed mid-message.
+package payments
+
+import "github.com/idemd/idemd/examples/effects"
+
+// Queue is the queue of payments to charge; DeadLetters takes the ones whose charge
+// failed for good.
+const (
+	Queue       = "payments"
+	DeadLetters = "payments.dead"
+	// Step is the step of a payment's work that the chargers run.
+	Step = "charge"
+)
+
+// Schema is the system's tables: effects.Schema (accounts, fences, the ledger), the
+// payments the API accepted, and every delivery a charger received.
+const Schema = effects.Schema + `
+CREATE TABLE IF NOT EXISTS payments   (key text PRIMARY KEY, account text NOT NULL, cents bigint NOT NULL);
+CREATE TABLE IF NOT EXISTS deliveries (id bigserial PRIMARY KEY, key text NOT NULL, charger text NOT NULL,
+                                       redelivered boolean NOT NULL);
+`

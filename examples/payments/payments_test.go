@@ -1,0 +1,324 @@
+package payments_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/examples/payments"
+	"github.com/idemd/idemd/internal/testdaemon"
+	"github.com/idemd/idemd/internal/testpg"
+	"github.com/idemd/idemd/internal/testrabbit"
+	"github.com/idemd/idemd/internal/wait"
+)
+
+const (
+	payingUsers = 16
+	perUser     = 20
+	accounts    = 8
+	cents       = 100
+	opening     = 1_000_000_000
+	maxKills    = 30
+)
+
+// required turns a missing part into a failure where CI asks for every part, and
+// into a skip elsewhere.
+func required(t *testing.T, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("IDEMD_REQUIRE_RABBITMQ") != "" {
+		t.Fatalf(format, args...)
+	}
+	t.Skipf(format, args...)
+}
+
+// TestEveryAcceptedPaymentIsChargedOnce runs the whole system: callers that send every
+// payment more than once, the API, RabbitMQ, two Go and two Python chargers killed with
+// SIGKILL at random mid-message and restarted, and PostgreSQL. Every payment the API
+// accepted must be charged exactly once, and none lost.
+func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := filepath.Join(root, "examples/payments/api/dist/server.js")
+	python := filepath.Join(root, "clients/python/.venv/bin/python")
+	if _, err := os.Stat(api); err != nil {
+		required(t, "the API is not built (make examples/payments/api/dist/server.js): %v", err)
+	}
+	if _, err := os.Stat(python); err != nil {
+		required(t, "the Python client's venv is missing (make clients/python/.venv/installed): %v", err)
+	}
+	node, err := exec.LookPath("node")
+	if err != nil {
+		required(t, "node is not installed: %v", err)
+	}
+
+	broker := testrabbit.New(t)
+	pg := testpg.New(t)
+	db, err := pgxpool.New(t.Context(), pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	if _, err := db.Exec(t.Context(), payments.Schema); err != nil {
+		t.Fatal(err)
+	}
+	for i := range accounts {
+		if _, err := db.Exec(t.Context(), `INSERT INTO accounts VALUES ($1, $2)`, fmt.Sprint("acct-", i), opening); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin := t.TempDir()
+	for name, pkg := range map[string]string{"idemd": "./cmd/idemd", "charger": "./examples/payments/charger"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	idemdURL := testdaemon.Start(t, filepath.Join(bin, "idemd"), "/readyz", "--log-level", "warn")
+	env := append(testdaemon.Env(), "IDEMD_URL="+idemdURL, "DATABASE_URL="+pg.URL, "AMQP_URL="+broker.URL,
+		"LEASE_MS=1500", "PAUSE_MS=20")
+
+	addr := testdaemon.FreeAddr(t)
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	apiProc := startProcess(t, "api", env, "PORT="+port)(node, api)
+	apiURL := "http://" + addr
+	wait.For(t, 60*time.Second, "the API to answer", func() bool {
+		if apiProc.exited() {
+			t.Fatalf("the API exited:\n%s", apiProc.logs.String())
+		}
+		resp, err := http.Get(apiURL + "/healthz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+
+	chargers := []*supervised{
+		supervise(t, "go-1", env, filepath.Join(bin, "charger")),
+		supervise(t, "go-2", env, filepath.Join(bin, "charger")),
+		supervise(t, "py-1", env, python, filepath.Join(root, "examples/payments/charger.py")),
+		supervise(t, "py-2", env, python, filepath.Join(root, "examples/payments/charger.py")),
+	}
+
+	// The killer: a random charger is sent SIGKILL every 50–300 ms and started again,
+	// until the payments are all charged or it has killed maxKills times.
+	var kills atomic.Int64
+	stopKilling := make(chan struct{})
+	killerDone := make(chan struct{})
+	go func() {
+		defer close(killerDone)
+		for kills.Load() < maxKills {
+			select {
+			case <-stopKilling:
+				return
+			case <-time.After(time.Duration(50+rand.IntN(250)) * time.Millisecond):
+			}
+			chargers[rand.IntN(len(chargers))].kill()
+			kills.Add(1)
+		}
+	}()
+
+	// The callers: each payment is sent until it is accepted, and then once more (a
+	// retry after a lost answer), sometimes twice at once.
+	var requests, retries atomic.Int64
+	var mu sync.Mutex
+	accepted := map[string]bool{}
+	var callers sync.WaitGroup
+	for u := range payingUsers {
+		callers.Add(1)
+		go func() {
+			defer callers.Done()
+			for i := range perUser {
+				key := fmt.Sprintf("pay-%d-%d-%d", u, i, time.Now().UnixNano())
+				body := fmt.Sprintf(`{"account":"acct-%d","cents":%d}`, rand.IntN(accounts), cents)
+				var payment string
+				sends := 2 + rand.IntN(2)
+				deadline := time.Now().Add(60 * time.Second)
+				for n := 0; n < sends && time.Now().Before(deadline); n++ {
+					requests.Add(1)
+					if n > 0 {
+						retries.Add(1)
+					}
+					id, ok := pay(apiURL, fmt.Sprint("user-", u), key, body)
+					if !ok {
+						n-- // not accepted (in progress, or failed for now): send again
+						time.Sleep(20 * time.Millisecond)
+						continue
+					}
+					if payment != "" && payment != id {
+						t.Errorf("%s: accepted as %s, then as %s", key, payment, id)
+					}
+					payment = id
+				}
+				if payment != "" {
+					mu.Lock()
+					accepted[payment] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	callers.Wait()
+
+	// Every accepted payment is charged: wait for the ledger to hold them all.
+	wait.For(t, 180*time.Second, "every accepted payment to be charged", func() bool {
+		var n int
+		if err := db.QueryRow(t.Context(), `SELECT count(DISTINCT key) FROM ledger`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n >= len(accepted)
+	})
+	close(stopKilling)
+	<-killerDone
+
+	var recorded, ledger, redeliveries int
+	scan := func(q string, into *int) {
+		t.Helper()
+		if err := db.QueryRow(context.Background(), q).Scan(into); err != nil {
+			t.Fatal(err)
+		}
+	}
+	scan(`SELECT count(*) FROM payments`, &recorded)
+	scan(`SELECT count(*) FROM ledger`, &ledger)
+	scan(`SELECT count(*) FROM deliveries WHERE redelivered`, &redeliveries)
+	rows, err := db.Query(t.Context(), `SELECT key, count(*) FROM ledger GROUP BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	charged := map[string]int{}
+	for rows.Next() {
+		var key string
+		var n int
+		if err := rows.Scan(&key, &n); err != nil {
+			t.Fatal(err)
+		}
+		charged[key] = n
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for payment := range accepted {
+		if n := charged[idem.StepKey(payment, payments.Step)]; n != 1 {
+			t.Errorf("payment %s charged %d times", payment, n)
+		}
+	}
+	if ledger != len(accepted) {
+		t.Errorf("%d charges for %d accepted payments", ledger, len(accepted))
+	}
+	if want := payingUsers * perUser; len(accepted) != want || recorded != want {
+		t.Errorf("%d payments accepted and %d recorded of %d sent", len(accepted), recorded, want)
+	}
+	if kills.Load() == 0 {
+		t.Error("no charger was killed")
+	}
+	msg := fmt.Sprintf("payments: %d requests (%d retries) for %d payments; %d accepted, %d charges; "+
+		"%d redeliveries, %d chargers killed",
+		requests.Load(), retries.Load(), payingUsers*perUser, len(accepted), ledger, redeliveries, kills.Load())
+	t.Log(msg)
+	fmt.Println(msg)
+}
+
+// pay sends one POST /payments and returns the payment's ID when the API accepted it.
+func pay(apiURL, user, key, body string) (string, bool) {
+	req, err := http.NewRequest(http.MethodPost, apiURL+"/payments", bytes.NewBufferString(body))
+	if err != nil {
+		return "", false
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	req.Header.Set("X-User", user)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusAccepted {
+		return "", false
+	}
+	var answer struct{ Payment string }
+	if json.NewDecoder(resp.Body).Decode(&answer) != nil || answer.Payment == "" {
+		return "", false
+	}
+	return answer.Payment, true
+}
+
+// process is a child process and its output.
+type process struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	logs *testdaemon.Logs
+}
+
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// startProcess returns a function that starts a program with env and extra, stopped
+// (SIGKILL, by its PID) when the test ends.
+func startProcess(t *testing.T, name string, env []string, extra ...string) func(path string, args ...string) *process {
+	return func(path string, args ...string) *process {
+		t.Helper()
+		p := &process{cmd: exec.Command(path, args...), done: make(chan struct{}), logs: &testdaemon.Logs{}}
+		p.cmd.Env = append(append(append([]string{}, env...), "CHARGER="+name), extra...)
+		p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() { _ = p.cmd.Wait(); close(p.done) }()
+		t.Cleanup(func() {
+			_ = p.cmd.Process.Signal(syscall.SIGKILL)
+			<-p.done
+		})
+		return p
+	}
+}
+
+// supervised is a charger that is started again whenever it dies.
+type supervised struct {
+	mu    sync.Mutex
+	t     *testing.T
+	start func() *process
+	proc  *process
+}
+
+func supervise(t *testing.T, name string, env []string, path string, args ...string) *supervised {
+	s := &supervised{t: t}
+	s.start = func() *process { return startProcess(t, name, env)(path, args...) }
+	s.proc = s.start()
+	return s
+}
+
+// kill sends the charger SIGKILL, waits for it to die and starts it again.
+func (s *supervised) kill() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_ = s.proc.cmd.Process.Signal(syscall.SIGKILL)
+	<-s.proc.done
+	s.proc = s.start()
+}
