@@ -51,6 +51,9 @@ func required(t *testing.T, format string, args ...any) {
 // SIGKILL at random mid-message and restarted, and PostgreSQL. Every payment the API
 // accepted must be charged exactly once, and none lost.
 func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a crash test of the whole system; it runs without -short")
+	}
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
