@@ -5,6 +5,11 @@
 
 test: test-go test-ts test-python
 
+# The Python client's venv (see test-python), which the payments example uses too.
+PYTHON ?= python3
+PY := clients/python
+PYVENV := $(PY)/.venv
+
 # The Go tests start their own redis-server processes and idemd daemons on free
 # loopback ports; without redis-server on the PATH the Redis tests say so and skip.
 # The payments example's test (examples/payments) also runs its API with node and its
@@ -44,9 +49,6 @@ api/check/node_modules/.package-lock.json: api/check/package-lock.json
 
 # The Python client's checks and tests run in clients/python/.venv, made on first use
 # (and again when its pinned requirements change) with the python3 on the PATH (3.11+).
-PYTHON ?= python3
-PY := clients/python
-PYVENV := $(PY)/.venv
 
 $(PYVENV)/installed: $(PY)/requirements-dev.txt
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "clients/python needs Python 3.11 or later")'
