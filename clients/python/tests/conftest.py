@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from proxy import GateProxy
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -178,6 +179,14 @@ def own_daemon(idemd_binary: Path, tmp_path: Path) -> Iterator[Callable[..., Dae
 
 
 _seq = itertools.count()
+
+
+@pytest.fixture
+def cut_proxy(daemon: Daemon) -> Iterator[GateProxy]:
+    """A link to idemd that the test can cut."""
+    proxy = GateProxy(daemon.url, hold=())
+    yield proxy
+    proxy.close()
 
 
 def fresh_key(prefix: str) -> str:

@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
-import pytest
 from conftest import Daemon, free_port, fresh_key
 from proxy import GateProxy
 
 import idemd
-
-
-@pytest.fixture
-def cut_proxy(daemon: Daemon) -> Iterator[GateProxy]:
-    """A link to idemd that the test can cut."""
-    proxy = GateProxy(daemon.url, hold=())
-    yield proxy
-    proxy.close()
 
 
 def test_acks_a_handled_message_and_its_redelivery(daemon: Daemon) -> None:

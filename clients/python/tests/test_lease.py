@@ -37,14 +37,6 @@ def deadline_loop(what: str, seconds: float = 30.0) -> Iterator[None]:
     pytest.fail(f"timed out: {what}")
 
 
-@pytest.fixture
-def cut_proxy(daemon: Daemon) -> Iterator[GateProxy]:
-    """A link to idemd that the test can cut."""
-    proxy = GateProxy(daemon.url, hold=())
-    yield proxy
-    proxy.close()
-
-
 def test_run_and_once_hand_the_lease(daemon: Daemon) -> None:
     c = idemd.Client(daemon.url)
     key = fresh_key("lease-run")
