@@ -12,7 +12,7 @@ import {
   stepKey,
   UnavailableError,
 } from "../src/index.js";
-import { Daemon, freePort, freshKey } from "./daemon.js";
+import { Daemon, freePort, freshKey, stalledClient } from "./daemon.js";
 
 let daemon: Daemon;
 let client: IdemClient;
@@ -98,12 +98,9 @@ describe("consume", () => {
   });
 
   test("requeues a message whose outcome was not stored", async () => {
-    let cut = false;
-    const linked: typeof fetch = (input, init) =>
-      cut ? Promise.reject(new TypeError("link to idemd cut by the test")) : fetch(input, init);
-    const stalled = new IdemClient({ baseUrl: daemon.url, fetch: linked, retries: 0 });
-    const v = await stalled.consume(stepKey(freshKey("req"), "charge"), () => {
-      cut = true; // the work is done, but its outcome cannot be stored
+    const stalled = stalledClient(daemon.url);
+    const v = await stalled.client.consume(stepKey(freshKey("req"), "charge"), () => {
+      stalled.cut(true); // the work is done, but its outcome cannot be stored
     });
     assert.equal(v.action, "requeue");
     assert.equal(v.ran, true);

@@ -7,6 +7,7 @@ import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
+import { IdemClient } from "../src/index.js";
 
 export class Daemon {
   readonly url: string;
@@ -95,4 +96,17 @@ export async function waitFor(
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await sleep(10);
   }
+}
+
+/** A client whose link to idemd the test can cut: its renewals stop, its work goes on. */
+export function stalledClient(baseUrl: string): { client: IdemClient; cut: (on: boolean) => void } {
+  let cut = false;
+  const linked: typeof fetch = (input, init) =>
+    cut ? Promise.reject(new TypeError("link to idemd cut by the test")) : fetch(input, init);
+  return {
+    client: new IdemClient({ baseUrl, fetch: linked, retries: 0 }),
+    cut: (on) => {
+      cut = on;
+    },
+  };
 }

@@ -11,7 +11,7 @@ import { IdemClient, InProgressError, type Lease, LeaseLostError } from "../src/
 import { idempotency as expressIdempotency, idempotencyLease } from "../src/express.js";
 import { idempotency as fastifyIdempotency } from "../src/fastify.js";
 import { send, type Framework, frameworks } from "./apps.js";
-import { Daemon, freePort, freshKey, waitFor } from "./daemon.js";
+import { Daemon, freePort, freshKey, stalledClient, waitFor } from "./daemon.js";
 
 let daemon: Daemon;
 let client: IdemClient;
@@ -22,19 +22,6 @@ before(async () => {
 after(async () => {
   await daemon.stop();
 });
-
-/** A client whose link to idemd the test can cut: its renewals stop, its work goes on. */
-function stalledClient(): { client: IdemClient; cut: (on: boolean) => void } {
-  let cut = false;
-  const linked: typeof fetch = (input, init) =>
-    cut ? Promise.reject(new TypeError("link to idemd cut by the test")) : fetch(input, init);
-  return {
-    client: new IdemClient({ baseUrl: daemon.url, fetch: linked, retries: 0 }),
-    cut: (on) => {
-      cut = on;
-    },
-  };
-}
 
 /** What a lease says, without its signal. */
 const fields = (lease: Lease | undefined) =>
@@ -75,7 +62,7 @@ describe("run and once hand fn the lease", () => {
 
   test("taking over a holder whose lease ran out is the next attempt, recovered", async () => {
     const key = freshKey("lease-recovered");
-    const stalled = stalledClient();
+    const stalled = stalledClient(daemon.url);
     let first: Lease | undefined;
     let wake: () => void = () => undefined;
     const woken = new Promise<void>((resolve) => {
@@ -208,7 +195,7 @@ for (const framework of frameworks) {
       const hold = new Promise<void>((resolve) => {
         wake = resolve;
       });
-      const stalled = stalledClient();
+      const stalled = stalledClient(daemon.url);
       const stalledApp = await leaseApp(framework, stalled.client, seen, { leaseMs: 300, hold });
       const app = await leaseApp(framework, client, seen);
       try {
