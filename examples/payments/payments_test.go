@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -103,7 +104,10 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	apiProc := startProcess(t, "api", env, "PORT="+port)(node, api)
+	apiProc, err := startProcess(t, append(slices.Clip(env), "PORT="+port), node, api)
+	if err != nil {
+		t.Fatal(err)
+	}
 	apiURL := "http://" + addr
 	wait.For(t, 60*time.Second, "the API to answer", func() bool {
 		if apiProc.exited() {
@@ -127,6 +131,7 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 	// The killer: a random charger is sent SIGKILL every 50–300 ms and started again,
 	// until the payments are all charged or it has killed maxKills times.
 	var kills atomic.Int64
+	var killErr error
 	stopKilling := make(chan struct{})
 	killerDone := make(chan struct{})
 	go func() {
@@ -137,7 +142,9 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 				return
 			case <-time.After(time.Duration(50+rand.IntN(250)) * time.Millisecond):
 			}
-			chargers[rand.IntN(len(chargers))].kill()
+			if killErr = chargers[rand.IntN(len(chargers))].kill(); killErr != nil {
+				return
+			}
 			kills.Add(1)
 		}
 	}()
@@ -194,6 +201,9 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 	})
 	close(stopKilling)
 	<-killerDone
+	if killErr != nil {
+		t.Fatalf("restarting a killed charger: %v", killErr)
+	}
 
 	var recorded, ledger, redeliveries int
 	scan := func(q string, into *int) {
@@ -282,46 +292,48 @@ func (p *process) exited() bool {
 	}
 }
 
-// startProcess returns a function that starts a program with env and extra, stopped
-// (SIGKILL, by its PID) when the test ends.
-func startProcess(t *testing.T, name string, env []string, extra ...string) func(path string, args ...string) *process {
-	return func(path string, args ...string) *process {
-		t.Helper()
-		p := &process{cmd: exec.Command(path, args...), done: make(chan struct{}), logs: &testdaemon.Logs{}}
-		p.cmd.Env = append(append(append([]string{}, env...), "CHARGER="+name), extra...)
-		p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		go func() { _ = p.cmd.Wait(); close(p.done) }()
-		t.Cleanup(func() {
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		})
-		return p
+// startProcess starts a program with env, stopped (SIGKILL, by its PID) when the test
+// ends. It only reports an error, so that the killer's goroutine may call it.
+func startProcess(t *testing.T, env []string, path string, args ...string) (*process, error) {
+	p := &process{cmd: exec.Command(path, args...), done: make(chan struct{}), logs: &testdaemon.Logs{}}
+	p.cmd.Env = env
+	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
 	}
+	go func() { _ = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+	})
+	return p, nil
 }
 
-// supervised is a charger that is started again whenever it dies.
+// supervised is a charger that the killer starts again each time it kills it.
 type supervised struct {
 	mu    sync.Mutex
-	t     *testing.T
-	start func() *process
+	start func() (*process, error)
 	proc  *process
 }
 
 func supervise(t *testing.T, name string, env []string, path string, args ...string) *supervised {
-	s := &supervised{t: t}
-	s.start = func() *process { return startProcess(t, name, env)(path, args...) }
-	s.proc = s.start()
+	t.Helper()
+	env = append(slices.Clip(env), "CHARGER="+name)
+	s := &supervised{start: func() (*process, error) { return startProcess(t, env, path, args...) }}
+	var err error
+	if s.proc, err = s.start(); err != nil {
+		t.Fatal(err)
+	}
 	return s
 }
 
 // kill sends the charger SIGKILL, waits for it to die and starts it again.
-func (s *supervised) kill() {
+func (s *supervised) kill() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	_ = s.proc.cmd.Process.Signal(syscall.SIGKILL)
 	<-s.proc.done
-	s.proc = s.start()
+	var err error
+	s.proc, err = s.start()
+	return err
 }
