@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -130,6 +131,16 @@ type ClaimAcquired struct {
 
 // ClaimAcquiredOutcome defines model for ClaimAcquired.Outcome.
 type ClaimAcquiredOutcome string
+
+// ClaimAnswer A claim's answer, one schema for its 201 and its 200 so that a generator that keeps
+// one success type per operation reads both: `outcome` tells them apart. `acquired`
+// (status 201) is a ClaimAcquired; `completed` and `failed` (status 200) are a
+// ClaimFinished. Unlike `Problem.code` and `KeyRecord.state`, the outcome is a
+// closed set: a caller cannot act on an answer it does not know, so a new outcome
+// would come only with a new major version of this contract.
+type ClaimAnswer struct {
+	union json.RawMessage
+}
 
 // ClaimFinished The key is finished; its stored result is replayed.
 type ClaimFinished struct {
@@ -312,6 +323,93 @@ type ExtendJSONRequestBody = ExtendRequest
 
 // ReleaseJSONRequestBody defines body for Release for application/json ContentType.
 type ReleaseJSONRequestBody = ReleaseRequest
+
+// AsClaimAcquired returns the union data inside the ClaimAnswer as a ClaimAcquired
+func (t ClaimAnswer) AsClaimAcquired() (ClaimAcquired, error) {
+	var body ClaimAcquired
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromClaimAcquired overwrites any union data inside the ClaimAnswer as the provided ClaimAcquired
+func (t *ClaimAnswer) FromClaimAcquired(v ClaimAcquired) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeClaimAcquired performs a merge with any union data inside the ClaimAnswer, using the provided ClaimAcquired
+func (t *ClaimAnswer) MergeClaimAcquired(v ClaimAcquired) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+// AsClaimFinished returns the union data inside the ClaimAnswer as a ClaimFinished
+func (t ClaimAnswer) AsClaimFinished() (ClaimFinished, error) {
+	var body ClaimFinished
+	err := json.Unmarshal(t.union, &body)
+	return body, err
+}
+
+// FromClaimFinished overwrites any union data inside the ClaimAnswer as the provided ClaimFinished
+func (t *ClaimAnswer) FromClaimFinished(v ClaimFinished) error {
+	b, err := json.Marshal(v)
+	t.union = b
+	return err
+}
+
+// MergeClaimFinished performs a merge with any union data inside the ClaimAnswer, using the provided ClaimFinished
+func (t *ClaimAnswer) MergeClaimFinished(v ClaimFinished) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+
+	merged, err := runtime.JSONMerge(t.union, b)
+	t.union = merged
+	return err
+}
+
+func (t ClaimAnswer) Discriminator() (string, error) {
+	var discriminator struct {
+		Discriminator string `json:"outcome"`
+	}
+	err := json.Unmarshal(t.union, &discriminator)
+	return discriminator.Discriminator, err
+}
+
+func (t ClaimAnswer) ValueByDiscriminator() (interface{}, error) {
+	discriminator, err := t.Discriminator()
+	if err != nil {
+		return nil, err
+	}
+	switch discriminator {
+	case "acquired":
+		return t.AsClaimAcquired()
+	case "completed":
+		return t.AsClaimFinished()
+	case "failed":
+		return t.AsClaimFinished()
+	default:
+		return nil, errors.New("unknown discriminator value: " + discriminator)
+	}
+}
+
+func (t ClaimAnswer) MarshalJSON() ([]byte, error) {
+	b, err := t.union.MarshalJSON()
+	return b, err
+}
+
+func (t *ClaimAnswer) UnmarshalJSON(b []byte) error {
+	err := t.union.UnmarshalJSON(b)
+	return err
+}
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -1604,9 +1702,9 @@ type ClaimResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
 	// JSON200 the response for an HTTP 200 `application/json` response
-	JSON200 *ClaimFinished
+	JSON200 *ClaimAnswer
 	// JSON201 the response for an HTTP 201 `application/json` response
-	JSON201 *ClaimAcquired
+	JSON201 *ClaimAnswer
 	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
 	ApplicationproblemJSON400 *Problem
 	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
@@ -1638,12 +1736,12 @@ type ClaimResponse struct {
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
-func (r ClaimResponse) GetJSON200() *ClaimFinished {
+func (r ClaimResponse) GetJSON200() *ClaimAnswer {
 	return r.JSON200
 }
 
 // GetJSON201 returns the response for an HTTP 201 `application/json` response
-func (r ClaimResponse) GetJSON201() *ClaimAcquired {
+func (r ClaimResponse) GetJSON201() *ClaimAnswer {
 	return r.JSON201
 }
 
@@ -2761,14 +2859,14 @@ func ParseClaimResponse(rsp *http.Response) (*ClaimResponse, error) {
 
 	switch {
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
-		var dest ClaimFinished
+		var dest ClaimAnswer
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
 		response.JSON200 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 201:
-		var dest ClaimAcquired
+		var dest ClaimAnswer
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}

@@ -46,6 +46,21 @@ export type ClaimRequest = {
 };
 
 /**
+ * A claim's answer, one schema for its 201 and its 200 so that a generator that keeps
+ * one success type per operation reads both: `outcome` tells them apart. `acquired`
+ * (status 201) is a ClaimAcquired; `completed` and `failed` (status 200) are a
+ * ClaimFinished. Unlike `Problem.code` and `KeyRecord.state`, the outcome is a
+ * closed set: a caller cannot act on an answer it does not know, so a new outcome
+ * would come only with a new major version of this contract.
+ *
+ */
+export type ClaimAnswer = ({
+    outcome: 'acquired';
+} & ClaimAcquired) | ({
+    outcome: 'completed' | 'failed';
+} & ClaimFinished);
+
+/**
  * The caller holds the lease.
  */
 export type ClaimAcquired = {
@@ -309,13 +324,17 @@ export type ClaimError = ClaimErrors[keyof ClaimErrors];
 
 export type ClaimResponses = {
     /**
-     * The key is finished; its stored response is replayed.
+     * The key is finished and its stored response is replayed: a ClaimFinished,
+     * outcome `completed` or `failed`.
+     *
      */
-    200: ClaimFinished;
+    200: ClaimAnswer;
     /**
-     * The caller holds the lease (new, retried, taken over, or resent with the same claim_secret).
+     * The caller holds the lease (new, retried, taken over, or resent with the same
+     * claim_secret): a ClaimAcquired, outcome `acquired`.
+     *
      */
-    201: ClaimAcquired;
+    201: ClaimAnswer;
 };
 
 export type ClaimResponse = ClaimResponses[keyof ClaimResponses];

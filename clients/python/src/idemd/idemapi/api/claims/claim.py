@@ -34,12 +34,44 @@ def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
 ) -> ClaimAcquired | ClaimFinished | Problem:
     if response.status_code == 200:
-        response_200 = ClaimFinished.from_dict(response.json())
+
+        def _parse_response_200(data: object) -> ClaimAcquired | ClaimFinished:
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                componentsschemas_claim_answer_type_0 = ClaimAcquired.from_dict(data)
+
+                return componentsschemas_claim_answer_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            if not isinstance(data, dict):
+                raise TypeError()
+            componentsschemas_claim_answer_type_1 = ClaimFinished.from_dict(data)
+
+            return componentsschemas_claim_answer_type_1
+
+        response_200 = _parse_response_200(response.json())
 
         return response_200
 
     if response.status_code == 201:
-        response_201 = ClaimAcquired.from_dict(response.json())
+
+        def _parse_response_201(data: object) -> ClaimAcquired | ClaimFinished:
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                componentsschemas_claim_answer_type_0 = ClaimAcquired.from_dict(data)
+
+                return componentsschemas_claim_answer_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            if not isinstance(data, dict):
+                raise TypeError()
+            componentsschemas_claim_answer_type_1 = ClaimFinished.from_dict(data)
+
+            return componentsschemas_claim_answer_type_1
+
+        response_201 = _parse_response_201(response.json())
 
         return response_201
 
