@@ -1,9 +1,9 @@
 # The one command that runs every test of every language: `make test`.
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one.
 
-.PHONY: test test-go test-ts test-python check-contract check-ts-generated generate-python payments-api
+.PHONY: test test-go test-ts test-python test-java check-contract check-ts-generated generate-python generate-java payments-api
 
-test: test-go test-ts test-python
+test: test-go test-ts test-python test-java
 
 # The Python client's venv (see test-python), which the payments example uses too.
 PYTHON ?= python3
@@ -40,9 +40,12 @@ check-ts-generated: clients/ts/node_modules/.package-lock.json
 	cd clients/ts && npm run check-generated
 
 # The contract passes Redocly's strict lint, and strict TypeScript callers compile against
-# clients that openapi-typescript and @hey-api/openapi-ts generate from it.
-check-contract: api/check/node_modules/.package-lock.json
+# clients that openapi-typescript and @hey-api/openapi-ts generate from it. OpenAPI
+# Generator's Java client (clients/java/idemd-api) is generated from it without a warning
+# and compiles.
+check-contract: api/check/node_modules/.package-lock.json generate-java
 	cd api/check && npm run check
+	cd $(JAVA) && $(MVN) -pl idemd-api compile
 
 api/check/node_modules/.package-lock.json: api/check/package-lock.json
 	cd api/check && npm ci --no-audit --no-fund
@@ -62,6 +65,23 @@ test-python: $(PYVENV)/installed
 		.venv/bin/ruff check ../../examples/payments/charger.py && \
 		MYPYPATH=examples .venv/bin/mypy --strict --ignore-missing-imports ../../examples/payments/charger.py
 	cd $(PY) && .venv/bin/python -m pytest -q
+
+# The Java client: the system's Maven (3.8 or later) and JDK (17 or later) build every
+# module of clients/java and run its tests, which start idemd built here (IDEMD_BIN) and
+# real Tomcat and Spring Boot servers. MAVEN_OPTS=-Dmaven.repo.local=… moves Maven's cache.
+JAVA := clients/java
+MVN ?= mvn -B -q
+test-java:
+	go build -o $(JAVA)/target/idemd ./cmd/idemd
+	cd $(JAVA) && IDEMD_BIN=$$PWD/target/idemd $(MVN) verify
+
+# Regenerate the Java low-level client from the contract; any warning of the generator
+# fails it (CI checks that this leaves no diff).
+generate-java:
+	rm -rf $(JAVA)/idemd-api/src/main/java $(JAVA)/idemd-api/.openapi-generator
+	mkdir -p $(JAVA)/target
+	cd $(JAVA) && mvn -B -Pgenerate generate-sources -pl idemd-api > target/generate.log 2>&1 || { cat target/generate.log; exit 1; }
+	! grep -E 'WARN|ERROR' $(JAVA)/target/generate.log
 
 # Regenerate the low-level client from the contract (CI checks that this leaves no diff).
 generate-python: $(PYVENV)/installed

@@ -1,0 +1,29 @@
+package io.idemd;
+
+import java.time.OffsetDateTime;
+import java.util.Optional;
+
+/** What a claim answered: the lease ({@link Acquired}) or the key's stored end ({@link Finished}). */
+public sealed interface Claim permits Claim.Acquired, Claim.Finished {
+  /** How many times the key has been acquired (for Finished, the attempt that finished it). */
+  long attempt();
+
+  /** When the record is forgotten. */
+  OffsetDateTime expiresAt();
+
+  /**
+   * The caller holds the lease: complete, release or extend it with leaseToken. recovered
+   * says that the claim took the key over from a holder whose lease ran out.
+   */
+  record Acquired(
+      String leaseToken,
+      OffsetDateTime leaseExpiresAt,
+      long attempt,
+      boolean recovered,
+      OffsetDateTime expiresAt)
+      implements Claim {}
+
+  /** The key is finished: completed with a result, or failed for good; response is what was stored. */
+  record Finished(boolean failed, long attempt, Optional<StoredResponse> response, OffsetDateTime expiresAt)
+      implements Claim {}
+}

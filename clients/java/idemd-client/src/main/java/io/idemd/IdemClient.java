@@ -1,0 +1,723 @@
+package io.idemd;
+
+import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.ObjectMapper;
+import com.fasterxml.jackson.databind.node.NullNode;
+import com.fasterxml.jackson.databind.node.ObjectNode;
+import io.idemd.api.ApiClient;
+import io.idemd.api.ApiException;
+import io.idemd.api.ClaimsApi;
+import io.idemd.api.RecordsApi;
+import io.idemd.api.model.ClaimAcquired;
+import io.idemd.api.model.ClaimAnswer;
+import io.idemd.api.model.ClaimFinished;
+import io.idemd.api.model.ClaimRequest;
+import io.idemd.api.model.CompleteRequest;
+import io.idemd.api.model.ExtendRequest;
+import io.idemd.api.model.ReleaseRequest;
+import java.io.IOException;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpHeaders;
+import java.net.http.HttpTimeoutException;
+import java.security.SecureRandom;
+import java.time.Duration;
+import java.util.HexFormat;
+import java.util.List;
+import java.util.Map;
+import java.util.Objects;
+import java.util.Optional;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.ScheduledFuture;
+import java.util.concurrent.Semaphore;
+import java.util.concurrent.TimeUnit;
+
+/**
+ * A client of idemd: claim a key, then complete, release or extend the lease the claim
+ * gave; look a key up or purge it. {@link #run}, {@link #once} and {@link #consume} do the
+ * whole dance around a piece of work and hand it the lease it runs under.
+ *
+ * <p>Every call is bounded by the client's timeout (a claim that waits gets its wait on
+ * top), resent after a transport failure (every idemd call is safe to resend), and takes
+ * one of a bounded number of slots, so that the connections it opens are bounded too. An
+ * IdemClient is thread-safe; make one per idemd and share it. Close it to stop its lease
+ * renewals' thread.
+ */
+public final class IdemClient implements AutoCloseable {
+  static final Duration DEFAULT_LEASE = Duration.ofSeconds(30);
+  private static final Duration MAX_WAIT = Duration.ofSeconds(30);
+  private static final Duration REQUEUE_DELAY = Duration.ofSeconds(1);
+  private static final SecureRandom RANDOM = new SecureRandom();
+
+  private final ClaimsApi claims;
+  private final ClaimsApi waitingClaims;
+  private final RecordsApi records;
+  private final ObjectMapper mapper;
+  private final String owner;
+  private final Duration timeout;
+  private final Duration retention;
+  private final int retries;
+  private final Duration backoff;
+  private final Semaphore slots;
+  private final ScheduledExecutorService renewals;
+
+  private IdemClient(Builder b) {
+    HttpClient.Builder http =
+        HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(b.connectTimeout);
+    ApiClient api = new ApiClient(http, ApiClient.createDefaultObjectMapper(), b.baseUrl);
+    api.setReadTimeout(b.timeout);
+    if (b.token != null) {
+      String authorization = "Bearer " + b.token;
+      api.setRequestInterceptor(request -> request.header("Authorization", authorization));
+    }
+    this.claims = new ClaimsApi(api);
+    this.records = new RecordsApi(api);
+    // A waiting claim gets the longest wait on top of the timeout (on its own connections).
+    api.setReadTimeout(b.timeout.plus(MAX_WAIT));
+    this.waitingClaims = new ClaimsApi(api);
+    this.mapper = api.getObjectMapper();
+    this.owner = b.owner != null ? b.owner : "java-" + hex(8);
+    this.timeout = b.timeout;
+    this.retention = b.retention;
+    this.retries = b.retries;
+    this.backoff = b.backoff;
+    this.slots = new Semaphore(b.maxConcurrentCalls, true);
+    this.renewals =
+        Executors.newSingleThreadScheduledExecutor(
+            r -> {
+              Thread t = new Thread(r, "idemd-lease-renewals");
+              t.setDaemon(true);
+              return t;
+            });
+  }
+
+  /** Starts a client of the idemd at baseUrl, such as http://idemd.internal:8080. */
+  public static Builder builder(String baseUrl) {
+    return new Builder(baseUrl);
+  }
+
+  /** Returns a fresh claim secret: 128 random bits, hex-encoded. */
+  public static String newClaimSecret() {
+    return hex(16);
+  }
+
+  /**
+   * Asks for the lease on key. Throws an InProgressException (with retryAfter) when
+   * another caller holds a live lease, and a FingerprintMismatchException when the key
+   * was used with another fingerprint.
+   */
+  public Claim claim(String key, ClaimOptions options) {
+    Objects.requireNonNull(key, "key");
+    ClaimOptions o = options == null ? ClaimOptions.DEFAULT : options;
+    // The secret is made once per call, so every resend of this claim carries it.
+    ClaimRequest body =
+        new ClaimRequest()
+            .key(key)
+            .owner(o.owner() != null ? o.owner() : owner)
+            .claimSecret(o.claimSecret() != null ? o.claimSecret() : newClaimSecret());
+    if (o.fingerprint() != null && !o.fingerprint().isEmpty()) {
+      body.fingerprint(o.fingerprint());
+    }
+    if (o.lease() != null) {
+      body.leaseMs(o.lease().toMillis());
+    }
+    boolean waits = o.waitFor() != null && !o.waitFor().isZero();
+    if (waits) {
+      body.waitMs(o.waitFor().toMillis());
+    }
+    ClaimsApi api = waits ? waitingClaims : claims;
+    ClaimAnswer answer = call(() -> api.claim(body));
+    Object value = answer == null ? null : answer.getActualInstance();
+    if (value instanceof ClaimAcquired a
+        && a.getLeaseToken() != null
+        && !a.getLeaseToken().isEmpty()) {
+      return new Claim.Acquired(
+          a.getLeaseToken(),
+          a.getLeaseExpiresAt(),
+          a.getAttempt(),
+          Boolean.TRUE.equals(a.getRecovered()),
+          a.getExpiresAt());
+    }
+    if (value instanceof ClaimFinished f && f.getOutcome() != null) {
+      return new Claim.Finished(
+          f.getOutcome() == ClaimFinished.OutcomeEnum.FAILED,
+          f.getAttempt(),
+          Optional.ofNullable(f.getResponse()).map(IdemClient::fromWire),
+          f.getExpiresAt());
+    }
+    // Not idemd's answer (a base URL that points at something else): nothing may run or
+    // be replayed on it.
+    throw new IdemException(
+        "idem: the claim's answer is neither a lease nor a stored result; is the base URL idemd's?");
+  }
+
+  /** Claims key with the default options. */
+  public Claim claim(String key) {
+    return claim(key, ClaimOptions.DEFAULT);
+  }
+
+  /**
+   * Stores response as the key's result; retention null keeps it for the client's
+   * retention (default the daemon's 24 h). A LeaseLostException says that the lease is
+   * no longer this caller's.
+   */
+  public void complete(String key, String leaseToken, StoredResponse response, Duration retention) {
+    CompleteRequest body =
+        new CompleteRequest().key(key).leaseToken(leaseToken).response(toWire(response));
+    Duration keep = retention != null ? retention : this.retention;
+    if (keep != null) {
+      body.retentionMs(keep.toMillis());
+    }
+    call(() -> claims.complete(body));
+  }
+
+  public void complete(String key, String leaseToken, StoredResponse response) {
+    complete(key, leaseToken, response, null);
+  }
+
+  /** Frees the key for the next claim (mode retry): nothing is stored. */
+  public void releaseForRetry(String key, String leaseToken) {
+    release(key, leaseToken, ReleaseRequest.ModeEnum.RETRY, null, null);
+  }
+
+  /** Stores a terminal failure (mode fail): later claims replay response, which may be null. */
+  public void releaseAsFailed(String key, String leaseToken, StoredResponse response, Duration retention) {
+    release(key, leaseToken, ReleaseRequest.ModeEnum.FAIL, response, retention);
+  }
+
+  private void release(
+      String key, String leaseToken, ReleaseRequest.ModeEnum mode, StoredResponse response, Duration retention) {
+    ReleaseRequest body = new ReleaseRequest().key(key).leaseToken(leaseToken).mode(mode);
+    if (response != null) {
+      body.response(toWire(response));
+    }
+    Duration keep = retention != null ? retention : this.retention;
+    if (keep != null && mode == ReleaseRequest.ModeEnum.FAIL) {
+      body.retentionMs(keep.toMillis());
+    }
+    call(() -> claims.release(body));
+  }
+
+  /** Renews the lease for lease from now. */
+  public void extend(String key, String leaseToken, Duration lease) {
+    ExtendRequest body = new ExtendRequest().key(key).leaseToken(leaseToken).leaseMs(lease.toMillis());
+    call(() -> claims.extend(body));
+  }
+
+  /** The record of key; a NotFoundException when it has none. */
+  public KeyRecord lookup(String key) {
+    io.idemd.api.model.KeyRecord r = call(() -> records.lookup(key));
+    return new KeyRecord(
+        r.getKey(),
+        r.getState(),
+        r.getAttempt(),
+        Objects.toString(r.getFingerprint(), ""),
+        Objects.toString(r.getOwner(), ""),
+        r.getCreatedAt(),
+        r.getUpdatedAt(),
+        Optional.ofNullable(r.getLeaseExpiresAt()),
+        r.getExpiresAt(),
+        Optional.ofNullable(r.getResponse()).map(IdemClient::fromWire));
+  }
+
+  /** Deletes the record of key (an operator's tool; the token needs the admin scope). */
+  public void purge(String key) {
+    call(
+        () -> {
+          records.purge(key);
+          return null;
+        });
+  }
+
+  /**
+   * Runs work at most once per key and returns its value. With the lease, it runs work,
+   * renewing the lease every lease/3, and stores work's value as JSON. When the key is
+   * already done it returns the stored value, read as type, with replayed true, without
+   * running work.
+   *
+   * <p>If work throws, the key is released so that a later run runs work again; a
+   * PermanentException is stored as a terminal failure instead, and later runs throw a
+   * FailedException. If the lease is lost while work runs, {@link Lease#isLost()} turns
+   * true and run throws a LeaseLostException. Work gets the lease: its attempt, and
+   * whether it recovered the key from a holder whose lease ran out.
+   */
+  public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
+    RunOptions o = options == null ? RunOptions.DEFAULT : options;
+    Duration lease = o.lease() != null ? o.lease() : DEFAULT_LEASE;
+    Claim claim =
+        claim(key, new ClaimOptions(o.fingerprint(), lease, o.waitFor(), null, null));
+    if (claim instanceof Claim.Finished finished) {
+      JsonNode stored = parseStored(key, finished.response());
+      if (!finished.failed()) {
+        try {
+          return new RunResult<>(
+              stored.isMissingNode() ? null : mapper.treeToValue(stored, type), true);
+        } catch (JsonProcessingException e) {
+          throw new IdemException("idem: the result stored for \"" + key + "\" is not a " + type.getName(), e);
+        }
+      }
+      String message = stored.path("message").isTextual() ? stored.path("message").asText() : "failed";
+      JsonNode value = stored.path("value");
+      throw new FailedException(message, value.isMissingNode() || value.isNull() ? null : value);
+    }
+    Claim.Acquired acquired = (Claim.Acquired) claim;
+    T value;
+    try {
+      value = underLease(key, acquired, lease, work);
+    } catch (LeaseLostException e) {
+      throw e;
+    } catch (PermanentException e) {
+      ObjectNode failure = mapper.createObjectNode();
+      failure.put("message", e.getMessage());
+      failure.set("value", e.value() == null ? NullNode.getInstance() : mapper.valueToTree(e.value()));
+      releaseAsFailed(key, acquired.leaseToken(), jsonResponse(failure.toString()), null);
+      throw e;
+    } catch (RuntimeException | Error e) {
+      releaseQuietly(key, acquired, e);
+      throw e;
+    } catch (Exception e) {
+      releaseQuietly(key, acquired, e);
+      throw new IdemException("idem: the work of \"" + key + "\" failed", e);
+    }
+    try {
+      complete(key, acquired.leaseToken(), jsonResponse(value == null ? "" : mapper.writeValueAsString(value)));
+    } catch (JsonProcessingException | RuntimeException e) {
+      throw new ResultNotStoredException(key, value, e);
+    }
+    return new RunResult<>(value, false);
+  }
+
+  public <T> RunResult<T> run(String key, Class<T> type, Work<T> work) {
+    return run(key, type, work, RunOptions.DEFAULT);
+  }
+
+  /**
+   * Runs work at most once per key, for consumers of brokers that deliver at least once.
+   * Returns true when work ran now, false when an earlier delivery already ran it. An
+   * exception from work releases the key so that the next delivery runs work again;
+   * another consumer running the same key is an InProgressException: leave the message
+   * for redelivery. Work gets the lease, as with run.
+   */
+  public boolean once(String key, Task work, RunOptions options) {
+    RunResult<Void> r =
+        run(
+            key,
+            Void.class,
+            lease -> {
+              work.run(lease);
+              return null;
+            },
+            options);
+    return !r.replayed();
+  }
+
+  public boolean once(String key, Task work) {
+    return once(key, work, RunOptions.DEFAULT);
+  }
+
+  /**
+   * Runs work at most once for a message's key and says what to do with the delivery, by
+   * the same table in every idemd client (docs/queues.md):
+   *
+   * <ul>
+   *   <li>work ran and its result is stored, or an earlier delivery ran it: ACK;
+   *   <li>another consumer holds the key: REQUEUE after the time its lease has left; never
+   *       drop the message;
+   *   <li>work threw: the key is released and the message requeued;
+   *   <li>work threw a PermanentException: the failure is stored and the message
+   *       dead-lettered; a later delivery of it is dead-lettered without running work;
+   *   <li>idemd could not be asked, or did not store the outcome: REQUEUE. Work does not
+   *       run without a lease.
+   * </ul>
+   *
+   * <p>Work gets the lease, as with run: a recovered lease means that a consumer died
+   * holding the key, so the work may be done in part and must fence or reconcile its
+   * effects.
+   */
+  public Verdict consume(String key, Task work, RunOptions options) {
+    boolean[] ran = {false};
+    Throwable[] thrown = {null};
+    try {
+      run(
+          key,
+          Void.class,
+          lease -> {
+            ran[0] = true;
+            try {
+              work.run(lease);
+            } catch (Exception | Error e) {
+              thrown[0] = e;
+              throw e;
+            }
+            return null;
+          },
+          options);
+      return new Verdict(Verdict.Action.ACK, Duration.ZERO, ran[0], Optional.empty());
+    } catch (RuntimeException | Error e) {
+      if (!ran[0]) {
+        if (e instanceof FailedException || e instanceof FingerprintMismatchException) {
+          return new Verdict(Verdict.Action.DEAD_LETTER, Duration.ZERO, false, Optional.of(e));
+        }
+        Duration delay =
+            e instanceof InProgressException p ? p.retryAfter().orElse(REQUEUE_DELAY) : REQUEUE_DELAY;
+        return new Verdict(Verdict.Action.REQUEUE, delay, false, Optional.of(e));
+      }
+      if (e instanceof PermanentException && e == thrown[0]) {
+        return new Verdict(Verdict.Action.DEAD_LETTER, Duration.ZERO, true, Optional.of(e));
+      }
+      return new Verdict(Verdict.Action.REQUEUE, REQUEUE_DELAY, true, Optional.of(e));
+    }
+  }
+
+  public Verdict consume(String key, Task work) {
+    return consume(key, work, RunOptions.DEFAULT);
+  }
+
+  /**
+   * Runs work under the lease acquired gave, renewing it every lease/3, with the lease
+   * current on this thread. When a renewal finds the lease gone, the lease turns lost and
+   * a LeaseLostException is thrown whatever work did. The key is not finished here.
+   */
+  public <T> T underLease(String key, Claim.Acquired acquired, Duration lease, Work<T> work) throws Exception {
+    Lease held = new Lease(key, acquired.attempt(), acquired.recovered());
+    Renewal renewal = renew(key, acquired.leaseToken(), lease, held);
+    Lease.Scope scope = held.enter();
+    try {
+      T value = work.run(held);
+      held.checkLive();
+      return value;
+    } catch (Exception e) {
+      LeaseLostException lost = held.lostWith();
+      if (lost != null && lost != e) {
+        lost.addSuppressed(e);
+        throw lost;
+      }
+      throw e;
+    } finally {
+      scope.close();
+      renewal.stop();
+    }
+  }
+
+  /** Starts renewing a lease every lease/3 until the returned renewal is stopped. */
+  public Renewal renew(String key, String leaseToken, Duration lease, Lease held) {
+    long every = Math.max(lease.toMillis() / 3, 10);
+    Object lock = new Object();
+    boolean[] stopped = {false};
+    ScheduledFuture<?> future =
+        renewals.scheduleWithFixedDelay(
+            () -> {
+              synchronized (lock) {
+                if (stopped[0] || held.isLost()) {
+                  return;
+                }
+              }
+              try {
+                extend(key, leaseToken, lease);
+              } catch (LeaseLostException | NotFoundException e) {
+                synchronized (lock) {
+                  if (!stopped[0]) {
+                    held.lose(
+                        new LeaseLostException(
+                            new IdemProblemException.Problem(
+                                e.status(),
+                                "lease_lost",
+                                "Lease lost",
+                                "",
+                                "\"" + key + "\" was taken over while the operation ran",
+                                null),
+                            e));
+                  }
+                }
+              } catch (RuntimeException e) {
+                // A transport failure is tried again at the next tick.
+              }
+            },
+            every,
+            every,
+            TimeUnit.MILLISECONDS);
+    return () -> {
+      synchronized (lock) {
+        stopped[0] = true;
+      }
+      future.cancel(false);
+    };
+  }
+
+  /** The lease renewals started by {@link #renew}. */
+  @FunctionalInterface
+  public interface Renewal {
+    void stop();
+  }
+
+  /** Stops the lease renewals' thread. */
+  @Override
+  public void close() {
+    renewals.shutdownNow();
+  }
+
+  private void releaseQuietly(String key, Claim.Acquired acquired, Throwable cause) {
+    try {
+      // If this release fails too, the lease runs out and a later run runs the work again.
+      releaseForRetry(key, acquired.leaseToken());
+    } catch (RuntimeException e) {
+      cause.addSuppressed(e);
+    }
+  }
+
+  private JsonNode parseStored(String key, Optional<StoredResponse> response) {
+    if (response.isEmpty() || response.get().body().length == 0) {
+      return com.fasterxml.jackson.databind.node.MissingNode.getInstance();
+    }
+    try {
+      return mapper.readTree(response.get().body());
+    } catch (IOException e) {
+      throw new IdemException(
+          "idem: the result stored for \"" + key + "\" is not JSON: was it stored by run?", e);
+    }
+  }
+
+  private static StoredResponse jsonResponse(String body) {
+    return StoredResponse.of(200, "application/json", body);
+  }
+
+  /** A call of the generated client. */
+  @FunctionalInterface
+  private interface Call<T> {
+    T send() throws ApiException;
+  }
+
+  /**
+   * Sends one call in a slot, resending it after a transport failure, and returns its
+   * answer or throws the problem it answered.
+   */
+  private <T> T call(Call<T> send) {
+    long deadline = System.nanoTime() + timeout.toNanos();
+    try {
+      if (!slots.tryAcquire(timeout.toNanos(), TimeUnit.NANOSECONDS)) {
+        throw new UnavailableException(
+            new IdemProblemException.Problem(
+                0, "", "No free slot", "", "every one of the client's call slots stayed busy", null),
+            null);
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IdemException("idem: interrupted", e);
+    }
+    try {
+      for (int attempt = 0; ; attempt++) {
+        try {
+          return send.send();
+        } catch (ApiException e) {
+          if (e.getCode() != 0) {
+            throw problemOf(e.getCode(), e.getResponseHeaders(), e.getResponseBody(), e);
+          }
+          Throwable cause = e.getCause();
+          if (cause instanceof InterruptedException || Thread.currentThread().isInterrupted()) {
+            throw new IdemException("idem: interrupted", e);
+          }
+          if (cause instanceof JsonProcessingException) {
+            throw new IdemException("idem: the answer is not idemd's; is the base URL idemd's?", e);
+          }
+          long pause = backoff.toNanos() << Math.min(attempt, 20);
+          if (attempt >= retries
+              || cause instanceof HttpTimeoutException
+              || System.nanoTime() + pause >= deadline) {
+            throw new UnavailableException(
+                new IdemProblemException.Problem(
+                    0, "", "No answer", "", "idemd could not be reached: " + cause, null),
+                e);
+          }
+          try {
+            TimeUnit.NANOSECONDS.sleep(pause);
+          } catch (InterruptedException ie) {
+            Thread.currentThread().interrupt();
+            throw new IdemException("idem: interrupted", ie);
+          }
+        }
+      }
+    } finally {
+      slots.release();
+    }
+  }
+
+  /** Reads a failed answer into the exception its code (or, without one, its status) names. */
+  IdemProblemException problemOf(int status, HttpHeaders headers, String body, Throwable cause) {
+    String mediaType =
+        headers == null
+            ? ""
+            : headers.firstValue("Content-Type").orElse("").split(";")[0].trim().toLowerCase(java.util.Locale.ROOT);
+    String code = "";
+    String title = "";
+    String type = "";
+    String detail = "";
+    Duration retryAfter = null;
+    JsonNode wire = null;
+    if (mediaType.equals("application/problem+json") || mediaType.equals("application/json")) {
+      try {
+        wire = mapper.readTree(body == null ? "" : body);
+      } catch (IOException e) {
+        wire = null;
+      }
+    }
+    if (wire != null && wire.isObject()) {
+      code = wire.path("code").asText("");
+      title = wire.path("title").asText("");
+      type = wire.path("type").asText("");
+      detail = wire.path("detail").asText("");
+      if (wire.path("retry_after_ms").canConvertToLong() && wire.path("retry_after_ms").isNumber()) {
+        retryAfter = Duration.ofMillis(wire.path("retry_after_ms").asLong());
+      }
+    } else {
+      // Not idemd's answer: a proxy or load balancer in between.
+      String text = body == null ? "" : body.strip();
+      detail = text.length() > 200 ? text.substring(0, 200) : text;
+    }
+    if (retryAfter == null && headers != null) {
+      Optional<String> seconds = headers.firstValue("Retry-After");
+      if (seconds.isPresent() && seconds.get().matches("[0-9]{1,9}")) {
+        retryAfter = Duration.ofSeconds(Long.parseLong(seconds.get()));
+      }
+    }
+    IdemProblemException.Problem p =
+        new IdemProblemException.Problem(status, code, title, type, detail, retryAfter);
+    switch (code) {
+      case "in_progress":
+        return new InProgressException(p, cause);
+      case "fingerprint_mismatch":
+        return new FingerprintMismatchException(p, cause);
+      case "lease_lost":
+        return new LeaseLostException(p, cause);
+      case "not_found":
+        return new NotFoundException(p, cause);
+      case "store_unavailable":
+      case "not_replicated":
+        return new UnavailableException(p, cause);
+      case "":
+        if (status == 502 || status == 503 || status == 504) {
+          return new UnavailableException(p, cause);
+        }
+        return new IdemProblemException(p, cause);
+      default:
+        return new IdemProblemException(p, cause);
+    }
+  }
+
+  static io.idemd.api.model.StoredResponse toWire(StoredResponse r) {
+    io.idemd.api.model.StoredResponse wire = new io.idemd.api.model.StoredResponse().status(r.status());
+    if (!r.headers().isEmpty()) {
+      wire.headers(r.headers());
+    }
+    byte[] body = r.body();
+    if (body.length > 0) {
+      wire.body(body);
+    }
+    return wire;
+  }
+
+  static StoredResponse fromWire(io.idemd.api.model.StoredResponse wire) {
+    Map<String, List<String>> headers = wire.getHeaders() == null ? Map.of() : wire.getHeaders();
+    return new StoredResponse(wire.getStatus(), headers, wire.getBody());
+  }
+
+  private static String hex(int bytes) {
+    byte[] b = new byte[bytes];
+    RANDOM.nextBytes(b);
+    return HexFormat.of().formatHex(b);
+  }
+
+  /** Sets up an IdemClient. */
+  public static final class Builder {
+    private final String baseUrl;
+    private String token;
+    private Duration timeout = Duration.ofSeconds(10);
+    private Duration connectTimeout = Duration.ofSeconds(5);
+    private int retries = 3;
+    private Duration backoff = Duration.ofMillis(50);
+    private String owner;
+    private Duration retention;
+    private int maxConcurrentCalls = 64;
+
+    private Builder(String baseUrl) {
+      URI uri = URI.create(Objects.requireNonNull(baseUrl, "baseUrl").replaceAll("/+$", ""));
+      if (uri.getScheme() == null || uri.getHost() == null) {
+        throw new IllegalArgumentException("idem: the base URL needs a scheme and a host: " + baseUrl);
+      }
+      this.baseUrl = uri.toString();
+    }
+
+    /** An API token, sent as Authorization: Bearer, for a daemon with an auth file. */
+    public Builder token(String token) {
+      this.token = token == null || token.isEmpty() ? null : token;
+      return this;
+    }
+
+    /** Bounds each call, resends included; a claim that waits gets its wait on top. Default 10 s. */
+    public Builder timeout(Duration timeout) {
+      this.timeout = positive(timeout, "timeout");
+      return this;
+    }
+
+    /** Bounds each connection's setup. Default 5 s. */
+    public Builder connectTimeout(Duration connectTimeout) {
+      this.connectTimeout = positive(connectTimeout, "connectTimeout");
+      return this;
+    }
+
+    /**
+     * How many times a call is resent after a transport failure (a connection refused or
+     * reset before any answer); default 3. A resent claim carries the same claim secret
+     * and gets the same lease back; a resent complete or release is answered like the first.
+     */
+    public Builder retries(int retries) {
+      if (retries < 0) {
+        throw new IllegalArgumentException("idem: retries must not be negative");
+      }
+      this.retries = retries;
+      return this;
+    }
+
+    /** The first pause before a resend, doubled for each next one; default 50 ms. */
+    public Builder backoff(Duration backoff) {
+      this.backoff = positive(backoff, "backoff");
+      return this;
+    }
+
+    /** The owner label of this client's claims, shown by lookups; it grants nothing. Default random. */
+    public Builder owner(String owner) {
+      this.owner = owner;
+      return this;
+    }
+
+    /** How long completed and failed results are kept; default the daemon's (24 h). */
+    public Builder retention(Duration retention) {
+      this.retention = positive(retention, "retention");
+      return this;
+    }
+
+    /**
+     * How many calls may be in flight at once, hence how many connections the client
+     * opens at most; default 64. A call waits up to the timeout for a slot.
+     */
+    public Builder maxConcurrentCalls(int maxConcurrentCalls) {
+      if (maxConcurrentCalls < 1) {
+        throw new IllegalArgumentException("idem: maxConcurrentCalls must be at least 1");
+      }
+      this.maxConcurrentCalls = maxConcurrentCalls;
+      return this;
+    }
+
+    public IdemClient build() {
+      return new IdemClient(this);
+    }
+
+    private static Duration positive(Duration d, String name) {
+      if (d == null || d.isNegative() || d.isZero()) {
+        throw new IllegalArgumentException("idem: " + name + " must be positive");
+      }
+      return d;
+    }
+  }
+}
