@@ -1,0 +1,449 @@
+package io.idemd.servlet;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import io.idemd.IdemClient;
+import io.idemd.Lease;
+import io.idemd.testing.Daemon;
+import jakarta.servlet.Filter;
+import jakarta.servlet.http.HttpServlet;
+import jakarta.servlet.http.HttpServletRequest;
+import jakarta.servlet.http.HttpServletRequestWrapper;
+import jakarta.servlet.http.HttpServletResponse;
+import java.io.IOException;
+import java.net.URI;
+import java.net.http.HttpClient;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.MessageDigest;
+import java.security.Principal;
+import java.time.Duration;
+import java.util.HexFormat;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.concurrent.CopyOnWriteArrayList;
+import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
+import java.util.function.Consumer;
+import org.apache.catalina.Context;
+import org.apache.catalina.connector.Connector;
+import org.apache.catalina.startup.Tomcat;
+import org.apache.tomcat.util.descriptor.web.FilterDef;
+import org.apache.tomcat.util.descriptor.web.FilterMap;
+import org.junit.jupiter.api.AfterAll;
+import org.junit.jupiter.api.BeforeAll;
+import org.junit.jupiter.api.Test;
+
+/** The filter in a real Tomcat, over real HTTP, against a real idemd: docs/middleware.md's rows. */
+class FilterTest {
+  private static Daemon daemon;
+  private static IdemClient client;
+  private static final HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
+
+  @BeforeAll
+  static void start() throws Exception {
+    daemon = Daemon.start();
+    client = IdemClient.builder(daemon.url).build();
+  }
+
+  @AfterAll
+  static void stop() {
+    client.close();
+    daemon.close();
+  }
+
+  /** The app behind the filter: every route counts its runs and records the lease it saw. */
+  static final class App extends HttpServlet {
+    private static final long serialVersionUID = 1L;
+    final AtomicInteger runs = new AtomicInteger();
+    final Map<String, Lease> leases = new ConcurrentHashMap<>();
+    final CountDownLatch entered = new CountDownLatch(1);
+    final CountDownLatch release = new CountDownLatch(1);
+
+    @Override
+    protected void service(HttpServletRequest req, HttpServletResponse res) throws IOException {
+      int n = runs.incrementAndGet();
+      String id = req.getHeader("X-Request-Id");
+      IdempotencyFilter.lease(req).ifPresent(l -> leases.put(id == null ? "" : id, l));
+      if (Lease.current().isPresent() != IdempotencyFilter.lease(req).isPresent()) {
+        throw new IllegalStateException("Lease.current() and the request attribute disagree");
+      }
+      String body = new String(req.getInputStream().readAllBytes(), StandardCharsets.UTF_8);
+      switch (req.getRequestURI()) {
+        case "/orders" -> {
+          res.setStatus(201);
+          res.setContentType("application/json");
+          res.setHeader("Location", "/orders/" + n);
+          res.setHeader("X-Not-Stored", "yes");
+          res.addHeader("Set-Cookie", "session=first-caller");
+          res.getWriter().write("{\"order\":" + n + ",\"body\":" + (body.isEmpty() ? "null" : body) + "}");
+        }
+        case "/invalid" -> res.sendError(422, "no");
+        case "/crash" -> {
+          res.setStatus(500);
+          res.getWriter().write("down");
+        }
+        case "/throw" -> throw new IllegalStateException("the handler failed");
+        case "/big" -> {
+          res.setContentType("text/plain");
+          res.getOutputStream().write(new byte[4096]);
+        }
+        case "/form" -> res.getWriter().write("a=" + req.getParameter("a"));
+        case "/block" -> {
+          entered.countDown();
+          try {
+            release.await(20, TimeUnit.SECONDS);
+          } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+          }
+          res.getWriter().write("blocked " + n);
+        }
+        case "/lost" -> {
+          Lease lease = Lease.current().orElseThrow();
+          client.purge(lease.key());
+          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+          while (!lease.isLost() && System.nanoTime() < deadline) {
+            try {
+              Thread.sleep(5);
+            } catch (InterruptedException e) {
+              Thread.currentThread().interrupt();
+              return;
+            }
+          }
+          // A handler that sees its lease lost writes nothing.
+        }
+        default -> res.getWriter().write("ran " + n);
+      }
+    }
+  }
+
+  /** Authentication before the filter: the principal is the X-User header (a test's stand-in). */
+  static final class Authenticate implements Filter {
+    @Override
+    public void doFilter(jakarta.servlet.ServletRequest request, jakarta.servlet.ServletResponse response,
+        jakarta.servlet.FilterChain chain) throws IOException, jakarta.servlet.ServletException {
+      HttpServletRequest req = (HttpServletRequest) request;
+      String user = req.getHeader("X-User");
+      chain.doFilter(user == null ? req : new HttpServletRequestWrapper(req) {
+        @Override
+        public Principal getUserPrincipal() {
+          return () -> user;
+        }
+      }, response);
+    }
+  }
+
+  /** A Tomcat on a free loopback port running the app behind Authenticate and the filter. */
+  static final class Server implements AutoCloseable {
+    final Tomcat tomcat = new Tomcat();
+    final App app = new App();
+    final List<Incident> incidents = new CopyOnWriteArrayList<>();
+    final String url;
+
+    Server(Consumer<IdempotencyFilter.Builder> configure, IdemClient with) throws Exception {
+      Path base = Files.createTempDirectory("idemd-tomcat-");
+      tomcat.setBaseDir(base.toString());
+      Connector connector = new Connector();
+      connector.setPort(0);
+      connector.setProperty("address", "127.0.0.1");
+      tomcat.setConnector(connector);
+      Context ctx = tomcat.addContext("", base.toString());
+      Tomcat.addServlet(ctx, "app", app).addMapping("/*");
+      IdempotencyFilter.Builder b = IdempotencyFilter.builder(with)
+          .scope(req -> req.getUserPrincipal() == null ? null : req.getUserPrincipal().getName())
+          .onIncident((req, incident) -> incidents.add(incident));
+      configure.accept(b);
+      addFilter(ctx, "authenticate", new Authenticate());
+      addFilter(ctx, "idempotency", b.build());
+      tomcat.start();
+      url = "http://127.0.0.1:" + connector.getLocalPort();
+    }
+
+    private static void addFilter(Context ctx, String name, Filter filter) {
+      FilterDef def = new FilterDef();
+      def.setFilterName(name);
+      def.setFilter(filter);
+      ctx.addFilterDef(def);
+      FilterMap map = new FilterMap();
+      map.setFilterName(name);
+      map.addURLPattern("/*");
+      ctx.addFilterMap(map);
+    }
+
+    @Override
+    public void close() throws org.apache.catalina.LifecycleException {
+      tomcat.stop();
+      tomcat.destroy();
+    }
+  }
+
+  static Server serve(Consumer<IdempotencyFilter.Builder> configure) throws Exception {
+    return new Server(configure, client);
+  }
+
+  static HttpResponse<String> post(String url, String user, String key, String body, String... headers)
+      throws IOException, InterruptedException {
+    HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(url))
+        .POST(HttpRequest.BodyPublishers.ofString(body))
+        .header("Content-Type", "application/json");
+    if (user != null) {
+      b.header("X-User", user);
+    }
+    if (key != null) {
+      b.header("Idempotency-Key", key);
+    }
+    for (int i = 0; i < headers.length; i += 2) {
+      b.setHeader(headers[i], headers[i + 1]);
+    }
+    return http.send(b.build(), HttpResponse.BodyHandlers.ofString());
+  }
+
+  private static String key() {
+    return UUID.randomUUID().toString();
+  }
+
+  private static String code(HttpResponse<String> res) {
+    java.util.regex.Matcher m = java.util.regex.Pattern.compile("\"code\":\"([a-z_]+)\"").matcher(res.body());
+    return m.find() ? m.group(1) : "";
+  }
+
+  @Test
+  void theFirstRequestRunsAndItsRetryIsReplayed() throws Exception {
+    try (Server s = serve(b -> {})) {
+      String key = key();
+      HttpResponse<String> first = post(s.url + "/orders", "alice", key, "{\"amount\":100}", "X-Request-Id", "1");
+      assertEquals(201, first.statusCode());
+      assertEquals("{\"order\":1,\"body\":{\"amount\":100}}", first.body());
+      assertTrue(first.headers().firstValue("Idempotent-Replayed").isEmpty());
+      // L1: the handler ran under the lease, attempt 1, not recovered.
+      Lease lease = s.app.leases.get("1");
+      assertEquals(1, lease.attempt());
+      assertFalse(lease.recovered());
+      assertEquals(io.idemd.Idempotency.idemdKey("alice", key), lease.key());
+
+      // C2, P1, P2: the same answer, marked, without what is never stored; JSON spacing
+      // and member order do not change the fingerprint.
+      HttpResponse<String> again = post(s.url + "/orders", "alice", key, "{ \"amount\" : 100 }");
+      assertEquals(201, again.statusCode());
+      assertEquals(first.body(), again.body());
+      assertEquals("true", again.headers().firstValue("Idempotent-Replayed").orElse(""));
+      assertEquals("/orders/1", again.headers().firstValue("Location").orElse(""));
+      assertTrue(again.headers().firstValue("Content-Type").orElse("").startsWith("application/json"));
+      assertTrue(again.headers().firstValue("Set-Cookie").isEmpty(), "a cookie is never replayed");
+      assertTrue(again.headers().firstValue("X-Not-Stored").isEmpty());
+      assertEquals(1, s.app.runs.get());
+    }
+  }
+
+  @Test
+  void scopesNeverShareAnAnswer() throws Exception {
+    try (Server s = serve(b -> {})) {
+      String key = key();
+      assertEquals("{\"order\":1,\"body\":{}}", post(s.url + "/orders", "alice", key, "{}").body());
+      HttpResponse<String> bob = post(s.url + "/orders", "bob", key, "{}");
+      assertEquals("{\"order\":2,\"body\":{}}", bob.body());
+      assertTrue(bob.headers().firstValue("Idempotent-Replayed").isEmpty());
+      assertEquals(2, s.app.runs.get());
+    }
+  }
+
+  @Test
+  void requestsItDoesNotProtectPassThroughWithoutALease() throws Exception {
+    try (Server s = serve(b -> {})) {
+      // M1: a GET runs every time, even with a key.
+      for (int i = 0; i < 2; i++) {
+        HttpResponse<String> get = http.send(HttpRequest.newBuilder(URI.create(s.url + "/orders"))
+            .header("Idempotency-Key", "k").header("X-User", "alice").build(), HttpResponse.BodyHandlers.ofString());
+        assertEquals(201, get.statusCode());
+      }
+      // M2: no key.
+      assertEquals(201, post(s.url + "/orders", "alice", null, "{}", "X-Request-Id", "nokey").statusCode());
+      assertEquals(3, s.app.runs.get());
+      assertTrue(s.app.leases.isEmpty(), "L2: no lease without a claim");
+    }
+    try (Server s = serve(b -> b.requireKey(true))) {
+      HttpResponse<String> res = post(s.url + "/orders", "alice", null, "{}");
+      assertEquals(400, res.statusCode());
+      assertEquals("missing_idempotency_key", code(res));
+      assertEquals(0, s.app.runs.get());
+    }
+  }
+
+  @Test
+  void anInvalidKeyOrBodyIsAProblemAndNothingRuns() throws Exception {
+    try (Server s = serve(b -> b.maxBodyBytes(64))) {
+      HttpResponse<String> invalid = post(s.url + "/orders", "alice", "\"unterminated", "{}");
+      assertEquals(400, invalid.statusCode()); // M3
+      assertEquals("invalid_idempotency_key", code(invalid));
+      assertEquals("application/problem+json", invalid.headers().firstValue("Content-Type").orElse(""));
+      HttpResponse<String> large = post(s.url + "/orders", "alice", key(), "{\"pad\":\"" + "x".repeat(100) + "\"}");
+      assertEquals(413, large.statusCode()); // M6
+      assertEquals("payload_too_large", code(large));
+      HttpResponse<String> noScope = post(s.url + "/orders", null, key(), "{}");
+      assertEquals(500, noScope.statusCode()); // M4
+      assertEquals("idempotency_scope_missing", code(noScope));
+      assertEquals(Incident.Kind.SCOPE_MISSING, s.incidents.get(0).kind());
+      assertEquals(0, s.app.runs.get());
+    }
+  }
+
+  @Test
+  void aFilterWithoutAScopeOrOutsideIdemdsLimitsIsNotBuilt() {
+    assertThrows(IllegalStateException.class, () -> IdempotencyFilter.builder(client).build()); // M5
+    assertThrows(IllegalArgumentException.class, () -> IdempotencyFilter.builder(client).scope(r -> "s")
+        .waitFor(Duration.ofSeconds(31)).build()); // M5a
+    assertThrows(IllegalArgumentException.class, () -> IdempotencyFilter.builder(client).scope(r -> "s")
+        .lease(Duration.ofMillis(50)).build());
+    assertThrows(IllegalArgumentException.class, () -> IdempotencyFilter.builder(client).scope(r -> "s")
+        .storedHeaders("content-type", "Set-Cookie").build()); // P2
+  }
+
+  @Test
+  void aDuplicateOfARunningRequestIs409AndAnotherPayload422() throws Exception {
+    try (Server s = serve(b -> {})) {
+      String key = key();
+      var first = http.sendAsync(HttpRequest.newBuilder(URI.create(s.url + "/block"))
+          .POST(HttpRequest.BodyPublishers.ofString("{}")).header("X-User", "alice")
+          .header("Content-Type", "application/json")
+          .header("Idempotency-Key", key).build(), HttpResponse.BodyHandlers.ofString());
+      assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
+      HttpResponse<String> dup = post(s.url + "/block", "alice", key, "{}");
+      assertEquals(409, dup.statusCode()); // C3
+      assertEquals("in_progress", code(dup));
+      assertTrue(Integer.parseInt(dup.headers().firstValue("Retry-After").orElse("0")) >= 1);
+      HttpResponse<String> other = post(s.url + "/block", "alice", key, "{\"other\":1}");
+      assertEquals(422, other.statusCode()); // C4
+      assertEquals("fingerprint_mismatch", code(other));
+      s.app.release.countDown();
+      assertEquals("blocked 1", first.get(20, TimeUnit.SECONDS).body());
+      assertEquals(1, s.app.runs.get());
+    }
+  }
+
+  @Test
+  void aDuplicateWaitsForTheFirstAnswerWithWait() throws Exception {
+    try (Server s = serve(b -> b.waitFor(Duration.ofSeconds(20)))) {
+      String key = key();
+      var first = http.sendAsync(HttpRequest.newBuilder(URI.create(s.url + "/block"))
+          .POST(HttpRequest.BodyPublishers.ofString("{}")).header("X-User", "alice")
+          .header("Content-Type", "application/json")
+          .header("Idempotency-Key", key).build(), HttpResponse.BodyHandlers.ofString());
+      assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
+      var dup = http.sendAsync(HttpRequest.newBuilder(URI.create(s.url + "/block"))
+          .POST(HttpRequest.BodyPublishers.ofString("{}")).header("X-User", "alice")
+          .header("Content-Type", "application/json")
+          .header("Idempotency-Key", key).build(), HttpResponse.BodyHandlers.ofString());
+      s.app.release.countDown();
+      assertEquals("blocked 1", first.get(20, TimeUnit.SECONDS).body());
+      HttpResponse<String> replayed = dup.get(30, TimeUnit.SECONDS);
+      assertEquals("blocked 1", replayed.body());
+      assertEquals("true", replayed.headers().firstValue("Idempotent-Replayed").orElse(""));
+      assertEquals(1, s.app.runs.get());
+    }
+  }
+
+  @Test
+  void failuresAreReleasedForTheRetry() throws Exception {
+    try (Server s = serve(b -> {})) {
+      String k4 = key();
+      assertEquals(422, post(s.url + "/invalid", "alice", k4, "{}").statusCode()); // R2
+      assertEquals(422, post(s.url + "/invalid", "alice", k4, "{}").statusCode());
+      String k5 = key();
+      assertEquals(500, post(s.url + "/crash", "alice", k5, "{}").statusCode()); // R3
+      assertEquals(500, post(s.url + "/crash", "alice", k5, "{}").statusCode());
+      String kt = key();
+      assertEquals(500, post(s.url + "/throw", "alice", kt, "{}").statusCode()); // R4
+      assertEquals(500, post(s.url + "/throw", "alice", kt, "{}").statusCode());
+      assertEquals(6, s.app.runs.get(), "every retry of a failure runs the handler again");
+      assertTrue(s.incidents.isEmpty(), s.incidents.toString());
+    }
+  }
+
+  @Test
+  void anAnswerTooLargeToStoreIsNeverRunAgain() throws Exception {
+    try (Server s = serve(b -> b.maxStoredBytes(1024))) {
+      String key = key();
+      HttpResponse<String> first = post(s.url + "/big", "alice", key, "{}");
+      assertEquals(200, first.statusCode()); // R10: the client still gets all of it.
+      assertEquals(4096, first.body().length());
+      HttpResponse<String> again = post(s.url + "/big", "alice", key, "{}");
+      assertEquals(409, again.statusCode()); // P4
+      assertEquals("response_not_stored", code(again));
+      assertEquals("true", again.headers().firstValue("Idempotent-Replayed").orElse(""));
+      assertEquals(1, s.app.runs.get());
+      assertEquals(Incident.Kind.RESULT_NOT_STORED, s.incidents.get(0).kind());
+    }
+  }
+
+  @Test
+  void aLostLeaseStoresNothingAndAnswers409() throws Exception {
+    try (Server s = serve(b -> b.lease(Duration.ofMillis(300)))) {
+      HttpResponse<String> res = post(s.url + "/lost", "alice", key(), "{}");
+      assertEquals(409, res.statusCode()); // R12
+      assertEquals("lease_lost", code(res));
+      assertEquals("1", res.headers().firstValue("Retry-After").orElse(""));
+      assertEquals(Incident.Kind.LEASE_LOST, s.incidents.get(0).kind());
+    }
+  }
+
+  @Test
+  void theHandlerReadsTheBodyTheFilterRead() throws Exception {
+    try (Server s = serve(b -> {})) {
+      HttpResponse<String> res = http.send(HttpRequest.newBuilder(URI.create(s.url + "/form"))
+          .POST(HttpRequest.BodyPublishers.ofString("a=b%20c")).header("X-User", "alice")
+          .header("Content-Type", "application/x-www-form-urlencoded").header("Idempotency-Key", key()).build(),
+          HttpResponse.BodyHandlers.ofString());
+      assertEquals("a=b c", res.body(), "the form's parameters survive the filter's read");
+    }
+  }
+
+  @Test
+  void anUnreachableIdemdFailsClosedUnlessToldOtherwise() throws Exception {
+    IdemClient nowhere = IdemClient.builder("http://127.0.0.1:" + Daemon.freePort())
+        .retries(0).build();
+    try (Server s = new Server(b -> {}, nowhere)) {
+      HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}");
+      assertEquals(503, res.statusCode()); // C5
+      assertEquals("idempotency_unavailable", code(res));
+      assertTrue(res.headers().firstValue("Retry-After").isPresent());
+      assertEquals(0, s.app.runs.get());
+      assertEquals(Incident.Kind.UNAVAILABLE, s.incidents.get(0).kind());
+    }
+    try (Server s = new Server(b -> b.failOpen(true), nowhere)) {
+      HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}", "X-Request-Id", "open");
+      assertEquals(201, res.statusCode());
+      assertEquals(1, s.app.runs.get());
+      assertFalse(s.app.leases.containsKey("open"), "L2: a fail-open run has no lease");
+      assertEquals(Incident.Kind.FAIL_OPEN, s.incidents.get(0).kind());
+    } finally {
+      nowhere.close();
+    }
+  }
+
+  @Test
+  void anIdemdThatRefusesIsNeverFailedOpen() throws Exception {
+    Path auth = Files.createTempFile("idemd-auth-", ".yaml");
+    String hash = HexFormat.of().formatHex(MessageDigest.getInstance("SHA-256")
+        .digest("the-right-token-0123456789".getBytes(StandardCharsets.UTF_8)));
+    Files.writeString(auth, "tenants:\n  t: {}\ntokens:\n  - tenant: t\n    scopes: [use]\n    sha256: " + hash + "\n");
+    try (Daemon guarded = Daemon.start("--auth-file", auth.toString());
+        IdemClient wrongToken = IdemClient.builder(guarded.url).token("a-wrong-token").build();
+        Server s = new Server(b -> b.failOpen(true), wrongToken)) {
+      HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}");
+      assertEquals(503, res.statusCode()); // C6
+      assertEquals(0, s.app.runs.get());
+      assertEquals(Incident.Kind.IDEMD_REFUSED, s.incidents.get(0).kind());
+    } finally {
+      Files.deleteIfExists(auth);
+    }
+  }
+}
