@@ -107,6 +107,20 @@ class FilterTest {
           }
           res.getWriter().write("blocked " + n);
         }
+        case "/stream" -> {
+          entered.countDown();
+          try {
+            release.await(20, TimeUnit.SECONDS);
+          } catch (InterruptedException e) {
+            Thread.currentThread().interrupt();
+          }
+          // The client has gone: a write soon fails, and the exception ends the handler.
+          byte[] chunk = new byte[64 << 10];
+          for (int i = 0; i < 1024; i++) {
+            res.getOutputStream().write(chunk);
+            res.flushBuffer();
+          }
+        }
         case "/lost" -> {
           Lease lease = Lease.current().orElseThrow();
           client.purge(lease.key());
@@ -207,6 +221,12 @@ class FilterTest {
     return http.send(b.build(), HttpResponse.BodyHandlers.ofString());
   }
 
+  /** The first incident the filter reported; it reports after the answer is written. */
+  private static Incident firstIncident(Server s) throws InterruptedException {
+    ClientTestSupport.eventually("an incident is reported", () -> !s.incidents.isEmpty());
+    return s.incidents.get(0);
+  }
+
   private static String key() {
     return UUID.randomUUID().toString();
   }
@@ -291,7 +311,7 @@ class FilterTest {
       HttpResponse<String> noScope = post(s.url + "/orders", null, key(), "{}");
       assertEquals(500, noScope.statusCode()); // M4
       assertEquals("idempotency_scope_missing", code(noScope));
-      assertEquals(Incident.Kind.SCOPE_MISSING, s.incidents.get(0).kind());
+      assertEquals(Incident.Kind.SCOPE_MISSING, firstIncident(s).kind());
       assertEquals(0, s.app.runs.get());
     }
   }
@@ -380,7 +400,32 @@ class FilterTest {
       assertEquals("response_not_stored", code(again));
       assertEquals("true", again.headers().firstValue("Idempotent-Replayed").orElse(""));
       assertEquals(1, s.app.runs.get());
-      assertEquals(Incident.Kind.RESULT_NOT_STORED, s.incidents.get(0).kind());
+      assertEquals(Incident.Kind.RESULT_NOT_STORED, firstIncident(s).kind());
+    }
+  }
+
+  @Test
+  void aClientThatLeavesMidAnswerGetsResponseNotStoredOnItsRetry() throws Exception {
+    try (Server s = serve(b -> {})) {
+      String key = key();
+      URI uri = URI.create(s.url);
+      try (java.net.Socket socket = new java.net.Socket(uri.getHost(), uri.getPort())) {
+        String request = "POST /stream HTTP/1.1\r\nHost: localhost\r\nX-User: alice\r\nIdempotency-Key: " + key
+            + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        socket.getOutputStream().write(request.getBytes(StandardCharsets.US_ASCII));
+        socket.getOutputStream().flush();
+        assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
+        socket.setSoLinger(true, 0); // a reset, as a client that dies sends
+      }
+      s.app.release.countDown();
+      ClientTestSupport.eventually("the handler's answer is cut short",
+          () -> s.incidents.stream().anyMatch(i -> i.kind() == Incident.Kind.RESULT_NOT_STORED));
+      // R15: the answer began (its status went out) and was cut short; the retry learns
+      // that the operation ran instead of running it again.
+      HttpResponse<String> retry = post(s.url + "/stream", "alice", key, "{}");
+      assertEquals(409, retry.statusCode());
+      assertEquals("response_not_stored", code(retry));
+      assertEquals(1, s.app.runs.get());
     }
   }
 
@@ -391,7 +436,7 @@ class FilterTest {
       assertEquals(409, res.statusCode()); // R12
       assertEquals("lease_lost", code(res));
       assertEquals("1", res.headers().firstValue("Retry-After").orElse(""));
-      assertEquals(Incident.Kind.LEASE_LOST, s.incidents.get(0).kind());
+      assertEquals(Incident.Kind.LEASE_LOST, firstIncident(s).kind());
     }
   }
 
@@ -416,14 +461,14 @@ class FilterTest {
       assertEquals("idempotency_unavailable", code(res));
       assertTrue(res.headers().firstValue("Retry-After").isPresent());
       assertEquals(0, s.app.runs.get());
-      assertEquals(Incident.Kind.UNAVAILABLE, s.incidents.get(0).kind());
+      assertEquals(Incident.Kind.UNAVAILABLE, firstIncident(s).kind());
     }
     try (Server s = new Server(b -> b.failOpen(true), nowhere)) {
       HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}", "X-Request-Id", "open");
       assertEquals(201, res.statusCode());
       assertEquals(1, s.app.runs.get());
       assertFalse(s.app.leases.containsKey("open"), "L2: a fail-open run has no lease");
-      assertEquals(Incident.Kind.FAIL_OPEN, s.incidents.get(0).kind());
+      assertEquals(Incident.Kind.FAIL_OPEN, firstIncident(s).kind());
     } finally {
       nowhere.close();
     }
@@ -441,7 +486,7 @@ class FilterTest {
       HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}");
       assertEquals(503, res.statusCode()); // C6
       assertEquals(0, s.app.runs.get());
-      assertEquals(Incident.Kind.IDEMD_REFUSED, s.incidents.get(0).kind());
+      assertEquals(Incident.Kind.IDEMD_REFUSED, firstIncident(s).kind());
     } finally {
       Files.deleteIfExists(auth);
     }

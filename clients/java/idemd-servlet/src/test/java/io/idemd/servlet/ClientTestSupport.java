@@ -1,0 +1,19 @@
+package io.idemd.servlet;
+
+import java.util.concurrent.TimeUnit;
+import java.util.function.BooleanSupplier;
+
+/** Waiting on a condition with a deadline, never a bare sleep. */
+final class ClientTestSupport {
+  private ClientTestSupport() {}
+
+  static void eventually(String what, BooleanSupplier condition) throws InterruptedException {
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+    while (!condition.getAsBoolean()) {
+      if (System.nanoTime() > deadline) {
+        throw new AssertionError("not within 20 s: " + what);
+      }
+      Thread.sleep(5);
+    }
+  }
+}
