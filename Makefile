@@ -1,7 +1,7 @@
 # The one command that runs every test of every language: `make test`.
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one.
 
-.PHONY: test test-go test-ts test-python test-java check-contract check-ts-generated generate-python generate-java payments-api
+.PHONY: test test-go test-ts test-python test-java bench-java check-contract check-ts-generated generate-python generate-java payments-api
 
 test: test-go test-ts test-python test-java
 
@@ -74,6 +74,16 @@ MVN ?= mvn -B -q
 test-java:
 	go build -o $(JAVA)/target/idemd ./cmd/idemd
 	cd $(JAVA) && IDEMD_BIN=$$PWD/target/idemd $(MVN) verify
+
+# Whether batching pays in the Java client: batching on and off in alternating rounds
+# against one idemd, with the CPU each process spends per cycle (docs/benchmarks.md).
+BENCH_ARGS ?= 32 5 3
+bench-java:
+	go build -o $(JAVA)/target/idemd ./cmd/idemd
+	cd $(JAVA) && $(MVN) install -DskipTests && $(MVN) -pl idemd-client \
+		org.apache.maven.plugins:maven-dependency-plugin:3.8.1:build-classpath -Dmdep.outputFile=target/classpath.txt
+	cd $(JAVA)/idemd-client && IDEMD_BIN=../target/idemd java -cp "target/test-classes:target/classes:$$(cat target/classpath.txt)" \
+		io.idemd.BatchBench $(BENCH_ARGS)
 
 # Regenerate the Java low-level client from the contract; any warning of the generator
 # fails it (CI checks that this leaves no diff).

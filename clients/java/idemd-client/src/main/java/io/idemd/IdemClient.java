@@ -9,6 +9,9 @@ import io.idemd.api.ApiClient;
 import io.idemd.api.ApiException;
 import io.idemd.api.ClaimsApi;
 import io.idemd.api.RecordsApi;
+import io.idemd.api.model.BatchItem;
+import io.idemd.api.model.BatchRequest;
+import io.idemd.api.model.BatchResults;
 import io.idemd.api.model.ClaimAcquired;
 import io.idemd.api.model.ClaimAnswer;
 import io.idemd.api.model.ClaimFinished;
@@ -62,6 +65,7 @@ public final class IdemClient implements AutoCloseable {
   private final Duration backoff;
   private final Semaphore slots;
   private final ScheduledExecutorService renewals;
+  private final Batcher batcher;
 
   private IdemClient(Builder b) {
     HttpClient.Builder http =
@@ -84,6 +88,7 @@ public final class IdemClient implements AutoCloseable {
     this.retries = b.retries;
     this.backoff = b.backoff;
     this.slots = new Semaphore(b.maxConcurrentCalls, true);
+    this.batcher = b.batching ? new Batcher(new Transport(), b.timeout) : null;
     this.renewals =
         Executors.newSingleThreadScheduledExecutor(
             r -> {
@@ -127,8 +132,9 @@ public final class IdemClient implements AutoCloseable {
     if (waits) {
       body.waitMs(o.waitFor().toMillis());
     }
-    ClaimsApi api = waits ? waitingClaims : claims;
-    ClaimAnswer answer = call(() -> api.claim(body));
+    // A claim that waits would hold a batch back; it goes on its own.
+    ClaimAnswer answer =
+        (ClaimAnswer) (waits ? call(() -> waitingClaims.claim(body)) : exec(new BatchItem().claim(body)));
     Object value = answer == null ? null : answer.getActualInstance();
     if (value instanceof ClaimAcquired a
         && a.getLeaseToken() != null
@@ -170,7 +176,7 @@ public final class IdemClient implements AutoCloseable {
     if (keep != null) {
       body.retentionMs(keep.toMillis());
     }
-    call(() -> claims.complete(body));
+    exec(new BatchItem().complete(body));
   }
 
   public void complete(String key, String leaseToken, StoredResponse response) {
@@ -197,13 +203,13 @@ public final class IdemClient implements AutoCloseable {
     if (keep != null && mode == ReleaseRequest.ModeEnum.FAIL) {
       body.retentionMs(keep.toMillis());
     }
-    call(() -> claims.release(body));
+    exec(new BatchItem().release(body));
   }
 
   /** Renews the lease for lease from now. */
   public void extend(String key, String leaseToken, Duration lease) {
     ExtendRequest body = new ExtendRequest().key(key).leaseToken(leaseToken).leaseMs(lease.toMillis());
-    call(() -> claims.extend(body));
+    exec(new BatchItem().extend(body));
   }
 
   /** The record of key; a NotFoundException when it has none. */
@@ -452,10 +458,60 @@ public final class IdemClient implements AutoCloseable {
     void stop();
   }
 
-  /** Stops the lease renewals' thread. */
+  /** Stops the lease renewals' and the batches' threads. */
   @Override
   public void close() {
     renewals.shutdownNow();
+    if (batcher != null) {
+      batcher.close();
+    }
+  }
+
+  /** Runs a claim, complete, release or extend, in a batch when it can share one. */
+  private Object exec(BatchItem item) {
+    return batcher != null ? batcher.run(item) : single(item);
+  }
+
+  /** Sends item's call on its own. */
+  private Object single(BatchItem item) {
+    if (item.getClaim() != null) {
+      return call(() -> claims.claim(item.getClaim()));
+    }
+    if (item.getComplete() != null) {
+      return call(() -> claims.complete(item.getComplete()));
+    }
+    if (item.getRelease() != null) {
+      return call(() -> claims.release(item.getRelease()));
+    }
+    return call(() -> claims.extend(item.getExtend()));
+  }
+
+  /** How the batcher reaches idemd. */
+  private final class Transport implements Batcher.Transport {
+    @Override
+    public Object single(BatchItem item) {
+      return IdemClient.this.single(item);
+    }
+
+    @Override
+    public BatchResults batch(java.util.List<BatchItem> items) {
+      return call(() -> claims.batch(new BatchRequest().items(items)));
+    }
+
+    @Override
+    public IdemProblemException problem(int status, io.idemd.api.model.Problem p) {
+      if (p == null) {
+        return problemOf(status, null, null, null);
+      }
+      return problemOf(
+          status,
+          Objects.toString(p.getCode(), ""),
+          Objects.toString(p.getTitle(), ""),
+          Objects.toString(p.getType(), ""),
+          Objects.toString(p.getDetail(), ""),
+          p.getRetryAfterMs() == null ? null : Duration.ofMillis(p.getRetryAfterMs()),
+          null);
+    }
   }
 
   private void releaseQuietly(String key, Claim.Acquired acquired, Throwable cause) {
@@ -581,6 +637,12 @@ public final class IdemClient implements AutoCloseable {
         retryAfter = Duration.ofSeconds(Long.parseLong(seconds.get()));
       }
     }
+    return problemOf(status, code, title, type, detail, retryAfter, cause);
+  }
+
+  /** The exception a problem's code (or, without one, its status) names. */
+  static IdemProblemException problemOf(
+      int status, String code, String title, String type, String detail, Duration retryAfter, Throwable cause) {
     IdemProblemException.Problem p =
         new IdemProblemException.Problem(status, code, title, type, detail, retryAfter);
     switch (code) {
@@ -639,6 +701,7 @@ public final class IdemClient implements AutoCloseable {
     private String owner;
     private Duration retention;
     private int maxConcurrentCalls = 64;
+    private boolean batching = true;
 
     private Builder(String baseUrl) {
       URI uri = URI.create(Objects.requireNonNull(baseUrl, "baseUrl").replaceAll("/+$", ""));
@@ -706,6 +769,18 @@ public final class IdemClient implements AutoCloseable {
         throw new IllegalArgumentException("idem: maxConcurrentCalls must be at least 1");
       }
       this.maxConcurrentCalls = maxConcurrentCalls;
+      return this;
+    }
+
+    /**
+     * Whether concurrent calls share requests; default true. A claim (that does not
+     * wait), complete, release or extend goes out at once when none of this client's
+     * requests is in flight; the calls made meanwhile go out together as one POST
+     * /v1/batch when it returns, each answered as it would be alone. A daemon without the
+     * batch endpoint is detected on the first batch, and calls go one by one from then on.
+     */
+    public Builder batching(boolean batching) {
+      this.batching = batching;
       return this;
     }
 

@@ -69,6 +69,11 @@ public final class Daemon implements AutoCloseable {
     throw new IllegalStateException("idemd was not ready within 20 s:\n" + logs);
   }
 
+  /** The daemon's process ID. */
+  public long pid() {
+    return process.pid();
+  }
+
   /** Stops idemd at once (SIGKILL), as a crash would. */
   public void kill() {
     process.destroyForcibly();
