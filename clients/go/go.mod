@@ -2,10 +2,12 @@ module github.com/idemd/idemd/clients/go
 
 go 1.26.8
 
-require github.com/oapi-codegen/runtime v1.8.0
+require (
+	github.com/gowebpki/jcs v1.0.2
+	github.com/oapi-codegen/runtime v1.8.0
+)
 
 require (
 	github.com/apapsch/go-jsonmerge/v2 v2.0.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/gowebpki/jcs v1.0.2 // indirect
 )

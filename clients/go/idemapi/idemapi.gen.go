@@ -15,8 +15,6 @@ import (
 	"strings"
 	"time"
 
-	"go.yaml.in/yaml/v3"
-
 	"github.com/oapi-codegen/runtime"
 )
 
@@ -490,11 +488,6 @@ type ClientInterface interface {
 	// Corresponds with GET /healthz (the `Healthz` operationId).
 	Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
-	// Openapi This contract, as the daemon serves it.
-	//
-	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
-	Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
-
 	// Readyz The store is reachable and writable.
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
@@ -628,21 +621,6 @@ type ClientInterface interface {
 // Corresponds with GET /healthz (the `Healthz` operationId).
 func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHealthzRequest(c.Server)
-	if err != nil {
-		return nil, err
-	}
-	req = req.WithContext(ctx)
-	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
-		return nil, err
-	}
-	return c.Client.Do(req)
-}
-
-// Openapi This contract, as the daemon serves it.
-//
-// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
-func (c *Client) Openapi(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
-	req, err := NewOpenapiRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -920,33 +898,6 @@ func NewHealthzRequest(server string) (*http.Request, error) {
 	}
 
 	operationPath := fmt.Sprintf("/healthz")
-	if operationPath[0] == '/' {
-		operationPath = "." + operationPath
-	}
-
-	queryURL, err := serverURL.Parse(operationPath)
-	if err != nil {
-		return nil, err
-	}
-
-	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
-	if err != nil {
-		return nil, err
-	}
-
-	return req, nil
-}
-
-// NewOpenapiRequest constructs an http.Request for the Openapi method
-func NewOpenapiRequest(server string) (*http.Request, error) {
-	var err error
-
-	serverURL, err := url.Parse(server)
-	if err != nil {
-		return nil, err
-	}
-
-	operationPath := fmt.Sprintf("/openapi.yaml")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -1310,13 +1261,6 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /healthz (the `Healthz` operationId).
 	HealthzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*HealthzResponse, error)
 
-	// OpenapiWithResponse This contract, as the daemon serves it.
-	//
-	// Returns a wrapper object for the known response body format(s).
-	//
-	// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
-	OpenapiWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenapiResponse, error)
-
 	// ReadyzWithResponse The store is reachable and writable.
 	//
 	// Returns a wrapper object for the known response body format(s).
@@ -1486,47 +1430,6 @@ func (r HealthzResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r HealthzResponse) ContentType() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Header.Get("Content-Type")
-	}
-	return ""
-}
-
-type OpenapiResponse struct {
-	Body         []byte
-	HTTPResponse *http.Response
-	// YAML200 the response for an HTTP 200 `application/yaml` response
-	YAML200 *string
-}
-
-// GetYAML200 returns the response for an HTTP 200 `application/yaml` response
-func (r OpenapiResponse) GetYAML200() *string {
-	return r.YAML200
-}
-
-// GetBody returns the raw response body bytes
-func (r OpenapiResponse) GetBody() []byte {
-	return r.Body
-}
-
-// Status returns HTTPResponse.Status
-func (r OpenapiResponse) Status() string {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.Status
-	}
-	return http.StatusText(0)
-}
-
-// StatusCode returns HTTPResponse.StatusCode
-func (r OpenapiResponse) StatusCode() int {
-	if r.HTTPResponse != nil {
-		return r.HTTPResponse.StatusCode
-	}
-	return 0
-}
-
-// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
-func (r OpenapiResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2441,19 +2344,6 @@ func (c *ClientWithResponses) HealthzWithResponse(ctx context.Context, reqEditor
 	return ParseHealthzResponse(rsp)
 }
 
-// OpenapiWithResponse This contract, as the daemon serves it.
-//
-// Returns a wrapper object for the known response body format(s).
-//
-// Corresponds with GET /openapi.yaml (the `Openapi` operationId).
-func (c *ClientWithResponses) OpenapiWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*OpenapiResponse, error) {
-	rsp, err := c.Openapi(ctx, reqEditors...)
-	if err != nil {
-		return nil, err
-	}
-	return ParseOpenapiResponse(rsp)
-}
-
 // ReadyzWithResponse The store is reachable and writable.
 //
 // Returns a wrapper object for the known response body format(s).
@@ -2685,32 +2575,6 @@ func ParseHealthzResponse(rsp *http.Response) (*HealthzResponse, error) {
 			return nil, err
 		}
 		response.JSON200 = &dest
-
-	}
-
-	return response, nil
-}
-
-// ParseOpenapiResponse parses an HTTP response from a OpenapiWithResponse call
-func ParseOpenapiResponse(rsp *http.Response) (*OpenapiResponse, error) {
-	bodyBytes, err := io.ReadAll(rsp.Body)
-	defer func() { _ = rsp.Body.Close() }()
-	if err != nil {
-		return nil, err
-	}
-
-	response := &OpenapiResponse{
-		Body:         bodyBytes,
-		HTTPResponse: rsp,
-	}
-
-	switch {
-	case strings.Contains(rsp.Header.Get("Content-Type"), "yaml") && rsp.StatusCode == 200:
-		var dest string
-		if err := yaml.Unmarshal(bodyBytes, &dest); err != nil {
-			return nil, err
-		}
-		response.YAML200 = &dest
 
 	}
 
