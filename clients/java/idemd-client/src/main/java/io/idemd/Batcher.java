@@ -18,13 +18,13 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.TimeoutException;
 
 /**
- * Natural batching: the claims, completes, releases and extends an IdemClient makes
- * while one of its requests is in flight gather, and go out together as one
- * POST /v1/batch when it returns. There is no timer: a lone call waits for nothing.
+ * Natural batching: the claims, completes, releases and extends an IdemClient makes while one of
+ * its requests is in flight gather, and go out together as one POST /v1/batch when it returns.
+ * There is no timer: a lone call waits for nothing.
  *
- * <p>The caller whose call finds nothing in flight sends it and becomes the sender; once
- * its own call is answered, it hands what gathered meanwhile to the batcher's thread and
- * returns, so that no caller waits for others' batches.
+ * <p>The caller whose call finds nothing in flight sends it and becomes the sender; once its own
+ * call is answered, it hands what gathered meanwhile to the batcher's thread and returns, so that
+ * no caller waits for others' batches.
  */
 final class Batcher {
   // The bounds of one batch. A call larger than MAX_ITEM_BYTES goes on its own, so that a
@@ -64,6 +64,7 @@ final class Batcher {
             return t;
           });
   private boolean sending;
+
   /** Set once the daemon answered a batch as an unknown endpoint. */
   private volatile boolean unsupported;
 
@@ -99,7 +100,8 @@ final class Batcher {
       throw new IdemException("idem: the call failed", e.getCause());
     } catch (TimeoutException e) {
       throw new UnavailableException(
-          new IdemProblemException.Problem(0, "", "No answer", "", "no answer within " + timeout.multipliedBy(2), null),
+          new IdemProblemException.Problem(
+              0, "", "No answer", "", "no answer within " + timeout.multipliedBy(2), null),
           e);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
@@ -113,7 +115,7 @@ final class Batcher {
 
   /** Sends what gathered, batch after batch, until mine is answered or nothing is left. */
   private void drive(Call mine) {
-    for (;;) {
+    for (; ; ) {
       List<Call> calls = next();
       if (calls.isEmpty()) {
         return;
@@ -167,7 +169,11 @@ final class Batcher {
           // A daemon from before the batch endpoint: batches are not tried again.
           unsupported = true;
         }
-        if (e.status() == 404 || e.status() == 405 || e.status() == 400 || e.status() == 413 || e.status() == 415) {
+        if (e.status() == 404
+            || e.status() == 405
+            || e.status() == 400
+            || e.status() == 413
+            || e.status() == 415) {
           // Refused as a whole: every call gets the answer it would get on its own.
           for (Call call : calls) {
             alone(call);
@@ -178,8 +184,12 @@ final class Batcher {
       }
       List<BatchItemResult> items = results == null ? null : results.getResults();
       if (items == null || items.size() != calls.size()) {
-        throw new IdemException("idem: a batch of " + calls.size() + " calls was answered with "
-            + (items == null ? "no results" : items.size() + " results") + "; is the base URL idemd's?");
+        throw new IdemException(
+            "idem: a batch of "
+                + calls.size()
+                + " calls was answered with "
+                + (items == null ? "no results" : items.size() + " results")
+                + "; is the base URL idemd's?");
       }
       for (int i = 0; i < calls.size(); i++) {
         settle(calls.get(i), items.get(i));
@@ -204,7 +214,8 @@ final class Batcher {
   private void settle(Call call, BatchItemResult r) {
     if (r == null || r.getStatus() == null) {
       call.result.completeExceptionally(
-          new IdemException("idem: a batch item was answered without a status; is the base URL idemd's?"));
+          new IdemException(
+              "idem: a batch item was answered without a status; is the base URL idemd's?"));
       return;
     }
     int status = r.getStatus();
@@ -215,13 +226,18 @@ final class Batcher {
     Object data;
     if (call.item.getClaim() != null) {
       // A claim checks its answer itself, as it does on its own.
-      data = r.getAcquired() != null ? new ClaimAnswer(r.getAcquired())
-          : r.getFinished() != null ? new ClaimAnswer(r.getFinished()) : null;
+      data =
+          r.getAcquired() != null
+              ? new ClaimAnswer(r.getAcquired())
+              : r.getFinished() != null ? new ClaimAnswer(r.getFinished()) : null;
     } else {
       data = call.item.getExtend() != null ? r.getExtended() : r.getRecord();
       if (data == null) {
-        call.result.completeExceptionally(new IdemException(
-            "idem: a batch item was answered " + status + " without its result; is the base URL idemd's?"));
+        call.result.completeExceptionally(
+            new IdemException(
+                "idem: a batch item was answered "
+                    + status
+                    + " without its result; is the base URL idemd's?"));
         return;
       }
     }
@@ -231,10 +247,12 @@ final class Batcher {
   private static List<String> strings(BatchItem item) {
     if (item.getClaim() != null) {
       var c = item.getClaim();
-      return java.util.Arrays.asList(c.getKey(), c.getFingerprint(), c.getOwner(), c.getClaimSecret());
+      return java.util.Arrays.asList(
+          c.getKey(), c.getFingerprint(), c.getOwner(), c.getClaimSecret());
     }
     if (item.getComplete() != null) {
-      return java.util.Arrays.asList(item.getComplete().getKey(), item.getComplete().getLeaseToken());
+      return java.util.Arrays.asList(
+          item.getComplete().getKey(), item.getComplete().getLeaseToken());
     }
     if (item.getRelease() != null) {
       return java.util.Arrays.asList(item.getRelease().getKey(), item.getRelease().getLeaseToken());

@@ -3,7 +3,9 @@ package io.idemd;
 import java.time.OffsetDateTime;
 import java.util.Optional;
 
-/** What a claim answered: the lease ({@link Acquired}) or the key's stored end ({@link Finished}). */
+/**
+ * What a claim answered: the lease ({@link Acquired}) or the key's stored end ({@link Finished}).
+ */
 public sealed interface Claim permits Claim.Acquired, Claim.Finished {
   /** How many times the key has been acquired (for Finished, the attempt that finished it). */
   long attempt();
@@ -12,8 +14,8 @@ public sealed interface Claim permits Claim.Acquired, Claim.Finished {
   OffsetDateTime expiresAt();
 
   /**
-   * The caller holds the lease: complete, release or extend it with leaseToken. recovered
-   * says that the claim took the key over from a holder whose lease ran out.
+   * The caller holds the lease: complete, release or extend it with leaseToken. recovered says that
+   * the claim took the key over from a holder whose lease ran out.
    */
   record Acquired(
       String leaseToken,
@@ -23,7 +25,10 @@ public sealed interface Claim permits Claim.Acquired, Claim.Finished {
       OffsetDateTime expiresAt)
       implements Claim {}
 
-  /** The key is finished: completed with a result, or failed for good; response is what was stored. */
-  record Finished(boolean failed, long attempt, Optional<StoredResponse> response, OffsetDateTime expiresAt)
+  /**
+   * The key is finished: completed with a result, or failed for good; response is what was stored.
+   */
+  record Finished(
+      boolean failed, long attempt, Optional<StoredResponse> response, OffsetDateTime expiresAt)
       implements Claim {}
 }

@@ -38,15 +38,14 @@ import java.util.concurrent.Semaphore;
 import java.util.concurrent.TimeUnit;
 
 /**
- * A client of idemd: claim a key, then complete, release or extend the lease the claim
- * gave; look a key up or purge it. {@link #run}, {@link #once} and {@link #consume} do the
- * whole dance around a piece of work and hand it the lease it runs under.
+ * A client of idemd: claim a key, then complete, release or extend the lease the claim gave; look a
+ * key up or purge it. {@link #run}, {@link #once} and {@link #consume} do the whole dance around a
+ * piece of work and hand it the lease it runs under.
  *
- * <p>Every call is bounded by the client's timeout (a claim that waits gets its wait on
- * top), resent after a transport failure (every idemd call is safe to resend), and takes
- * one of a bounded number of slots, so that the connections it opens are bounded too. An
- * IdemClient is thread-safe; make one per idemd and share it. Close it to stop its lease
- * renewals' thread.
+ * <p>Every call is bounded by the client's timeout (a claim that waits gets its wait on top),
+ * resent after a transport failure (every idemd call is safe to resend), and takes one of a bounded
+ * number of slots, so that the connections it opens are bounded too. An IdemClient is thread-safe;
+ * make one per idemd and share it. Close it to stop its lease renewals' thread.
  */
 public final class IdemClient implements AutoCloseable {
   static final Duration DEFAULT_LEASE = Duration.ofSeconds(30);
@@ -69,7 +68,9 @@ public final class IdemClient implements AutoCloseable {
 
   private IdemClient(Builder b) {
     HttpClient.Builder http =
-        HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).connectTimeout(b.connectTimeout);
+        HttpClient.newBuilder()
+            .version(HttpClient.Version.HTTP_1_1)
+            .connectTimeout(b.connectTimeout);
     ApiClient api = new ApiClient(http, ApiClient.createDefaultObjectMapper(), b.baseUrl);
     api.setReadTimeout(b.timeout);
     if (b.token != null) {
@@ -109,9 +110,9 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Asks for the lease on key. Throws an InProgressException (with retryAfter) when
-   * another caller holds a live lease, and a FingerprintMismatchException when the key
-   * was used with another fingerprint.
+   * Asks for the lease on key. Throws an InProgressException (with retryAfter) when another caller
+   * holds a live lease, and a FingerprintMismatchException when the key was used with another
+   * fingerprint.
    */
   public Claim claim(String key, ClaimOptions options) {
     Objects.requireNonNull(key, "key");
@@ -134,7 +135,8 @@ public final class IdemClient implements AutoCloseable {
     }
     // A claim that waits would hold a batch back; it goes on its own.
     ClaimAnswer answer =
-        (ClaimAnswer) (waits ? call(() -> waitingClaims.claim(body)) : exec(new BatchItem().claim(body)));
+        (ClaimAnswer)
+            (waits ? call(() -> waitingClaims.claim(body)) : exec(new BatchItem().claim(body)));
     Object value = answer == null ? null : answer.getActualInstance();
     if (value instanceof ClaimAcquired a
         && a.getLeaseToken() != null
@@ -165,9 +167,9 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Stores response as the key's result; retention null keeps it for the client's
-   * retention (default the daemon's 24 h). A LeaseLostException says that the lease is
-   * no longer this caller's.
+   * Stores response as the key's result; retention null keeps it for the client's retention
+   * (default the daemon's 24 h). A LeaseLostException says that the lease is no longer this
+   * caller's.
    */
   public void complete(String key, String leaseToken, StoredResponse response, Duration retention) {
     CompleteRequest body =
@@ -189,12 +191,17 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /** Stores a terminal failure (mode fail): later claims replay response, which may be null. */
-  public void releaseAsFailed(String key, String leaseToken, StoredResponse response, Duration retention) {
+  public void releaseAsFailed(
+      String key, String leaseToken, StoredResponse response, Duration retention) {
     release(key, leaseToken, ReleaseRequest.ModeEnum.FAIL, response, retention);
   }
 
   private void release(
-      String key, String leaseToken, ReleaseRequest.ModeEnum mode, StoredResponse response, Duration retention) {
+      String key,
+      String leaseToken,
+      ReleaseRequest.ModeEnum mode,
+      StoredResponse response,
+      Duration retention) {
     ReleaseRequest body = new ReleaseRequest().key(key).leaseToken(leaseToken).mode(mode);
     if (response != null) {
       body.response(toWire(response));
@@ -208,7 +215,8 @@ public final class IdemClient implements AutoCloseable {
 
   /** Renews the lease for lease from now. */
   public void extend(String key, String leaseToken, Duration lease) {
-    ExtendRequest body = new ExtendRequest().key(key).leaseToken(leaseToken).leaseMs(lease.toMillis());
+    ExtendRequest body =
+        new ExtendRequest().key(key).leaseToken(leaseToken).leaseMs(lease.toMillis());
     exec(new BatchItem().extend(body));
   }
 
@@ -238,22 +246,20 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Runs work at most once per key and returns its value. With the lease, it runs work,
-   * renewing the lease every lease/3, and stores work's value as JSON. When the key is
-   * already done it returns the stored value, read as type, with replayed true, without
-   * running work.
+   * Runs work at most once per key and returns its value. With the lease, it runs work, renewing
+   * the lease every lease/3, and stores work's value as JSON. When the key is already done it
+   * returns the stored value, read as type, with replayed true, without running work.
    *
    * <p>If work throws, the key is released so that a later run runs work again; a
    * PermanentException is stored as a terminal failure instead, and later runs throw a
-   * FailedException. If the lease is lost while work runs, {@link Lease#isLost()} turns
-   * true and run throws a LeaseLostException. Work gets the lease: its attempt, and
-   * whether it recovered the key from a holder whose lease ran out.
+   * FailedException. If the lease is lost while work runs, {@link Lease#isLost()} turns true and
+   * run throws a LeaseLostException. Work gets the lease: its attempt, and whether it recovered the
+   * key from a holder whose lease ran out.
    */
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
     RunOptions o = options == null ? RunOptions.DEFAULT : options;
     Duration lease = o.lease() != null ? o.lease() : DEFAULT_LEASE;
-    Claim claim =
-        claim(key, new ClaimOptions(o.fingerprint(), lease, o.waitFor(), null, null));
+    Claim claim = claim(key, new ClaimOptions(o.fingerprint(), lease, o.waitFor(), null, null));
     if (claim instanceof Claim.Finished finished) {
       JsonNode stored = parseStored(key, finished.response());
       if (!finished.failed()) {
@@ -261,10 +267,12 @@ public final class IdemClient implements AutoCloseable {
           return new RunResult<>(
               stored.isMissingNode() ? null : mapper.treeToValue(stored, type), true);
         } catch (JsonProcessingException e) {
-          throw new IdemException("idem: the result stored for \"" + key + "\" is not a " + type.getName(), e);
+          throw new IdemException(
+              "idem: the result stored for \"" + key + "\" is not a " + type.getName(), e);
         }
       }
-      String message = stored.path("message").isTextual() ? stored.path("message").asText() : "failed";
+      String message =
+          stored.path("message").isTextual() ? stored.path("message").asText() : "failed";
       JsonNode value = stored.path("value");
       throw new FailedException(message, value.isMissingNode() || value.isNull() ? null : value);
     }
@@ -277,7 +285,8 @@ public final class IdemClient implements AutoCloseable {
     } catch (PermanentException e) {
       ObjectNode failure = mapper.createObjectNode();
       failure.put("message", e.getMessage());
-      failure.set("value", e.value() == null ? NullNode.getInstance() : mapper.valueToTree(e.value()));
+      failure.set(
+          "value", e.value() == null ? NullNode.getInstance() : mapper.valueToTree(e.value()));
       releaseAsFailed(key, acquired.leaseToken(), jsonResponse(failure.toString()), null);
       throw e;
     } catch (RuntimeException | Error e) {
@@ -288,7 +297,10 @@ public final class IdemClient implements AutoCloseable {
       throw new IdemException("idem: the work of \"" + key + "\" failed", e);
     }
     try {
-      complete(key, acquired.leaseToken(), jsonResponse(value == null ? "" : mapper.writeValueAsString(value)));
+      complete(
+          key,
+          acquired.leaseToken(),
+          jsonResponse(value == null ? "" : mapper.writeValueAsString(value)));
     } catch (JsonProcessingException | RuntimeException e) {
       throw new ResultNotStoredException(key, value, e);
     }
@@ -300,11 +312,11 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Runs work at most once per key, for consumers of brokers that deliver at least once.
-   * Returns true when work ran now, false when an earlier delivery already ran it. An
-   * exception from work releases the key so that the next delivery runs work again;
-   * another consumer running the same key is an InProgressException: leave the message
-   * for redelivery. Work gets the lease, as with run.
+   * Runs work at most once per key, for consumers of brokers that deliver at least once. Returns
+   * true when work ran now, false when an earlier delivery already ran it. An exception from work
+   * releases the key so that the next delivery runs work again; another consumer running the same
+   * key is an InProgressException: leave the message for redelivery. Work gets the lease, as with
+   * run.
    */
   public boolean once(String key, Task work, RunOptions options) {
     RunResult<Void> r =
@@ -324,23 +336,22 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Runs work at most once for a message's key and says what to do with the delivery, by
-   * the same table in every idemd client (docs/queues.md):
+   * Runs work at most once for a message's key and says what to do with the delivery, by the same
+   * table in every idemd client (docs/queues.md):
    *
    * <ul>
    *   <li>work ran and its result is stored, or an earlier delivery ran it: ACK;
-   *   <li>another consumer holds the key: REQUEUE after the time its lease has left; never
-   *       drop the message;
+   *   <li>another consumer holds the key: REQUEUE after the time its lease has left; never drop the
+   *       message;
    *   <li>work threw: the key is released and the message requeued;
-   *   <li>work threw a PermanentException: the failure is stored and the message
-   *       dead-lettered; a later delivery of it is dead-lettered without running work;
-   *   <li>idemd could not be asked, or did not store the outcome: REQUEUE. Work does not
-   *       run without a lease.
+   *   <li>work threw a PermanentException: the failure is stored and the message dead-lettered; a
+   *       later delivery of it is dead-lettered without running work;
+   *   <li>idemd could not be asked, or did not store the outcome: REQUEUE. Work does not run
+   *       without a lease.
    * </ul>
    *
-   * <p>Work gets the lease, as with run: a recovered lease means that a consumer died
-   * holding the key, so the work may be done in part and must fence or reconcile its
-   * effects.
+   * <p>Work gets the lease, as with run: a recovered lease means that a consumer died holding the
+   * key, so the work may be done in part and must fence or reconcile its effects.
    */
   public Verdict consume(String key, Task work, RunOptions options) {
     boolean[] ran = {false};
@@ -367,7 +378,9 @@ public final class IdemClient implements AutoCloseable {
           return new Verdict(Verdict.Action.DEAD_LETTER, Duration.ZERO, false, Optional.of(e));
         }
         Duration delay =
-            e instanceof InProgressException p ? p.retryAfter().orElse(REQUEUE_DELAY) : REQUEUE_DELAY;
+            e instanceof InProgressException p
+                ? p.retryAfter().orElse(REQUEUE_DELAY)
+                : REQUEUE_DELAY;
         return new Verdict(Verdict.Action.REQUEUE, delay, false, Optional.of(e));
       }
       if (e instanceof PermanentException && e == thrown[0]) {
@@ -382,11 +395,12 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Runs work under the lease acquired gave, renewing it every lease/3, with the lease
-   * current on this thread. When a renewal finds the lease gone, the lease turns lost and
-   * a LeaseLostException is thrown whatever work did. The key is not finished here.
+   * Runs work under the lease acquired gave, renewing it every lease/3, with the lease current on
+   * this thread. When a renewal finds the lease gone, the lease turns lost and a LeaseLostException
+   * is thrown whatever work did. The key is not finished here.
    */
-  public <T> T underLease(String key, Claim.Acquired acquired, Duration lease, Work<T> work) throws Exception {
+  public <T> T underLease(String key, Claim.Acquired acquired, Duration lease, Work<T> work)
+      throws Exception {
     Lease held = new Lease(key, acquired.attempt(), acquired.recovered());
     Renewal renewal = renew(key, acquired.leaseToken(), lease, held);
     Lease.Scope scope = held.enter();
@@ -546,8 +560,8 @@ public final class IdemClient implements AutoCloseable {
   }
 
   /**
-   * Sends one call in a slot, resending it after a transport failure, and returns its
-   * answer or throws the problem it answered.
+   * Sends one call in a slot, resending it after a transport failure, and returns its answer or
+   * throws the problem it answered.
    */
   private <T> T call(Call<T> send) {
     long deadline = System.nanoTime() + timeout.toNanos();
@@ -555,7 +569,12 @@ public final class IdemClient implements AutoCloseable {
       if (!slots.tryAcquire(timeout.toNanos(), TimeUnit.NANOSECONDS)) {
         throw new UnavailableException(
             new IdemProblemException.Problem(
-                0, "", "No free slot", "", "every one of the client's call slots stayed busy", null),
+                0,
+                "",
+                "No free slot",
+                "",
+                "every one of the client's call slots stayed busy",
+                null),
             null);
       }
     } catch (InterruptedException e) {
@@ -604,7 +623,12 @@ public final class IdemClient implements AutoCloseable {
     String mediaType =
         headers == null
             ? ""
-            : headers.firstValue("Content-Type").orElse("").split(";")[0].trim().toLowerCase(java.util.Locale.ROOT);
+            : headers
+                .firstValue("Content-Type")
+                .orElse("")
+                .split(";")[0]
+                .trim()
+                .toLowerCase(java.util.Locale.ROOT);
     String code = "";
     String title = "";
     String type = "";
@@ -623,7 +647,8 @@ public final class IdemClient implements AutoCloseable {
       title = wire.path("title").asText("");
       type = wire.path("type").asText("");
       detail = wire.path("detail").asText("");
-      if (wire.path("retry_after_ms").canConvertToLong() && wire.path("retry_after_ms").isNumber()) {
+      if (wire.path("retry_after_ms").canConvertToLong()
+          && wire.path("retry_after_ms").isNumber()) {
         retryAfter = Duration.ofMillis(wire.path("retry_after_ms").asLong());
       }
     } else {
@@ -642,7 +667,13 @@ public final class IdemClient implements AutoCloseable {
 
   /** The exception a problem's code (or, without one, its status) names. */
   static IdemProblemException problemOf(
-      int status, String code, String title, String type, String detail, Duration retryAfter, Throwable cause) {
+      int status,
+      String code,
+      String title,
+      String type,
+      String detail,
+      Duration retryAfter,
+      Throwable cause) {
     IdemProblemException.Problem p =
         new IdemProblemException.Problem(status, code, title, type, detail, retryAfter);
     switch (code) {
@@ -668,7 +699,8 @@ public final class IdemClient implements AutoCloseable {
   }
 
   static io.idemd.api.model.StoredResponse toWire(StoredResponse r) {
-    io.idemd.api.model.StoredResponse wire = new io.idemd.api.model.StoredResponse().status(r.status());
+    io.idemd.api.model.StoredResponse wire =
+        new io.idemd.api.model.StoredResponse().status(r.status());
     if (!r.headers().isEmpty()) {
       wire.headers(r.headers());
     }
@@ -706,7 +738,8 @@ public final class IdemClient implements AutoCloseable {
     private Builder(String baseUrl) {
       URI uri = URI.create(Objects.requireNonNull(baseUrl, "baseUrl").replaceAll("/+$", ""));
       if (uri.getScheme() == null || uri.getHost() == null) {
-        throw new IllegalArgumentException("idem: the base URL needs a scheme and a host: " + baseUrl);
+        throw new IllegalArgumentException(
+            "idem: the base URL needs a scheme and a host: " + baseUrl);
       }
       this.baseUrl = uri.toString();
     }
@@ -717,7 +750,9 @@ public final class IdemClient implements AutoCloseable {
       return this;
     }
 
-    /** Bounds each call, resends included; a claim that waits gets its wait on top. Default 10 s. */
+    /**
+     * Bounds each call, resends included; a claim that waits gets its wait on top. Default 10 s.
+     */
     public Builder timeout(Duration timeout) {
       this.timeout = positive(timeout, "timeout");
       return this;
@@ -730,9 +765,9 @@ public final class IdemClient implements AutoCloseable {
     }
 
     /**
-     * How many times a call is resent after a transport failure (a connection refused or
-     * reset before any answer); default 3. A resent claim carries the same claim secret
-     * and gets the same lease back; a resent complete or release is answered like the first.
+     * How many times a call is resent after a transport failure (a connection refused or reset
+     * before any answer); default 3. A resent claim carries the same claim secret and gets the same
+     * lease back; a resent complete or release is answered like the first.
      */
     public Builder retries(int retries) {
       if (retries < 0) {
@@ -748,7 +783,9 @@ public final class IdemClient implements AutoCloseable {
       return this;
     }
 
-    /** The owner label of this client's claims, shown by lookups; it grants nothing. Default random. */
+    /**
+     * The owner label of this client's claims, shown by lookups; it grants nothing. Default random.
+     */
     public Builder owner(String owner) {
       this.owner = owner;
       return this;
@@ -761,8 +798,8 @@ public final class IdemClient implements AutoCloseable {
     }
 
     /**
-     * How many calls may be in flight at once, hence how many connections the client
-     * opens at most; default 64. A call waits up to the timeout for a slot.
+     * How many calls may be in flight at once, hence how many connections the client opens at most;
+     * default 64. A call waits up to the timeout for a slot.
      */
     public Builder maxConcurrentCalls(int maxConcurrentCalls) {
       if (maxConcurrentCalls < 1) {
@@ -773,11 +810,11 @@ public final class IdemClient implements AutoCloseable {
     }
 
     /**
-     * Whether concurrent calls share requests; default true. A claim (that does not
-     * wait), complete, release or extend goes out at once when none of this client's
-     * requests is in flight; the calls made meanwhile go out together as one POST
-     * /v1/batch when it returns, each answered as it would be alone. A daemon without the
-     * batch endpoint is detected on the first batch, and calls go one by one from then on.
+     * Whether concurrent calls share requests; default true. A claim (that does not wait),
+     * complete, release or extend goes out at once when none of this client's requests is in
+     * flight; the calls made meanwhile go out together as one POST /v1/batch when it returns, each
+     * answered as it would be alone. A daemon without the batch endpoint is detected on the first
+     * batch, and calls go one by one from then on.
      */
     public Builder batching(boolean batching) {
       this.batching = batching;

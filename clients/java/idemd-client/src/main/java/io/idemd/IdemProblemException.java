@@ -4,9 +4,9 @@ import java.time.Duration;
 import java.util.Optional;
 
 /**
- * An error answer: idemd's RFC 9457 problem, or an answer that is not idemd's (a proxy's
- * 502, say), whose code is then empty. The subclasses name the codes a caller acts on;
- * any other code (the set is open) arrives as this class.
+ * An error answer: idemd's RFC 9457 problem, or an answer that is not idemd's (a proxy's 502, say),
+ * whose code is then empty. The subclasses name the codes a caller acts on; any other code (the set
+ * is open) arrives as this class.
  */
 public class IdemProblemException extends IdemException {
   private static final long serialVersionUID = 1L;
@@ -62,5 +62,6 @@ public class IdemProblemException extends IdemException {
   }
 
   /** The members of a problem, as read from an answer. */
-  public record Problem(int status, String code, String title, String type, String detail, Duration retryAfter) {}
+  public record Problem(
+      int status, String code, String title, String type, String detail, Duration retryAfter) {}
 }

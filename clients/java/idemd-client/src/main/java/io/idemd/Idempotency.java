@@ -9,15 +9,20 @@ import java.util.Optional;
 
 /**
  * The algorithms docs/middleware.md fixes for every language, pinned by the vectors in
- * clients/testdata: the request fingerprint, the idemd key of a scope and a key, and the
- * reading of the Idempotency-Key header.
+ * clients/testdata: the request fingerprint, the idemd key of a scope and a key, and the reading of
+ * the Idempotency-Key header.
  */
 public final class Idempotency {
   private Idempotency() {}
 
   /** What the fingerprint is computed from: the request as received. */
   public record FingerprintInput(
-      String method, String path, String query, String contentType, String contentEncoding, byte[] body) {
+      String method,
+      String path,
+      String query,
+      String contentType,
+      String contentEncoding,
+      byte[] body) {
     public FingerprintInput {
       query = query == null ? "" : query;
       body = body == null ? new byte[0] : body;
@@ -25,16 +30,17 @@ public final class Idempotency {
   }
 
   /**
-   * A fingerprint ("sha256:" and 64 lowercase hex digits), whether the body was
-   * canonicalised as JSON (RFC 8785) rather than hashed as it is, and the bytes that
-   * entered the hash as the body (for tests and for debugging a mismatch).
+   * A fingerprint ("sha256:" and 64 lowercase hex digits), whether the body was canonicalised as
+   * JSON (RFC 8785) rather than hashed as it is, and the bytes that entered the hash as the body
+   * (for tests and for debugging a mismatch).
    */
   public record Fingerprint(String fingerprint, boolean canonicalJson, byte[] hashedBody) {}
 
   /** Computes the fingerprint the middleware claims with. */
   public static Fingerprint fingerprint(FingerprintInput in) {
     String media = mediaType(in.contentType());
-    String encoding = in.contentEncoding() == null ? "" : in.contentEncoding().trim().toLowerCase(Locale.ROOT);
+    String encoding =
+        in.contentEncoding() == null ? "" : in.contentEncoding().trim().toLowerCase(Locale.ROOT);
     boolean isJson =
         (media.equals("application/json") || media.endsWith("+json"))
             && (encoding.isEmpty() || encoding.equals("identity"))
@@ -50,7 +56,9 @@ public final class Idempotency {
         "sha256:" + HexFormat.of().formatHex(hash.digest()), canonical.isPresent(), hashed);
   }
 
-  /** The media type of a Content-Type: cut at ';', SP and HTAB trimmed, ASCII letters lowercased. */
+  /**
+   * The media type of a Content-Type: cut at ';', SP and HTAB trimmed, ASCII letters lowercased.
+   */
   public static String mediaType(String contentType) {
     if (contentType == null) {
       return "";
@@ -94,8 +102,8 @@ public final class Idempotency {
   }
 
   /**
-   * Reads the Idempotency-Key field lines (each character one byte) as docs/middleware.md
-   * says: one line, an sf-string or a bare token, 1 to 255 bytes.
+   * Reads the Idempotency-Key field lines (each character one byte) as docs/middleware.md says: one
+   * line, an sf-string or a bare token, 1 to 255 bytes.
    */
   public static HeaderKey parseIdempotencyKey(List<String> fieldLines) {
     if (fieldLines.isEmpty()) {

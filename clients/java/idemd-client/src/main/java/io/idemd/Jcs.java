@@ -21,11 +21,11 @@ import java.util.Map;
 import java.util.Optional;
 
 /**
- * RFC 8785 (JCS) canonicalisation of an I-JSON body (RFC 7493), as docs/middleware.md
- * specifies it. Jackson parses (strict UTF-8, RFC 8259 grammar, duplicate names, depth);
- * the canonical form is written here, numbers as ECMAScript writes them. No JCS library
- * for Java is kept up today (the one on Maven Central has had one release, in 2020), so
- * this small one is pinned by the shared vectors instead.
+ * RFC 8785 (JCS) canonicalisation of an I-JSON body (RFC 7493), as docs/middleware.md specifies it.
+ * Jackson parses (strict UTF-8, RFC 8259 grammar, duplicate names, depth); the canonical form is
+ * written here, numbers as ECMAScript writes them. No JCS library for Java is kept up today (the
+ * one on Maven Central has had one release, in 2020), so this small one is pinned by the shared
+ * vectors instead.
  */
 final class Jcs {
   private static final int MAX_DEPTH = 128;
@@ -33,7 +33,8 @@ final class Jcs {
       new ObjectMapper(
           JsonFactory.builder()
               .enable(StreamReadFeature.STRICT_DUPLICATE_DETECTION)
-              .streamReadConstraints(StreamReadConstraints.builder().maxNestingDepth(MAX_DEPTH).build())
+              .streamReadConstraints(
+                  StreamReadConstraints.builder().maxNestingDepth(MAX_DEPTH).build())
               .build());
 
   private Jcs() {}
@@ -71,7 +72,10 @@ final class Jcs {
     return Optional.of(out.toString().getBytes(StandardCharsets.UTF_8));
   }
 
-  /** Writes the canonical form of v; false when v holds a lone surrogate or a number beyond a double. */
+  /**
+   * Writes the canonical form of v; false when v holds a lone surrogate or a number beyond a
+   * double.
+   */
   private static boolean write(JsonNode v, StringBuilder out) {
     switch (v.getNodeType()) {
       case OBJECT -> {
@@ -167,7 +171,9 @@ final class Jcs {
     return true;
   }
 
-  /** A finite double as ECMAScript's Number.prototype.toString writes it (RFC 8785 section 3.2.2.3). */
+  /**
+   * A finite double as ECMAScript's Number.prototype.toString writes it (RFC 8785 section 3.2.2.3).
+   */
   static String number(double d) {
     if (d == 0) {
       return "0";
@@ -180,7 +186,8 @@ final class Jcs {
     // The fewest significant digits that read back as d; of the candidates with that many,
     // the one closest to d.
     for (int digits = 1; digits <= 17 && shortest == null; digits++) {
-      for (RoundingMode mode : new RoundingMode[] {RoundingMode.HALF_EVEN, RoundingMode.FLOOR, RoundingMode.CEILING}) {
+      for (RoundingMode mode :
+          new RoundingMode[] {RoundingMode.HALF_EVEN, RoundingMode.FLOOR, RoundingMode.CEILING}) {
         BigDecimal candidate = exact.round(new MathContext(digits, mode));
         if (candidate.doubleValue() == d
             && (shortest == null

@@ -4,8 +4,8 @@ import java.time.OffsetDateTime;
 import java.util.Optional;
 
 /**
- * The record of a key, as lookup shows it. state is pending, released, completed or
- * failed, an open set: accept others.
+ * The record of a key, as lookup shows it. state is pending, released, completed or failed, an open
+ * set: accept others.
  */
 public record KeyRecord(
     String key,

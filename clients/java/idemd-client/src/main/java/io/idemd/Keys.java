@@ -9,17 +9,16 @@ import java.util.HexFormat;
 /** Keys derived from stable fields, the same in every idemd client. */
 public final class Keys {
   /**
-   * The message header that carries an idemd key from the request that published a
-   * message to its consumers: the lease's key. The name and the value are the same in
-   * every idemd client.
+   * The message header that carries an idemd key from the request that published a message to its
+   * consumers: the lease's key. The name and the value are the same in every idemd client.
    */
   public static final String MESSAGE_HEADER = "idemd-key";
 
   private Keys() {}
 
   /**
-   * Derives a key from a message's stable fields (for example the topic, the partition and
-   * the producer's message ID; never the delivery count or the receive time). Each part is
+   * Derives a key from a message's stable fields (for example the topic, the partition and the
+   * producer's message ID; never the delivery count or the receive time). Each part is
    * length-prefixed before hashing, so ("ab", "c") and ("a", "bc") give different keys.
    */
   public static String messageKey(String... parts) {

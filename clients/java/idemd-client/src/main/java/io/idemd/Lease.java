@@ -4,11 +4,11 @@ import java.util.Optional;
 import java.util.concurrent.atomic.AtomicReference;
 
 /**
- * The lease an operation runs under, handed to the work given to run, once and consume,
- * and to handlers behind the Idempotency-Key filter. attempt and recovered let the work
- * make its effect happen once (docs/effects.md): attempt grows by one at every
- * acquisition of the key, a fencing token; recovered says that this lease took the key
- * over from a holder whose lease ran out, which may have done part of the work.
+ * The lease an operation runs under, handed to the work given to run, once and consume, and to
+ * handlers behind the Idempotency-Key filter. attempt and recovered let the work make its effect
+ * happen once (docs/effects.md): attempt grows by one at every acquisition of the key, a fencing
+ * token; recovered says that this lease took the key over from a holder whose lease ran out, which
+ * may have done part of the work.
  */
 public final class Lease {
   private static final ThreadLocal<Lease> CURRENT = new ThreadLocal<>();

@@ -1,9 +1,9 @@
 package io.idemd;
 
 /**
- * An operation's failure that must not be retried (a declined card, say): thrown from the
- * work given to run, once or consume, it is stored as the key's terminal failure, and
- * later runs of the key throw a {@link FailedException} carrying its message and value.
+ * An operation's failure that must not be retried (a declined card, say): thrown from the work
+ * given to run, once or consume, it is stored as the key's terminal failure, and later runs of the
+ * key throw a {@link FailedException} carrying its message and value.
  */
 public class PermanentException extends IdemException {
   private static final long serialVersionUID = 1L;

@@ -1,8 +1,8 @@
 package io.idemd;
 
 /**
- * The operation ran, but idemd did not store its result (see the cause). After the lease
- * runs out, a later run of the key runs the operation again.
+ * The operation ran, but idemd did not store its result (see the cause). After the lease runs out,
+ * a later run of the key runs the operation again.
  */
 public class ResultNotStoredException extends IdemException {
   private static final long serialVersionUID = 1L;

@@ -5,8 +5,8 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * An operation's result as idemd stores and replays it: a final status (200 to 599),
- * headers with lowercase names, and the body.
+ * An operation's result as idemd stores and replays it: a final status (200 to 599), headers with
+ * lowercase names, and the body.
  */
 public record StoredResponse(int status, Map<String, List<String>> headers, byte[] body) {
   public StoredResponse {
@@ -17,7 +17,9 @@ public record StoredResponse(int status, Map<String, List<String>> headers, byte
   /** A response with a UTF-8 body and a Content-Type. */
   public static StoredResponse of(int status, String contentType, String body) {
     return new StoredResponse(
-        status, Map.of("content-type", List.of(contentType)), body.getBytes(StandardCharsets.UTF_8));
+        status,
+        Map.of("content-type", List.of(contentType)),
+        body.getBytes(StandardCharsets.UTF_8));
   }
 
   @Override

@@ -14,10 +14,10 @@ import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicLong;
 
 /**
- * Whether batching pays in the Java client: claim-and-complete cycles on fresh keys from
- * many threads of one client against one idemd (its embedded store), with batching on and
- * off in alternating rounds of the same run. It reports cycles per second and the CPU
- * each process spent per cycle: this JVM (the client, which is also the load) and idemd.
+ * Whether batching pays in the Java client: claim-and-complete cycles on fresh keys from many
+ * threads of one client against one idemd (its embedded store), with batching on and off in
+ * alternating rounds of the same run. It reports cycles per second and the CPU each process spent
+ * per cycle: this JVM (the client, which is also the load) and idemd.
  *
  * <p>make bench-java [BENCH_ARGS="threads seconds rounds"]
  */
@@ -28,8 +28,9 @@ public final class BatchBench {
     int threads = args.length > 0 ? Integer.parseInt(args[0]) : 32;
     int seconds = args.length > 1 ? Integer.parseInt(args[1]) : 5;
     int rounds = args.length > 2 ? Integer.parseInt(args[2]) : 3;
-    System.out.printf("%d threads, %d s a round, %d rounds; %d cores%n", threads, seconds, rounds,
-        Runtime.getRuntime().availableProcessors());
+    System.out.printf(
+        "%d threads, %d s a round, %d rounds; %d cores%n",
+        threads, seconds, rounds, Runtime.getRuntime().availableProcessors());
     System.out.println("| batching | cycles/s | client CPU µs/cycle | idemd CPU µs/cycle |");
     System.out.println("|---|---|---|---|");
     try (Daemon daemon = Daemon.start()) {
@@ -44,7 +45,8 @@ public final class BatchBench {
     }
   }
 
-  private static void measure(IdemClient client, Daemon daemon, int threads, int seconds, String label, boolean print)
+  private static void measure(
+      IdemClient client, Daemon daemon, int threads, int seconds, String label, boolean print)
       throws Exception {
     AtomicLong cycles = new AtomicLong();
     long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(seconds);
@@ -56,16 +58,18 @@ public final class BatchBench {
     String prefix = "bench-" + System.nanoTime() + "-";
     for (int t = 0; t < threads; t++) {
       int id = t;
-      workers.add(pool.submit(() -> {
-        StoredResponse done = StoredResponse.of(200, "application/json", "{}");
-        for (long i = 0; System.nanoTime() < end; i++) {
-          String key = prefix + id + "-" + i;
-          Claim.Acquired c = (Claim.Acquired) client.claim(key);
-          client.complete(key, c.leaseToken(), done);
-          cycles.incrementAndGet();
-        }
-        return null;
-      }));
+      workers.add(
+          pool.submit(
+              () -> {
+                StoredResponse done = StoredResponse.of(200, "application/json", "{}");
+                for (long i = 0; System.nanoTime() < end; i++) {
+                  String key = prefix + id + "-" + i;
+                  Claim.Acquired c = (Claim.Acquired) client.claim(key);
+                  client.complete(key, c.leaseToken(), done);
+                  cycles.incrementAndGet();
+                }
+                return null;
+              }));
     }
     for (Future<?> w : workers) {
       w.get();
@@ -76,7 +80,8 @@ public final class BatchBench {
     double clientUs = (processCpuNanos() - clientCpu0) / 1e3 / n;
     double idemdUs = (cpuNanos(daemon.pid()) - idemdCpu0) / 1e3 / n;
     if (print) {
-      System.out.printf(Locale.ROOT, "| %s | %.0f | %.1f | %.1f |%n", label, n / elapsed, clientUs, idemdUs);
+      System.out.printf(
+          Locale.ROOT, "| %s | %.0f | %.1f | %.1f |%n", label, n / elapsed, clientUs, idemdUs);
     }
   }
 

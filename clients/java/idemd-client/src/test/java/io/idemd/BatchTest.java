@@ -22,9 +22,12 @@ import org.junit.jupiter.api.Test;
 class BatchTest {
   /** The POST /v1/batch requests idemd has answered. */
   static long batches(Daemon daemon) throws Exception {
-    String metrics = HttpClient.newHttpClient().send(
-        HttpRequest.newBuilder(URI.create(daemon.url + "/metrics")).build(),
-        HttpResponse.BodyHandlers.ofString()).body();
+    String metrics =
+        HttpClient.newHttpClient()
+            .send(
+                HttpRequest.newBuilder(URI.create(daemon.url + "/metrics")).build(),
+                HttpResponse.BodyHandlers.ofString())
+            .body();
     long n = 0;
     for (String line : metrics.split("\n")) {
       if (line.startsWith("idemd_requests_total{endpoint=\"POST /v1/batch\"")) {
@@ -39,7 +42,8 @@ class BatchTest {
     try {
       List<Future<RunResult<String>>> futures = new ArrayList<>();
       for (String key : keys) {
-        futures.add(pool.submit(() -> client.run(key, String.class, lease -> "value of " + lease.key())));
+        futures.add(
+            pool.submit(() -> client.run(key, String.class, lease -> "value of " + lease.key())));
       }
       List<RunResult<String>> out = new ArrayList<>();
       for (Future<RunResult<String>> f : futures) {
@@ -53,7 +57,8 @@ class BatchTest {
 
   @Test
   void concurrentCallsShareBatchesAndEachGetsItsOwnAnswer() throws Exception {
-    try (Daemon daemon = Daemon.start(); IdemClient client = IdemClient.builder(daemon.url).build()) {
+    try (Daemon daemon = Daemon.start();
+        IdemClient client = IdemClient.builder(daemon.url).build()) {
       List<String> keys = new ArrayList<>();
       for (int i = 0; i < 640; i++) {
         keys.add("batch-" + UUID.randomUUID());

@@ -41,7 +41,8 @@ class ClientTest {
   }
 
   /** Waits for condition, up to 10 s. */
-  static void eventually(String what, java.util.function.BooleanSupplier condition) throws InterruptedException {
+  static void eventually(String what, java.util.function.BooleanSupplier condition)
+      throws InterruptedException {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
     while (!condition.getAsBoolean()) {
       if (System.nanoTime() > deadline) {
@@ -58,7 +59,8 @@ class ClientTest {
     Claim.Acquired acquired = assertInstanceOf(Claim.Acquired.class, first);
     assertEquals(1, acquired.attempt());
     assertFalse(acquired.recovered());
-    client.complete(key, acquired.leaseToken(), StoredResponse.of(201, "application/json", "{\"id\":42}"));
+    client.complete(
+        key, acquired.leaseToken(), StoredResponse.of(201, "application/json", "{\"id\":42}"));
 
     Claim.Finished finished = assertInstanceOf(Claim.Finished.class, client.claim(key));
     assertFalse(finished.failed());
@@ -76,27 +78,34 @@ class ClientTest {
   @Test
   void aHeldKeyIsInProgressWithRetryAfter() {
     String key = key();
-    assertInstanceOf(Claim.Acquired.class, client.claim(key, ClaimOptions.DEFAULT.withLease(Duration.ofSeconds(20))));
+    assertInstanceOf(
+        Claim.Acquired.class,
+        client.claim(key, ClaimOptions.DEFAULT.withLease(Duration.ofSeconds(20))));
     InProgressException e = assertThrows(InProgressException.class, () -> client.claim(key));
     assertEquals(409, e.status());
     assertEquals("in_progress", e.code());
-    assertTrue(e.retryAfter().orElseThrow().compareTo(Duration.ZERO) > 0, "retry after " + e.retryAfter());
+    assertTrue(
+        e.retryAfter().orElseThrow().compareTo(Duration.ZERO) > 0, "retry after " + e.retryAfter());
   }
 
   @Test
   void aKeyReusedWithAnotherPayloadIsRefused() {
     String key = key();
     client.claim(key, ClaimOptions.DEFAULT.withFingerprint("sha256:aa"));
-    FingerprintMismatchException e = assertThrows(
-        FingerprintMismatchException.class, () -> client.claim(key, ClaimOptions.DEFAULT.withFingerprint("sha256:bb")));
+    FingerprintMismatchException e =
+        assertThrows(
+            FingerprintMismatchException.class,
+            () -> client.claim(key, ClaimOptions.DEFAULT.withFingerprint("sha256:bb")));
     assertEquals(422, e.status());
     assertTrue(e.detail().contains("fingerprint"), e.detail());
   }
 
   @Test
   void badInputIsAProblemNamingTheMember() {
-    IdemProblemException e = assertThrows(
-        IdemProblemException.class, () -> client.claim(key(), ClaimOptions.DEFAULT.withLease(Duration.ofMillis(5))));
+    IdemProblemException e =
+        assertThrows(
+            IdemProblemException.class,
+            () -> client.claim(key(), ClaimOptions.DEFAULT.withLease(Duration.ofMillis(5))));
     assertEquals(400, e.status());
     assertEquals("invalid_request", e.code());
     assertTrue(e.detail().contains("lease_ms"), e.detail());
@@ -116,10 +125,14 @@ class ClientTest {
     String key = key();
     Claim.Acquired held = (Claim.Acquired) client.claim(key);
     CompletableFuture<Claim> waiting =
-        CompletableFuture.supplyAsync(() -> client.claim(key, ClaimOptions.DEFAULT.withWaitFor(Duration.ofSeconds(20))));
-    eventually("the second claim waits", () -> !waiting.isDone() && client.lookup(key).state().equals("pending"));
+        CompletableFuture.supplyAsync(
+            () -> client.claim(key, ClaimOptions.DEFAULT.withWaitFor(Duration.ofSeconds(20))));
+    eventually(
+        "the second claim waits",
+        () -> !waiting.isDone() && client.lookup(key).state().equals("pending"));
     client.complete(key, held.leaseToken(), StoredResponse.of(200, "text/plain", "done"));
-    Claim.Finished finished = assertInstanceOf(Claim.Finished.class, waiting.get(20, TimeUnit.SECONDS));
+    Claim.Finished finished =
+        assertInstanceOf(Claim.Finished.class, waiting.get(20, TimeUnit.SECONDS));
     assertEquals("done", finished.response().orElseThrow().bodyText());
   }
 
@@ -128,22 +141,30 @@ class ClientTest {
     String key = key();
     AtomicInteger runs = new AtomicInteger();
     AtomicReference<Lease> seen = new AtomicReference<>();
-    RunResult<Map<String, Object>> first = client.run(key, castMap(), lease -> {
-      runs.incrementAndGet();
-      seen.set(lease);
-      assertEquals(Optional.of(lease), Lease.current());
-      return Map.of("charge", "ch_1", "amount", 100);
-    });
+    RunResult<Map<String, Object>> first =
+        client.run(
+            key,
+            castMap(),
+            lease -> {
+              runs.incrementAndGet();
+              seen.set(lease);
+              assertEquals(Optional.of(lease), Lease.current());
+              return Map.of("charge", "ch_1", "amount", 100);
+            });
     assertFalse(first.replayed());
     assertEquals(1, seen.get().attempt());
     assertFalse(seen.get().recovered());
     assertEquals(key, seen.get().key());
     assertEquals(Optional.empty(), Lease.current());
 
-    RunResult<Map<String, Object>> again = client.run(key, castMap(), lease -> {
-      runs.incrementAndGet();
-      return Map.of();
-    });
+    RunResult<Map<String, Object>> again =
+        client.run(
+            key,
+            castMap(),
+            lease -> {
+              runs.incrementAndGet();
+              return Map.of();
+            });
     assertTrue(again.replayed());
     assertEquals("ch_1", again.value().get("charge"));
     assertEquals(100, again.value().get("amount"));
@@ -153,15 +174,26 @@ class ClientTest {
   @Test
   void aFailedRunIsReleasedForTheNextRun() {
     String key = key();
-    IllegalStateException boom = assertThrows(IllegalStateException.class, () -> client.run(key, String.class, lease -> {
-      throw new IllegalStateException("boom");
-    }));
+    IllegalStateException boom =
+        assertThrows(
+            IllegalStateException.class,
+            () ->
+                client.run(
+                    key,
+                    String.class,
+                    lease -> {
+                      throw new IllegalStateException("boom");
+                    }));
     assertEquals("boom", boom.getMessage());
     AtomicReference<Lease> second = new AtomicReference<>();
-    RunResult<String> r = client.run(key, String.class, lease -> {
-      second.set(lease);
-      return "ok";
-    });
+    RunResult<String> r =
+        client.run(
+            key,
+            String.class,
+            lease -> {
+              second.set(lease);
+              return "ok";
+            });
     assertEquals("ok", r.value());
     assertEquals(2, second.get().attempt());
     assertFalse(second.get().recovered(), "a released key is not recovered");
@@ -170,14 +202,28 @@ class ClientTest {
   @Test
   void aPermanentFailureIsStoredAndReplayed() {
     String key = key();
-    assertThrows(PermanentException.class, () -> client.run(key, String.class, lease -> {
-      throw new PermanentException("card declined", Map.of("reason", "insufficient_funds"), null);
-    }));
+    assertThrows(
+        PermanentException.class,
+        () ->
+            client.run(
+                key,
+                String.class,
+                lease -> {
+                  throw new PermanentException(
+                      "card declined", Map.of("reason", "insufficient_funds"), null);
+                }));
     AtomicInteger runs = new AtomicInteger();
-    FailedException e = assertThrows(FailedException.class, () -> client.run(key, String.class, lease -> {
-      runs.incrementAndGet();
-      return "never";
-    }));
+    FailedException e =
+        assertThrows(
+            FailedException.class,
+            () ->
+                client.run(
+                    key,
+                    String.class,
+                    lease -> {
+                      runs.incrementAndGet();
+                      return "never";
+                    }));
     assertEquals("card declined", e.getMessage());
     assertEquals("insufficient_funds", e.value().path("reason").asText());
     assertEquals(0, runs.get());
@@ -188,14 +234,16 @@ class ClientTest {
     String key = key();
     client.claim(key, ClaimOptions.DEFAULT.withLease(Duration.ofMillis(200)));
     AtomicReference<Lease> taken = new AtomicReference<>();
-    eventually("the first lease runs out and run takes the key over", () -> {
-      try {
-        client.once(key, taken::set);
-        return true;
-      } catch (InProgressException e) {
-        return false;
-      }
-    });
+    eventually(
+        "the first lease runs out and run takes the key over",
+        () -> {
+          try {
+            client.once(key, taken::set);
+            return true;
+          } catch (InProgressException e) {
+            return false;
+          }
+        });
     assertEquals(2, taken.get().attempt());
     assertTrue(taken.get().recovered());
   }
@@ -204,13 +252,21 @@ class ClientTest {
   void aLostLeaseTurnsLostAndRunThrows() {
     String key = key();
     AtomicReference<Lease> held = new AtomicReference<>();
-    LeaseLostException e = assertThrows(LeaseLostException.class, () -> client.run(key, String.class, lease -> {
-      held.set(lease);
-      // Another caller takes the key away; the next renewal finds it gone.
-      client.purge(key);
-      eventually("the lease is seen lost", lease::isLost);
-      return "written after the lease was lost";
-    }, RunOptions.DEFAULT.withLease(Duration.ofMillis(300))));
+    LeaseLostException e =
+        assertThrows(
+            LeaseLostException.class,
+            () ->
+                client.run(
+                    key,
+                    String.class,
+                    lease -> {
+                      held.set(lease);
+                      // Another caller takes the key away; the next renewal finds it gone.
+                      client.purge(key);
+                      eventually("the lease is seen lost", lease::isLost);
+                      return "written after the lease was lost";
+                    },
+                    RunOptions.DEFAULT.withLease(Duration.ofMillis(300))));
     assertEquals("lease_lost", e.code());
     assertTrue(held.get().isLost());
     assertThrows(LeaseLostException.class, held.get()::checkLive);
@@ -218,8 +274,11 @@ class ClientTest {
 
   @Test
   void anUnreachableIdemdIsUnavailableAndNothingRuns() throws Exception {
-    try (IdemClient nowhere = IdemClient.builder("http://127.0.0.1:" + Daemon.freePort())
-        .retries(1).backoff(Duration.ofMillis(5)).build()) {
+    try (IdemClient nowhere =
+        IdemClient.builder("http://127.0.0.1:" + Daemon.freePort())
+            .retries(1)
+            .backoff(Duration.ofMillis(5))
+            .build()) {
       UnavailableException e = assertThrows(UnavailableException.class, () -> nowhere.claim(key()));
       assertEquals(0, e.status());
       AtomicInteger runs = new AtomicInteger();
@@ -236,39 +295,56 @@ class ClientTest {
     Verdict ran = client.consume(key, lease -> {});
     assertEquals(Verdict.Action.ACK, ran.action());
     assertTrue(ran.ran());
-    Verdict redelivered = client.consume(key, lease -> {
-      throw new AssertionError("ran twice");
-    });
+    Verdict redelivered =
+        client.consume(
+            key,
+            lease -> {
+              throw new AssertionError("ran twice");
+            });
     assertEquals(Verdict.Action.ACK, redelivered.action());
     assertFalse(redelivered.ran());
 
     String held = key();
     client.claim(held, ClaimOptions.DEFAULT.withLease(Duration.ofSeconds(20)));
-    Verdict busy = client.consume(held, lease -> {
-      throw new AssertionError("ran without the lease");
-    });
+    Verdict busy =
+        client.consume(
+            held,
+            lease -> {
+              throw new AssertionError("ran without the lease");
+            });
     assertEquals(Verdict.Action.REQUEUE, busy.action());
     assertFalse(busy.ran());
-    assertTrue(busy.delay().compareTo(Duration.ofSeconds(1)) > 0, "requeued after the lease's time: " + busy.delay());
+    assertTrue(
+        busy.delay().compareTo(Duration.ofSeconds(1)) > 0,
+        "requeued after the lease's time: " + busy.delay());
     assertInstanceOf(InProgressException.class, busy.error().orElseThrow());
 
     String transientKey = key();
-    Verdict failed = client.consume(transientKey, lease -> {
-      throw new java.io.IOException("the bank timed out");
-    });
+    Verdict failed =
+        client.consume(
+            transientKey,
+            lease -> {
+              throw new java.io.IOException("the bank timed out");
+            });
     assertEquals(Verdict.Action.REQUEUE, failed.action());
     assertTrue(failed.ran());
     assertEquals(Verdict.Action.ACK, client.consume(transientKey, lease -> {}).action());
 
     String permanent = key();
-    Verdict dead = client.consume(permanent, lease -> {
-      throw new PermanentException("malformed order");
-    });
+    Verdict dead =
+        client.consume(
+            permanent,
+            lease -> {
+              throw new PermanentException("malformed order");
+            });
     assertEquals(Verdict.Action.DEAD_LETTER, dead.action());
     assertTrue(dead.ran());
-    Verdict deadAgain = client.consume(permanent, lease -> {
-      throw new AssertionError("a dead letter ran again");
-    });
+    Verdict deadAgain =
+        client.consume(
+            permanent,
+            lease -> {
+              throw new AssertionError("a dead letter ran again");
+            });
     assertEquals(Verdict.Action.DEAD_LETTER, deadAgain.action());
     assertFalse(deadAgain.ran());
     assertInstanceOf(FailedException.class, deadAgain.error().orElseThrow());

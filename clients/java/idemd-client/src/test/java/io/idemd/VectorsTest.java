@@ -59,7 +59,10 @@ class VectorsTest {
                                   text(v, "content_type"),
                                   text(v, "content_encoding"),
                                   bytes(v, "body")));
-                      assertEquals(v.path("canonical_json").asBoolean(), f.canonicalJson(), "canonical_json");
+                      assertEquals(
+                          v.path("canonical_json").asBoolean(),
+                          f.canonicalJson(),
+                          "canonical_json");
                       assertEquals(
                           new String(bytes(v, "hashed_body"), StandardCharsets.UTF_8),
                           new String(f.hashedBody(), StandardCharsets.UTF_8),
@@ -79,7 +82,8 @@ class VectorsTest {
                     () ->
                         assertEquals(
                             v.path("idemd_key").asText(),
-                            Idempotency.idemdKey(v.path("scope").asText(), v.path("key").asText()))));
+                            Idempotency.idemdKey(
+                                v.path("scope").asText(), v.path("key").asText()))));
   }
 
   @TestFactory
@@ -114,11 +118,24 @@ class VectorsTest {
   @Test
   void numbersAreWrittenAsEcmaScriptWritesThem() {
     String[][] cases = {
-      {"1", "1"}, {"1.0", "1"}, {"10e-1", "1"}, {"-0", "0"}, {"1e21", "1e+21"},
-      {"1e20", "100000000000000000000"}, {"0.000001", "0.000001"}, {"1e-7", "1e-7"},
-      {"123.456", "123.456"}, {"5e-324", "5e-324"}, {"1.7976931348623157e308", "1.7976931348623157e+308"},
-      {"9007199254740993", "9007199254740992"}, {"0.1", "0.1"}, {"333333333.33333329", "333333333.3333333"},
-      {"1e23", "1e+23"}, {"2e-3", "0.002"}, {"4.35", "4.35"}, {"-1.5e-9", "-1.5e-9"},
+      {"1", "1"},
+      {"1.0", "1"},
+      {"10e-1", "1"},
+      {"-0", "0"},
+      {"1e21", "1e+21"},
+      {"1e20", "100000000000000000000"},
+      {"0.000001", "0.000001"},
+      {"1e-7", "1e-7"},
+      {"123.456", "123.456"},
+      {"5e-324", "5e-324"},
+      {"1.7976931348623157e308", "1.7976931348623157e+308"},
+      {"9007199254740993", "9007199254740992"},
+      {"0.1", "0.1"},
+      {"333333333.33333329", "333333333.3333333"},
+      {"1e23", "1e+23"},
+      {"2e-3", "0.002"},
+      {"4.35", "4.35"},
+      {"-1.5e-9", "-1.5e-9"},
     };
     for (String[] c : cases) {
       assertEquals(c[1], Jcs.number(Double.parseDouble(c[0])), c[0]);

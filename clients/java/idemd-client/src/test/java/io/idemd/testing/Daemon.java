@@ -16,9 +16,9 @@ import java.util.concurrent.TimeUnit;
 import java.util.stream.Stream;
 
 /**
- * A real idemd for the tests: the binary IDEMD_BIN names (make test-java builds it from
- * this repository), or else one built here with go build, started on a free loopback port
- * with its embedded store in a temporary directory, and stopped by its PID.
+ * A real idemd for the tests: the binary IDEMD_BIN names (make test-java builds it from this
+ * repository), or else one built here with go build, started on a free loopback port with its
+ * embedded store in a temporary directory, and stopped by its PID.
  */
 public final class Daemon implements AutoCloseable {
   private static Path built;
@@ -40,22 +40,35 @@ public final class Daemon implements AutoCloseable {
     int port = freePort();
     Path dataDir = Files.createTempDirectory("idemd-java-data-");
     Path log = Files.createTempFile("idemd-java-", ".log");
-    List<String> command = new ArrayList<>(List.of(binary().toString(), "--listen", "127.0.0.1:" + port,
-        "--data-dir", dataDir.toString(), "--log-level", "warn"));
+    List<String> command =
+        new ArrayList<>(
+            List.of(
+                binary().toString(),
+                "--listen",
+                "127.0.0.1:" + port,
+                "--data-dir",
+                dataDir.toString(),
+                "--log-level",
+                "warn"));
     command.addAll(List.of(args));
-    Process process = new ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log.toFile()).start();
+    Process process =
+        new ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log.toFile()).start();
     Daemon daemon = new Daemon(process, dataDir, log, "http://127.0.0.1:" + port);
     HttpClient http = HttpClient.newHttpClient();
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
     while (System.nanoTime() < deadline) {
       if (!process.isAlive()) {
         daemon.close();
-        throw new IllegalStateException("idemd exited with " + process.exitValue() + ":\n" + Files.readString(log));
+        throw new IllegalStateException(
+            "idemd exited with " + process.exitValue() + ":\n" + Files.readString(log));
       }
       try {
-        HttpResponse<Void> res = http.send(
-            HttpRequest.newBuilder(URI.create(daemon.url + "/readyz")).timeout(Duration.ofSeconds(1)).build(),
-            HttpResponse.BodyHandlers.discarding());
+        HttpResponse<Void> res =
+            http.send(
+                HttpRequest.newBuilder(URI.create(daemon.url + "/readyz"))
+                    .timeout(Duration.ofSeconds(1))
+                    .build(),
+                HttpResponse.BodyHandlers.discarding());
         if (res.statusCode() == 200) {
           return daemon;
         }
@@ -118,10 +131,14 @@ public final class Daemon implements AutoCloseable {
     if (built == null) {
       Path root = repositoryRoot();
       Path out = Files.createTempDirectory("idemd-java-bin-").resolve("idemd");
-      Process go = new ProcessBuilder("go", "build", "-o", out.toString(), "./cmd/idemd")
-          .directory(root.toFile()).inheritIO().start();
+      Process go =
+          new ProcessBuilder("go", "build", "-o", out.toString(), "./cmd/idemd")
+              .directory(root.toFile())
+              .inheritIO()
+              .start();
       if (go.waitFor() != 0) {
-        throw new IllegalStateException("go build ./cmd/idemd failed; set IDEMD_BIN to an idemd binary");
+        throw new IllegalStateException(
+            "go build ./cmd/idemd failed; set IDEMD_BIN to an idemd binary");
       }
       built = out;
     }
@@ -134,6 +151,7 @@ public final class Daemon implements AutoCloseable {
         return p;
       }
     }
-    throw new IllegalStateException("the repository's root (with cmd/idemd) is not above " + Path.of("").toAbsolutePath());
+    throw new IllegalStateException(
+        "the repository's root (with cmd/idemd) is not above " + Path.of("").toAbsolutePath());
   }
 }

@@ -19,8 +19,8 @@ import java.util.Locale;
 import java.util.Map;
 
 /**
- * The request with its body already read by the filter (to fingerprint it): the handler
- * reads the same bytes again, as a stream, a reader or, for a form, its parameters.
+ * The request with its body already read by the filter (to fingerprint it): the handler reads the
+ * same bytes again, as a stream, a reader or, for a form, its parameters.
  */
 final class CachedBodyRequest extends HttpServletRequestWrapper {
   private final byte[] body;
@@ -58,7 +58,8 @@ final class CachedBodyRequest extends HttpServletRequestWrapper {
 
       @Override
       public void setReadListener(ReadListener listener) {
-        throw new IllegalStateException("the body was read by the idempotency filter; read it blocking");
+        throw new IllegalStateException(
+            "the body was read by the idempotency filter; read it blocking");
       }
     };
   }

@@ -37,9 +37,8 @@ import java.util.function.IntPredicate;
 import java.util.stream.Collectors;
 
 /**
- * Makes handlers idempotent by the Idempotency-Key request header: docs/middleware.md,
- * row by row (the row names are in the comments). Register it after authentication (the
- * scope comes from it):
+ * Makes handlers idempotent by the Idempotency-Key request header: docs/middleware.md, row by row
+ * (the row names are in the comments). Register it after authentication (the scope comes from it):
  *
  * <pre>{@code
  * IdempotencyFilter filter = IdempotencyFilter.builder(client)
@@ -48,13 +47,13 @@ import java.util.stream.Collectors;
  * }</pre>
  *
  * <p>A handler it runs under a lease finds the lease in the request attribute {@link
- * #LEASE_ATTRIBUTE} and in {@link Lease#current()} (L1). The handler is not interrupted
- * when the lease is lost; it checks {@link Lease#isLost()} or calls {@link
- * Lease#checkLive()} before an effect.
+ * #LEASE_ATTRIBUTE} and in {@link Lease#current()} (L1). The handler is not interrupted when the
+ * lease is lost; it checks {@link Lease#isLost()} or calls {@link Lease#checkLive()} before an
+ * effect.
  *
- * <p>Unlike Go, TypeScript and ASGI, a blocking servlet cannot hear its client leave
- * while a claim waits (C3a): a waiting claim waits its full wait, as under WSGI, and a
- * lease it gets runs the handler, whose answer then decides (R6).
+ * <p>Unlike Go, TypeScript and ASGI, a blocking servlet cannot hear its client leave while a claim
+ * waits (C3a): a waiting claim waits its full wait, as under WSGI, and a lease it gets runs the
+ * handler, whose answer then decides (R6).
  */
 public final class IdempotencyFilter implements Filter {
   /** The request attribute holding the {@link Lease} a handler runs under. */
@@ -63,8 +62,19 @@ public final class IdempotencyFilter implements Filter {
   // P2: never stored, and refused at construction if listed.
   private static final Set<String> NEVER_STORED =
       Set.of(
-          "set-cookie", "set-cookie2", "connection", "keep-alive", "proxy-connection", "proxy-authenticate",
-          "proxy-authorization", "te", "trailer", "transfer-encoding", "upgrade", "content-length", "date",
+          "set-cookie",
+          "set-cookie2",
+          "connection",
+          "keep-alive",
+          "proxy-connection",
+          "proxy-authenticate",
+          "proxy-authorization",
+          "te",
+          "trailer",
+          "transfer-encoding",
+          "upgrade",
+          "content-length",
+          "date",
           "idempotent-replayed");
   private static final Duration MAX_WAIT = Duration.ofSeconds(30);
 
@@ -103,13 +113,16 @@ public final class IdempotencyFilter implements Filter {
 
   /** The lease the request runs under, when the filter protects it (L1); empty otherwise (L2). */
   public static Optional<Lease> lease(ServletRequest request) {
-    return request.getAttribute(LEASE_ATTRIBUTE) instanceof Lease l ? Optional.of(l) : Optional.empty();
+    return request.getAttribute(LEASE_ATTRIBUTE) instanceof Lease l
+        ? Optional.of(l)
+        : Optional.empty();
   }
 
   @Override
   public void doFilter(ServletRequest request, ServletResponse response, FilterChain chain)
       throws IOException, ServletException {
-    if (!(request instanceof HttpServletRequest req) || !(response instanceof HttpServletResponse res)) {
+    if (!(request instanceof HttpServletRequest req)
+        || !(response instanceof HttpServletResponse res)) {
       chain.doFilter(request, response);
       return;
     }
@@ -126,12 +139,19 @@ public final class IdempotencyFilter implements Filter {
         chain.doFilter(req, res);
         return;
       }
-      Answer.problem(400, "missing_idempotency_key", "Idempotency-Key is required",
-          "this endpoint needs an Idempotency-Key header", null).write(res);
+      Answer.problem(
+              400,
+              "missing_idempotency_key",
+              "Idempotency-Key is required",
+              "this endpoint needs an Idempotency-Key header",
+              null)
+          .write(res);
       return;
     }
     if (read instanceof Idempotency.HeaderKey.Invalid invalid) {
-      Answer.problem(400, "invalid_idempotency_key", "Invalid Idempotency-Key", invalid.error(), null).write(res);
+      Answer.problem(
+              400, "invalid_idempotency_key", "Invalid Idempotency-Key", invalid.error(), null)
+          .write(res);
       return;
     }
     String key = ((Idempotency.HeaderKey.Key) read).key();
@@ -145,7 +165,12 @@ public final class IdempotencyFilter implements Filter {
     try {
       body = readBody(req.getInputStream());
     } catch (IOException e) {
-      Answer.problem(400, "unreadable_body", "Unreadable request body", String.valueOf(e.getMessage()), null)
+      Answer.problem(
+              400,
+              "unreadable_body",
+              "Unreadable request body",
+              String.valueOf(e.getMessage()),
+              null)
           .write(res);
       return;
     }
@@ -185,13 +210,23 @@ public final class IdempotencyFilter implements Filter {
     } catch (InProgressException e) {
       // C3
       long ms = e.retryAfter().orElse(Duration.ZERO).toMillis();
-      Answer.problem(409, "in_progress", "Request in progress",
-          "a request with this Idempotency-Key is being processed", (int) Math.max(1, (ms + 999) / 1000)).write(res);
+      Answer.problem(
+              409,
+              "in_progress",
+              "Request in progress",
+              "a request with this Idempotency-Key is being processed",
+              (int) Math.max(1, (ms + 999) / 1000))
+          .write(res);
       return;
     } catch (FingerprintMismatchException e) {
       // C4
-      Answer.problem(422, "fingerprint_mismatch", "Idempotency-Key reused",
-          "this Idempotency-Key was used with a different request", null).write(res);
+      Answer.problem(
+              422,
+              "fingerprint_mismatch",
+              "Idempotency-Key reused",
+              "this Idempotency-Key was used with a different request",
+              null)
+          .write(res);
       return;
     } catch (UnavailableException e) {
       // C5: an outage.
@@ -217,17 +252,26 @@ public final class IdempotencyFilter implements Filter {
   }
 
   /** R1 to R15: runs the handler under the lease and finishes the key by how it ended. */
-  private void run(CachedBodyRequest req, HttpServletResponse res, FilterChain chain, String key, Claim.Acquired acquired)
+  private void run(
+      CachedBodyRequest req,
+      HttpServletResponse res,
+      FilterChain chain,
+      String key,
+      Claim.Acquired acquired)
       throws IOException, ServletException {
     RecordingResponse recorder = new RecordingResponse(res, maxStoredBytes);
     Throwable thrown = null;
     try {
-      client.underLease(key, acquired, lease, held -> {
-        req.setAttribute(LEASE_ATTRIBUTE, held);
-        chain.doFilter(req, recorder);
-        recorder.finish();
-        return null;
-      });
+      client.underLease(
+          key,
+          acquired,
+          lease,
+          held -> {
+            req.setAttribute(LEASE_ATTRIBUTE, held);
+            chain.doFilter(req, recorder);
+            recorder.finish();
+            return null;
+          });
     } catch (LeaseLostException e) {
       // R12: the key belongs to another request now; nothing is stored. An answer the
       // handler wrote goes on to the client.
@@ -278,24 +322,34 @@ public final class IdempotencyFilter implements Filter {
     }
   }
 
-  private void replay(HttpServletRequest req, HttpServletResponse res, String key, Optional<StoredResponse> stored)
+  private void replay(
+      HttpServletRequest req, HttpServletResponse res, String key, Optional<StoredResponse> stored)
       throws IOException {
     int status = stored.map(StoredResponse::status).orElse(200);
     if (status < 200 || status > 599) {
       // P3
-      Answer.problem(502, "stored_response_invalid", "Stored response invalid",
-          "the stored answer cannot be replayed", null).write(res);
+      Answer.problem(
+              502,
+              "stored_response_invalid",
+              "Stored response invalid",
+              "the stored answer cannot be replayed",
+              null)
+          .write(res);
       report(req, new Incident(Incident.Kind.REPLAY_INVALID, key, Optional.empty()));
       return;
     }
     // P1, P2, P4
     Map<String, List<String>> headers = new LinkedHashMap<>();
-    stored.map(StoredResponse::headers).orElse(Map.of()).forEach((name, values) -> {
-      String lower = name.toLowerCase(Locale.ROOT);
-      if (!NEVER_STORED.contains(lower)) {
-        headers.put(lower, values);
-      }
-    });
+    stored
+        .map(StoredResponse::headers)
+        .orElse(Map.of())
+        .forEach(
+            (name, values) -> {
+              String lower = name.toLowerCase(Locale.ROOT);
+              if (!NEVER_STORED.contains(lower)) {
+                headers.put(lower, values);
+              }
+            });
     headers.put("idempotent-replayed", List.of("true"));
     new Answer(status, headers, stored.map(StoredResponse::body).orElse(new byte[0])).write(res);
   }
@@ -308,33 +362,57 @@ public final class IdempotencyFilter implements Filter {
     }
   }
 
-  private void notStored(HttpServletRequest req, String key, Claim.Acquired acquired, Throwable cause) {
-    Answer a = Answer.problem(409, "response_not_stored", "Response not stored",
-        "the request with this Idempotency-Key ran, but its answer could not be stored: do not resend it, look the result up",
-        null);
+  private void notStored(
+      HttpServletRequest req, String key, Claim.Acquired acquired, Throwable cause) {
+    Answer a =
+        Answer.problem(
+            409,
+            "response_not_stored",
+            "Response not stored",
+            "the request with this Idempotency-Key ran, but its answer could not be stored: do not resend it, look the result up",
+            null);
     try {
-      client.releaseAsFailed(key, acquired.leaseToken(), new StoredResponse(a.status(), a.headers(), a.body()), null);
+      client.releaseAsFailed(
+          key, acquired.leaseToken(), new StoredResponse(a.status(), a.headers(), a.body()), null);
       report(req, new Incident(Incident.Kind.RESULT_NOT_STORED, key, Optional.ofNullable(cause)));
     } catch (RuntimeException e) {
       report(req, new Incident(Incident.Kind.RELEASE_FAILED, key, Optional.of(e)));
     }
   }
 
-  private void scopeMissing(HttpServletRequest req, HttpServletResponse res, Throwable cause) throws IOException {
-    Answer.problem(500, "idempotency_scope_missing", "Idempotency scope missing",
-        "the service could not tell whose request this is", null).write(res);
+  private void scopeMissing(HttpServletRequest req, HttpServletResponse res, Throwable cause)
+      throws IOException {
+    Answer.problem(
+            500,
+            "idempotency_scope_missing",
+            "Idempotency scope missing",
+            "the service could not tell whose request this is",
+            null)
+        .write(res);
     report(req, new Incident(Incident.Kind.SCOPE_MISSING, "", Optional.ofNullable(cause)));
   }
 
   private void tooLarge(HttpServletResponse res) throws IOException {
-    Answer.problem(413, "payload_too_large", "Request body too large",
-        "the body is over " + maxBodyBytes + " bytes", null).write(res);
+    Answer.problem(
+            413,
+            "payload_too_large",
+            "Request body too large",
+            "the body is over " + maxBodyBytes + " bytes",
+            null)
+        .write(res);
   }
 
   private static Answer unavailable(RuntimeException e) {
-    long ms = e instanceof IdemProblemException p ? p.retryAfter().orElse(Duration.ofSeconds(1)).toMillis() : 1000;
-    return Answer.problem(503, "idempotency_unavailable", "Idempotency service unavailable",
-        "the request was not run: its Idempotency-Key could not be checked", (int) Math.max(1, (ms + 999) / 1000));
+    long ms =
+        e instanceof IdemProblemException p
+            ? p.retryAfter().orElse(Duration.ofSeconds(1)).toMillis()
+            : 1000;
+    return Answer.problem(
+        503,
+        "idempotency_unavailable",
+        "Idempotency service unavailable",
+        "the request was not run: its Idempotency-Key could not be checked",
+        (int) Math.max(1, (ms + 999) / 1000));
   }
 
   /** Reports an incident; a hook that throws changes nothing. */
@@ -375,7 +453,9 @@ public final class IdempotencyFilter implements Filter {
   private static boolean wellFormed(String s) {
     for (int i = 0; i < s.length(); i++) {
       char c = s.charAt(i);
-      if (Character.isHighSurrogate(c) && i + 1 < s.length() && Character.isLowSurrogate(s.charAt(i + 1))) {
+      if (Character.isHighSurrogate(c)
+          && i + 1 < s.length()
+          && Character.isLowSurrogate(s.charAt(i + 1))) {
         i++;
       } else if (Character.isSurrogate(c)) {
         return false;
@@ -420,9 +500,9 @@ public final class IdempotencyFilter implements Filter {
     }
 
     /**
-     * Whose request it is: the authenticated user, account or tenant, a non-empty string.
-     * A replay never crosses scopes. Required: a service whose answers are not private
-     * says so with a constant.
+     * Whose request it is: the authenticated user, account or tenant, a non-empty string. A replay
+     * never crosses scopes. Required: a service whose answers are not private says so with a
+     * constant.
      */
     public Builder scope(Function<HttpServletRequest, String> scope) {
       this.scope = scope;
@@ -431,7 +511,10 @@ public final class IdempotencyFilter implements Filter {
 
     /** The methods the filter applies to; default POST and PATCH. */
     public Builder methods(String... methods) {
-      this.methods = java.util.Arrays.stream(methods).map(m -> m.toUpperCase(Locale.ROOT)).collect(Collectors.toSet());
+      this.methods =
+          java.util.Arrays.stream(methods)
+              .map(m -> m.toUpperCase(Locale.ROOT))
+              .collect(Collectors.toSet());
       return this;
     }
 
@@ -441,13 +524,18 @@ public final class IdempotencyFilter implements Filter {
       return this;
     }
 
-    /** How long a duplicate waits for the first request to finish instead of a 409 (0 to 30 s); default 0. */
+    /**
+     * How long a duplicate waits for the first request to finish instead of a 409 (0 to 30 s);
+     * default 0.
+     */
     public Builder waitFor(Duration waitFor) {
       this.waitFor = Objects.requireNonNull(waitFor, "waitFor");
       return this;
     }
 
-    /** The lease held while the handler runs, renewed every lease/3 (100 ms to 1 h); default 30 s. */
+    /**
+     * The lease held while the handler runs, renewed every lease/3 (100 ms to 1 h); default 30 s.
+     */
     public Builder lease(Duration lease) {
       this.lease = Objects.requireNonNull(lease, "lease");
       return this;
@@ -455,7 +543,8 @@ public final class IdempotencyFilter implements Filter {
 
     /** The response headers stored and replayed; default content-type and location. */
     public Builder storedHeaders(String... names) {
-      this.storedHeaders = java.util.Arrays.stream(names).map(n -> n.toLowerCase(Locale.ROOT)).toList();
+      this.storedHeaders =
+          java.util.Arrays.stream(names).map(n -> n.toLowerCase(Locale.ROOT)).toList();
       return this;
     }
 
@@ -489,7 +578,10 @@ public final class IdempotencyFilter implements Filter {
       return this;
     }
 
-    /** Builds the filter; throws when the scope is missing or an option is out of idemd's limits (M5, M5a). */
+    /**
+     * Builds the filter; throws when the scope is missing or an option is out of idemd's limits
+     * (M5, M5a).
+     */
     public IdempotencyFilter build() {
       if (scope == null) {
         // M5: no safe default exists.
@@ -499,18 +591,22 @@ public final class IdempotencyFilter implements Filter {
       }
       List<String> refused = storedHeaders.stream().filter(NEVER_STORED::contains).toList();
       if (!refused.isEmpty()) {
-        throw new IllegalArgumentException("idempotency filter: storedHeaders may not list " + String.join(", ", refused));
+        throw new IllegalArgumentException(
+            "idempotency filter: storedHeaders may not list " + String.join(", ", refused));
       }
       // M5a: idemd refuses every claim outside the contract's limits, so such a filter
       // would answer 503 to every request.
       if (waitFor.isNegative() || waitFor.compareTo(MAX_WAIT) > 0) {
-        throw new IllegalArgumentException("idempotency filter: waitFor is " + waitFor + "; idemd waits 0 to 30 s");
+        throw new IllegalArgumentException(
+            "idempotency filter: waitFor is " + waitFor + "; idemd waits 0 to 30 s");
       }
       if (lease.toMillis() < 100 || lease.compareTo(Duration.ofHours(1)) > 0) {
-        throw new IllegalArgumentException("idempotency filter: lease is " + lease + "; idemd's leases last 100 ms to 1 h");
+        throw new IllegalArgumentException(
+            "idempotency filter: lease is " + lease + "; idemd's leases last 100 ms to 1 h");
       }
       if (maxBodyBytes < 0 || maxStoredBytes < 0) {
-        throw new IllegalArgumentException("idempotency filter: the byte limits must not be negative");
+        throw new IllegalArgumentException(
+            "idempotency filter: the byte limits must not be negative");
       }
       return new IdempotencyFilter(this);
     }

@@ -4,8 +4,8 @@ import java.util.Optional;
 
 /**
  * A case where the filter could not keep a promise or could not protect a request
- * (docs/middleware.md, Incidents): its kind, stable and meant for a metric label; the
- * idemd key (empty when none was derived); and the cause, when there is one.
+ * (docs/middleware.md, Incidents): its kind, stable and meant for a metric label; the idemd key
+ * (empty when none was derived); and the cause, when there is one.
  */
 public record Incident(Kind kind, String idemdKey, Optional<Throwable> error) {
   public enum Kind {

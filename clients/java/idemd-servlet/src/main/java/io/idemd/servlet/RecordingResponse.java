@@ -16,9 +16,9 @@ import java.util.List;
 import java.util.Map;
 
 /**
- * Passes the handler's answer through to the client as it is written (flushes included,
- * R11) and records it at the same time: its status, and its body up to a limit, past
- * which recording stops and the answer is no longer one to store (R10).
+ * Passes the handler's answer through to the client as it is written (flushes included, R11) and
+ * records it at the same time: its status, and its body up to a limit, past which recording stops
+ * and the answer is no longer one to store (R10).
  */
 final class RecordingResponse extends HttpServletResponseWrapper {
   private final int maxBytes;
@@ -49,12 +49,15 @@ final class RecordingResponse extends HttpServletResponseWrapper {
   public PrintWriter getWriter() throws IOException {
     if (writer == null) {
       if (out != null) {
-        throw new IllegalStateException("getOutputStream() has already been called for this response");
+        throw new IllegalStateException(
+            "getOutputStream() has already been called for this response");
       }
       String encoding = getCharacterEncoding();
       Charset charset = encoding == null ? StandardCharsets.ISO_8859_1 : Charset.forName(encoding);
       // Written through the container's own stream, so that its charset and framing hold.
-      writer = new PrintWriter(new OutputStreamWriter(new Tee(getResponse().getOutputStream()), charset), false);
+      writer =
+          new PrintWriter(
+              new OutputStreamWriter(new Tee(getResponse().getOutputStream()), charset), false);
     }
     return writer;
   }
@@ -97,9 +100,8 @@ final class RecordingResponse extends HttpServletResponseWrapper {
   }
 
   /**
-   * Moves what the handler wrote through a writer, which buffers it, into the container's
-   * buffer, without flushing that to the client: an answer not yet committed can still be
-   * replaced (R12).
+   * Moves what the handler wrote through a writer, which buffers it, into the container's buffer,
+   * without flushing that to the client: an answer not yet committed can still be replaced (R12).
    */
   void finish() {
     if (writer != null) {

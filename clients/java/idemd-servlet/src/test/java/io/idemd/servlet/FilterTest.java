@@ -47,7 +47,8 @@ import org.junit.jupiter.api.Test;
 class FilterTest {
   private static Daemon daemon;
   private static IdemClient client;
-  private static final HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
+  private static final HttpClient http =
+      HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
 
   @BeforeAll
   static void start() throws Exception {
@@ -85,7 +86,8 @@ class FilterTest {
           res.setHeader("Location", "/orders/" + n);
           res.setHeader("X-Not-Stored", "yes");
           res.addHeader("Set-Cookie", "session=first-caller");
-          res.getWriter().write("{\"order\":" + n + ",\"body\":" + (body.isEmpty() ? "null" : body) + "}");
+          res.getWriter()
+              .write("{\"order\":" + n + ",\"body\":" + (body.isEmpty() ? "null" : body) + "}");
         }
         case "/invalid" -> res.sendError(422, "no");
         case "/crash" -> {
@@ -143,16 +145,23 @@ class FilterTest {
   /** Authentication before the filter: the principal is the X-User header (a test's stand-in). */
   static final class Authenticate implements Filter {
     @Override
-    public void doFilter(jakarta.servlet.ServletRequest request, jakarta.servlet.ServletResponse response,
-        jakarta.servlet.FilterChain chain) throws IOException, jakarta.servlet.ServletException {
+    public void doFilter(
+        jakarta.servlet.ServletRequest request,
+        jakarta.servlet.ServletResponse response,
+        jakarta.servlet.FilterChain chain)
+        throws IOException, jakarta.servlet.ServletException {
       HttpServletRequest req = (HttpServletRequest) request;
       String user = req.getHeader("X-User");
-      chain.doFilter(user == null ? req : new HttpServletRequestWrapper(req) {
-        @Override
-        public Principal getUserPrincipal() {
-          return () -> user;
-        }
-      }, response);
+      chain.doFilter(
+          user == null
+              ? req
+              : new HttpServletRequestWrapper(req) {
+                @Override
+                public Principal getUserPrincipal() {
+                  return () -> user;
+                }
+              },
+          response);
     }
   }
 
@@ -172,9 +181,11 @@ class FilterTest {
       tomcat.setConnector(connector);
       Context ctx = tomcat.addContext("", base.toString());
       Tomcat.addServlet(ctx, "app", app).addMapping("/*");
-      IdempotencyFilter.Builder b = IdempotencyFilter.builder(with)
-          .scope(req -> req.getUserPrincipal() == null ? null : req.getUserPrincipal().getName())
-          .onIncident((req, incident) -> incidents.add(incident));
+      IdempotencyFilter.Builder b =
+          IdempotencyFilter.builder(with)
+              .scope(
+                  req -> req.getUserPrincipal() == null ? null : req.getUserPrincipal().getName())
+              .onIncident((req, incident) -> incidents.add(incident));
       configure.accept(b);
       addFilter(ctx, "authenticate", new Authenticate());
       addFilter(ctx, "idempotency", b.build());
@@ -204,11 +215,13 @@ class FilterTest {
     return new Server(configure, client);
   }
 
-  static HttpResponse<String> post(String url, String user, String key, String body, String... headers)
+  static HttpResponse<String> post(
+      String url, String user, String key, String body, String... headers)
       throws IOException, InterruptedException {
-    HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(url))
-        .POST(HttpRequest.BodyPublishers.ofString(body))
-        .header("Content-Type", "application/json");
+    HttpRequest.Builder b =
+        HttpRequest.newBuilder(URI.create(url))
+            .POST(HttpRequest.BodyPublishers.ofString(body))
+            .header("Content-Type", "application/json");
     if (user != null) {
       b.header("X-User", user);
     }
@@ -232,7 +245,8 @@ class FilterTest {
   }
 
   private static String code(HttpResponse<String> res) {
-    java.util.regex.Matcher m = java.util.regex.Pattern.compile("\"code\":\"([a-z_]+)\"").matcher(res.body());
+    java.util.regex.Matcher m =
+        java.util.regex.Pattern.compile("\"code\":\"([a-z_]+)\"").matcher(res.body());
     return m.find() ? m.group(1) : "";
   }
 
@@ -240,7 +254,8 @@ class FilterTest {
   void theFirstRequestRunsAndItsRetryIsReplayed() throws Exception {
     try (Server s = serve(b -> {})) {
       String key = key();
-      HttpResponse<String> first = post(s.url + "/orders", "alice", key, "{\"amount\":100}", "X-Request-Id", "1");
+      HttpResponse<String> first =
+          post(s.url + "/orders", "alice", key, "{\"amount\":100}", "X-Request-Id", "1");
       assertEquals(201, first.statusCode());
       assertEquals("{\"order\":1,\"body\":{\"amount\":100}}", first.body());
       assertTrue(first.headers().firstValue("Idempotent-Replayed").isEmpty());
@@ -257,7 +272,8 @@ class FilterTest {
       assertEquals(first.body(), again.body());
       assertEquals("true", again.headers().firstValue("Idempotent-Replayed").orElse(""));
       assertEquals("/orders/1", again.headers().firstValue("Location").orElse(""));
-      assertTrue(again.headers().firstValue("Content-Type").orElse("").startsWith("application/json"));
+      assertTrue(
+          again.headers().firstValue("Content-Type").orElse("").startsWith("application/json"));
       assertTrue(again.headers().firstValue("Set-Cookie").isEmpty(), "a cookie is never replayed");
       assertTrue(again.headers().firstValue("X-Not-Stored").isEmpty());
       assertEquals(1, s.app.runs.get());
@@ -281,12 +297,18 @@ class FilterTest {
     try (Server s = serve(b -> {})) {
       // M1: a GET runs every time, even with a key.
       for (int i = 0; i < 2; i++) {
-        HttpResponse<String> get = http.send(HttpRequest.newBuilder(URI.create(s.url + "/orders"))
-            .header("Idempotency-Key", "k").header("X-User", "alice").build(), HttpResponse.BodyHandlers.ofString());
+        HttpResponse<String> get =
+            http.send(
+                HttpRequest.newBuilder(URI.create(s.url + "/orders"))
+                    .header("Idempotency-Key", "k")
+                    .header("X-User", "alice")
+                    .build(),
+                HttpResponse.BodyHandlers.ofString());
         assertEquals(201, get.statusCode());
       }
       // M2: no key.
-      assertEquals(201, post(s.url + "/orders", "alice", null, "{}", "X-Request-Id", "nokey").statusCode());
+      assertEquals(
+          201, post(s.url + "/orders", "alice", null, "{}", "X-Request-Id", "nokey").statusCode());
       assertEquals(3, s.app.runs.get());
       assertTrue(s.app.leases.isEmpty(), "L2: no lease without a claim");
     }
@@ -304,8 +326,10 @@ class FilterTest {
       HttpResponse<String> invalid = post(s.url + "/orders", "alice", "\"unterminated", "{}");
       assertEquals(400, invalid.statusCode()); // M3
       assertEquals("invalid_idempotency_key", code(invalid));
-      assertEquals("application/problem+json", invalid.headers().firstValue("Content-Type").orElse(""));
-      HttpResponse<String> large = post(s.url + "/orders", "alice", key(), "{\"pad\":\"" + "x".repeat(100) + "\"}");
+      assertEquals(
+          "application/problem+json", invalid.headers().firstValue("Content-Type").orElse(""));
+      HttpResponse<String> large =
+          post(s.url + "/orders", "alice", key(), "{\"pad\":\"" + "x".repeat(100) + "\"}");
       assertEquals(413, large.statusCode()); // M6
       assertEquals("payload_too_large", code(large));
       HttpResponse<String> noScope = post(s.url + "/orders", null, key(), "{}");
@@ -318,23 +342,41 @@ class FilterTest {
 
   @Test
   void aFilterWithoutAScopeOrOutsideIdemdsLimitsIsNotBuilt() {
-    assertThrows(IllegalStateException.class, () -> IdempotencyFilter.builder(client).build()); // M5
-    assertThrows(IllegalArgumentException.class, () -> IdempotencyFilter.builder(client).scope(r -> "s")
-        .waitFor(Duration.ofSeconds(31)).build()); // M5a
-    assertThrows(IllegalArgumentException.class, () -> IdempotencyFilter.builder(client).scope(r -> "s")
-        .lease(Duration.ofMillis(50)).build());
-    assertThrows(IllegalArgumentException.class, () -> IdempotencyFilter.builder(client).scope(r -> "s")
-        .storedHeaders("content-type", "Set-Cookie").build()); // P2
+    assertThrows(
+        IllegalStateException.class, () -> IdempotencyFilter.builder(client).build()); // M5
+    assertThrows(
+        IllegalArgumentException.class,
+        () ->
+            IdempotencyFilter.builder(client)
+                .scope(r -> "s")
+                .waitFor(Duration.ofSeconds(31))
+                .build()); // M5a
+    assertThrows(
+        IllegalArgumentException.class,
+        () ->
+            IdempotencyFilter.builder(client).scope(r -> "s").lease(Duration.ofMillis(50)).build());
+    assertThrows(
+        IllegalArgumentException.class,
+        () ->
+            IdempotencyFilter.builder(client)
+                .scope(r -> "s")
+                .storedHeaders("content-type", "Set-Cookie")
+                .build()); // P2
   }
 
   @Test
   void aDuplicateOfARunningRequestIs409AndAnotherPayload422() throws Exception {
     try (Server s = serve(b -> {})) {
       String key = key();
-      var first = http.sendAsync(HttpRequest.newBuilder(URI.create(s.url + "/block"))
-          .POST(HttpRequest.BodyPublishers.ofString("{}")).header("X-User", "alice")
-          .header("Content-Type", "application/json")
-          .header("Idempotency-Key", key).build(), HttpResponse.BodyHandlers.ofString());
+      var first =
+          http.sendAsync(
+              HttpRequest.newBuilder(URI.create(s.url + "/block"))
+                  .POST(HttpRequest.BodyPublishers.ofString("{}"))
+                  .header("X-User", "alice")
+                  .header("Content-Type", "application/json")
+                  .header("Idempotency-Key", key)
+                  .build(),
+              HttpResponse.BodyHandlers.ofString());
       assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
       HttpResponse<String> dup = post(s.url + "/block", "alice", key, "{}");
       assertEquals(409, dup.statusCode()); // C3
@@ -353,15 +395,25 @@ class FilterTest {
   void aDuplicateWaitsForTheFirstAnswerWithWait() throws Exception {
     try (Server s = serve(b -> b.waitFor(Duration.ofSeconds(20)))) {
       String key = key();
-      var first = http.sendAsync(HttpRequest.newBuilder(URI.create(s.url + "/block"))
-          .POST(HttpRequest.BodyPublishers.ofString("{}")).header("X-User", "alice")
-          .header("Content-Type", "application/json")
-          .header("Idempotency-Key", key).build(), HttpResponse.BodyHandlers.ofString());
+      var first =
+          http.sendAsync(
+              HttpRequest.newBuilder(URI.create(s.url + "/block"))
+                  .POST(HttpRequest.BodyPublishers.ofString("{}"))
+                  .header("X-User", "alice")
+                  .header("Content-Type", "application/json")
+                  .header("Idempotency-Key", key)
+                  .build(),
+              HttpResponse.BodyHandlers.ofString());
       assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
-      var dup = http.sendAsync(HttpRequest.newBuilder(URI.create(s.url + "/block"))
-          .POST(HttpRequest.BodyPublishers.ofString("{}")).header("X-User", "alice")
-          .header("Content-Type", "application/json")
-          .header("Idempotency-Key", key).build(), HttpResponse.BodyHandlers.ofString());
+      var dup =
+          http.sendAsync(
+              HttpRequest.newBuilder(URI.create(s.url + "/block"))
+                  .POST(HttpRequest.BodyPublishers.ofString("{}"))
+                  .header("X-User", "alice")
+                  .header("Content-Type", "application/json")
+                  .header("Idempotency-Key", key)
+                  .build(),
+              HttpResponse.BodyHandlers.ofString());
       s.app.release.countDown();
       assertEquals("blocked 1", first.get(20, TimeUnit.SECONDS).body());
       HttpResponse<String> replayed = dup.get(30, TimeUnit.SECONDS);
@@ -410,15 +462,18 @@ class FilterTest {
       String key = key();
       URI uri = URI.create(s.url);
       try (java.net.Socket socket = new java.net.Socket(uri.getHost(), uri.getPort())) {
-        String request = "POST /stream HTTP/1.1\r\nHost: localhost\r\nX-User: alice\r\nIdempotency-Key: " + key
-            + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
+        String request =
+            "POST /stream HTTP/1.1\r\nHost: localhost\r\nX-User: alice\r\nIdempotency-Key: "
+                + key
+                + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
         socket.getOutputStream().write(request.getBytes(StandardCharsets.US_ASCII));
         socket.getOutputStream().flush();
         assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
         socket.setSoLinger(true, 0); // a reset, as a client that dies sends
       }
       s.app.release.countDown();
-      ClientTestSupport.eventually("the handler's answer is cut short",
+      ClientTestSupport.eventually(
+          "the handler's answer is cut short",
           () -> s.incidents.stream().anyMatch(i -> i.kind() == Incident.Kind.RESULT_NOT_STORED));
       // R15: the answer began (its status went out) and was cut short; the retry learns
       // that the operation ran instead of running it again.
@@ -443,18 +498,23 @@ class FilterTest {
   @Test
   void theHandlerReadsTheBodyTheFilterRead() throws Exception {
     try (Server s = serve(b -> {})) {
-      HttpResponse<String> res = http.send(HttpRequest.newBuilder(URI.create(s.url + "/form"))
-          .POST(HttpRequest.BodyPublishers.ofString("a=b%20c")).header("X-User", "alice")
-          .header("Content-Type", "application/x-www-form-urlencoded").header("Idempotency-Key", key()).build(),
-          HttpResponse.BodyHandlers.ofString());
+      HttpResponse<String> res =
+          http.send(
+              HttpRequest.newBuilder(URI.create(s.url + "/form"))
+                  .POST(HttpRequest.BodyPublishers.ofString("a=b%20c"))
+                  .header("X-User", "alice")
+                  .header("Content-Type", "application/x-www-form-urlencoded")
+                  .header("Idempotency-Key", key())
+                  .build(),
+              HttpResponse.BodyHandlers.ofString());
       assertEquals("a=b c", res.body(), "the form's parameters survive the filter's read");
     }
   }
 
   @Test
   void anUnreachableIdemdFailsClosedUnlessToldOtherwise() throws Exception {
-    IdemClient nowhere = IdemClient.builder("http://127.0.0.1:" + Daemon.freePort())
-        .retries(0).build();
+    IdemClient nowhere =
+        IdemClient.builder("http://127.0.0.1:" + Daemon.freePort()).retries(0).build();
     try (Server s = new Server(b -> {}, nowhere)) {
       HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}");
       assertEquals(503, res.statusCode()); // C5
@@ -464,7 +524,8 @@ class FilterTest {
       assertEquals(Incident.Kind.UNAVAILABLE, firstIncident(s).kind());
     }
     try (Server s = new Server(b -> b.failOpen(true), nowhere)) {
-      HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}", "X-Request-Id", "open");
+      HttpResponse<String> res =
+          post(s.url + "/orders", "alice", key(), "{}", "X-Request-Id", "open");
       assertEquals(201, res.statusCode());
       assertEquals(1, s.app.runs.get());
       assertFalse(s.app.leases.containsKey("open"), "L2: a fail-open run has no lease");
@@ -477,9 +538,14 @@ class FilterTest {
   @Test
   void anIdemdThatRefusesIsNeverFailedOpen() throws Exception {
     Path auth = Files.createTempFile("idemd-auth-", ".yaml");
-    String hash = HexFormat.of().formatHex(MessageDigest.getInstance("SHA-256")
-        .digest("the-right-token-0123456789".getBytes(StandardCharsets.UTF_8)));
-    Files.writeString(auth, "tenants:\n  t: {}\ntokens:\n  - tenant: t\n    scopes: [use]\n    sha256: " + hash + "\n");
+    String hash =
+        HexFormat.of()
+            .formatHex(
+                MessageDigest.getInstance("SHA-256")
+                    .digest("the-right-token-0123456789".getBytes(StandardCharsets.UTF_8)));
+    Files.writeString(
+        auth,
+        "tenants:\n  t: {}\ntokens:\n  - tenant: t\n    scopes: [use]\n    sha256: " + hash + "\n");
     try (Daemon guarded = Daemon.start("--auth-file", auth.toString());
         IdemClient wrongToken = IdemClient.builder(guarded.url).token("a-wrong-token").build();
         Server s = new Server(b -> b.failOpen(true), wrongToken)) {

@@ -1,8 +1,8 @@
 package io.idemd.spring;
 
 import io.idemd.IdemClient;
-import io.idemd.servlet.Incident;
 import io.idemd.servlet.IdempotencyFilter;
+import io.idemd.servlet.Incident;
 import jakarta.servlet.http.HttpServletRequest;
 import java.security.Principal;
 import java.util.function.BiConsumer;
@@ -19,10 +19,10 @@ import org.springframework.context.annotation.Configuration;
 
 /**
  * An IdemClient from the idemd.* properties (once idemd.url is set), and in a servlet web
- * application the Idempotency-Key filter, registered for idemd.idempotency.url-patterns.
- * The filter needs a scope: an {@link IdempotencyScope} bean, or
- * idemd.idempotency.scope=principal; without either the application does not start.
- * Incidents go to an {@code BiConsumer<HttpServletRequest, Incident>} bean, when there is one.
+ * application the Idempotency-Key filter, registered for idemd.idempotency.url-patterns. The filter
+ * needs a scope: an {@link IdempotencyScope} bean, or idemd.idempotency.scope=principal; without
+ * either the application does not start. Incidents go to an {@code BiConsumer<HttpServletRequest,
+ * Incident>} bean, when there is one.
  */
 @AutoConfiguration
 @ConditionalOnClass(IdemClient.class)
@@ -86,7 +86,8 @@ public class IdemdAutoConfiguration {
       if (onIncident != null) {
         b.onIncident(onIncident);
       }
-      FilterRegistrationBean<IdempotencyFilter> registration = new FilterRegistrationBean<>(b.build());
+      FilterRegistrationBean<IdempotencyFilter> registration =
+          new FilterRegistrationBean<>(b.build());
       registration.setName("idempotencyFilter");
       registration.setUrlPatterns(p.getUrlPatterns());
       registration.setOrder(p.getOrder());

@@ -68,7 +68,9 @@ public class IdemdProperties {
     return idempotency;
   }
 
-  /** The idemd.idempotency.* properties: the Idempotency-Key filter (docs/middleware.md, Options). */
+  /**
+   * The idemd.idempotency.* properties: the Idempotency-Key filter (docs/middleware.md, Options).
+   */
   public static class Idempotency {
     /** Whether the filter is registered in a servlet web application. */
     private boolean enabled = true;
@@ -91,7 +93,9 @@ public class IdemdProperties {
     /** The URL patterns the filter applies to. */
     private List<String> urlPatterns = List.of("/*");
 
-    /** The filter's order: after Spring Security's filter chain (-100), which gives the principal. */
+    /**
+     * The filter's order: after Spring Security's filter chain (-100), which gives the principal.
+     */
     private int order;
 
     public boolean isEnabled() {

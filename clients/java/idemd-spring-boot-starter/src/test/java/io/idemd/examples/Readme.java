@@ -3,14 +3,15 @@ package io.idemd.examples;
 import io.idemd.IdemClient;
 import io.idemd.Keys;
 import io.idemd.RunResult;
+import io.idemd.Task;
 import io.idemd.Verdict;
 import io.idemd.servlet.IdempotencyFilter;
-import io.idemd.Task;
+import jakarta.servlet.http.HttpServletRequest;
 
 /**
- * The README's "From Java" snippets are cut from the regions below (between
- * "#region readme-NAME" and "#endregion"); ReadmeTest runs these methods against a real
- * idemd and checks that every line of the README's Java blocks is in a region.
+ * The README's "From Java" snippets are cut from the regions below (between "#region readme-NAME"
+ * and "#endregion"); ReadmeTest runs these methods against a real idemd and checks that every line
+ * of the README's Java blocks is in a region.
  */
 public final class Readme {
   private Readme() {}
@@ -31,10 +32,11 @@ public final class Readme {
   }
 
   public static RunResult<Receipt> runOnce(IdemClient client, Mailer mailer) {
+    String key = "welcome-email:user-42";
+    String to = "user-42@example.org";
     // #region readme-run
-    RunResult<Receipt> result = client.run("welcome-email:user-42", Receipt.class,
-        lease -> mailer.sendEmail("user-42@example.org"));
-    // result.replayed() is true when an earlier call already sent it; result.value() is what it returned.
+    RunResult<Receipt> result = client.run(key, Receipt.class, lease -> mailer.sendEmail(to));
+    // result.replayed() is true when an earlier call already sent it; value() is what it returned.
     // #endregion
     return result;
   }
@@ -48,8 +50,8 @@ public final class Readme {
     void deadLetter();
   }
 
-  public static Verdict consume(IdemClient client, String topic, int partition, String id, Channel channel,
-      Task handle) {
+  public static Verdict consume(
+      IdemClient client, String topic, int partition, String id, Channel channel, Task handle) {
     // #region readme-consume
     Verdict verdict = client.consume(Keys.messageKey(topic, String.valueOf(partition), id), handle);
     switch (verdict.action()) {
@@ -63,9 +65,8 @@ public final class Readme {
 
   public static IdempotencyFilter filter(IdemClient client) {
     // #region readme-filter
-    IdempotencyFilter filter = IdempotencyFilter.builder(client)
-        .scope(request -> request.getUserPrincipal() == null ? null : request.getUserPrincipal().getName())
-        .build();
+    IdempotencyFilter filter =
+        IdempotencyFilter.builder(client).scope(HttpServletRequest::getRemoteUser).build();
     // #endregion
     return filter;
   }

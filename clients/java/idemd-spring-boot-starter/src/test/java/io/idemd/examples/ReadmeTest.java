@@ -62,10 +62,11 @@ class ReadmeTest {
   @Test
   void theRunExampleSendsOnceAndReplays() {
     List<String> sent = new ArrayList<>();
-    Readme.Mailer mailer = to -> {
-      sent.add(to);
-      return new Readme.Receipt("m-" + sent.size());
-    };
+    Readme.Mailer mailer =
+        to -> {
+          sent.add(to);
+          return new Readme.Receipt("m-" + sent.size());
+        };
     RunResult<Readme.Receipt> first = Readme.runOnce(client, mailer);
     RunResult<Readme.Receipt> second = Readme.runOnce(client, mailer);
     assertFalse(first.replayed());
@@ -78,25 +79,28 @@ class ReadmeTest {
   void theQueueExampleHandlesARedeliveredMessageOnce() {
     AtomicInteger handled = new AtomicInteger();
     List<String> actions = new ArrayList<>();
-    Readme.Channel channel = new Readme.Channel() {
-      @Override
-      public void ack() {
-        actions.add("ack");
-      }
+    Readme.Channel channel =
+        new Readme.Channel() {
+          @Override
+          public void ack() {
+            actions.add("ack");
+          }
 
-      @Override
-      public void requeueAfter(Duration delay) {
-        actions.add("requeue");
-      }
+          @Override
+          public void requeueAfter(Duration delay) {
+            actions.add("requeue");
+          }
 
-      @Override
-      public void deadLetter() {
-        actions.add("dead-letter");
-      }
-    };
+          @Override
+          public void deadLetter() {
+            actions.add("dead-letter");
+          }
+        };
     String id = UUID.randomUUID().toString();
-    Verdict first = Readme.consume(client, "orders", 0, id, channel, lease -> handled.incrementAndGet());
-    Verdict again = Readme.consume(client, "orders", 0, id, channel, lease -> handled.incrementAndGet());
+    Verdict first =
+        Readme.consume(client, "orders", 0, id, channel, lease -> handled.incrementAndGet());
+    Verdict again =
+        Readme.consume(client, "orders", 0, id, channel, lease -> handled.incrementAndGet());
     assertTrue(first.ran());
     assertFalse(again.ran());
     assertEquals(List.of("ack", "ack"), actions);
@@ -123,14 +127,21 @@ class ReadmeTest {
     new WebApplicationContextRunner()
         .withConfiguration(AutoConfigurations.of(IdemdAutoConfiguration.class))
         .withPropertyValues(properties.toArray(new String[0]))
-        .run(context -> assertThat(context).hasNotFailed().hasBean("idempotencyFilter").hasSingleBean(IdemClient.class));
+        .run(
+            context ->
+                assertThat(context)
+                    .hasNotFailed()
+                    .hasBean("idempotencyFilter")
+                    .hasSingleBean(IdemClient.class));
   }
 
   @Test
   void theReadmeShowsTheExamplesCode() throws IOException {
     String source = Files.readString(Path.of("src/test/java/io/idemd/examples/Readme.java"));
     List<String> regions = new ArrayList<>();
-    Matcher m = Pattern.compile("// #region readme-[\\w-]+\n([\\s\\S]*?)\n\\s*// #endregion").matcher(source);
+    Matcher m =
+        Pattern.compile("// #region readme-[\\w-]+\n([\\s\\S]*?)\n\\s*// #endregion")
+            .matcher(source);
     while (m.find()) {
       regions.add(m.group(1).replaceAll("(?m)^    ", ""));
     }
@@ -141,7 +152,8 @@ class ReadmeTest {
         if (line.isBlank() || line.startsWith("import ")) {
           continue;
         }
-        assertTrue(regions.stream().anyMatch(r -> List.of(r.split("\n")).contains(line)),
+        assertTrue(
+            regions.stream().anyMatch(r -> List.of(r.split("\n")).contains(line)),
             "README line not cut from Readme.java: " + line);
       }
     }

@@ -39,8 +39,8 @@ import org.springframework.web.bind.annotation.RequestBody;
 import org.springframework.web.bind.annotation.RestController;
 
 /**
- * A Spring Boot application whose idemd part is configured only through properties, on a
- * random port, against a real idemd: the behaviour table's answers over real HTTP.
+ * A Spring Boot application whose idemd part is configured only through properties, on a random
+ * port, against a real idemd: the behaviour table's answers over real HTTP.
  */
 @SpringBootTest(
     classes = StarterTest.App.class,
@@ -48,13 +48,13 @@ import org.springframework.web.bind.annotation.RestController;
     properties = {"idemd.idempotency.scope=principal"})
 class StarterTest {
   private static final Daemon daemon = start();
-  private static final HttpClient http = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
+  private static final HttpClient http =
+      HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
 
   @Value("${local.server.port}")
   int port;
 
-  @Autowired
-  App app;
+  @Autowired App app;
 
   private static Daemon start() {
     try {
@@ -83,32 +83,46 @@ class StarterTest {
     /** Authentication before the filter: the principal is the X-User header (a test's stand-in). */
     @Bean
     FilterRegistrationBean<Filter> authenticate() {
-      FilterRegistrationBean<Filter> r = new FilterRegistrationBean<>((request, response, chain) -> {
-        HttpServletRequest req = (HttpServletRequest) request;
-        String user = req.getHeader("X-User");
-        chain.doFilter(user == null ? req : new HttpServletRequestWrapper(req) {
-          @Override
-          public Principal getUserPrincipal() {
-            return () -> user;
-          }
-        }, response);
-      });
+      FilterRegistrationBean<Filter> r =
+          new FilterRegistrationBean<>(
+              (request, response, chain) -> {
+                HttpServletRequest req = (HttpServletRequest) request;
+                String user = req.getHeader("X-User");
+                chain.doFilter(
+                    user == null
+                        ? req
+                        : new HttpServletRequestWrapper(req) {
+                          @Override
+                          public Principal getUserPrincipal() {
+                            return () -> user;
+                          }
+                        },
+                    response);
+              });
       r.setOrder(-100);
       return r;
     }
 
     @RestController
     static class Orders {
-      @Autowired
-      App app;
+      @Autowired App app;
 
       @PostMapping("/orders")
-      ResponseEntity<Map<String, Object>> create(@RequestBody Map<String, Object> order, HttpServletRequest req) {
+      ResponseEntity<Map<String, Object>> create(
+          @RequestBody Map<String, Object> order, HttpServletRequest req) {
         int n = app.runs.incrementAndGet();
         Lease lease = IdempotencyFilter.lease(req).orElseThrow();
         return ResponseEntity.created(URI.create("/orders/" + n))
-            .body(Map.of("order", n, "amount", order.get("amount"), "attempt", lease.attempt(),
-                "user", req.getUserPrincipal().getName()));
+            .body(
+                Map.of(
+                    "order",
+                    n,
+                    "amount",
+                    order.get("amount"),
+                    "attempt",
+                    lease.attempt(),
+                    "user",
+                    req.getUserPrincipal().getName()));
       }
 
       @PostMapping("/slow")
@@ -120,10 +134,16 @@ class StarterTest {
     }
   }
 
-  private HttpResponse<String> post(String path, String user, String key, String body) throws Exception {
-    return http.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path))
-        .header("Content-Type", "application/json").header("X-User", user).header("Idempotency-Key", key)
-        .POST(HttpRequest.BodyPublishers.ofString(body)).build(), HttpResponse.BodyHandlers.ofString());
+  private HttpResponse<String> post(String path, String user, String key, String body)
+      throws Exception {
+    return http.send(
+        HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + path))
+            .header("Content-Type", "application/json")
+            .header("X-User", user)
+            .header("Idempotency-Key", key)
+            .POST(HttpRequest.BodyPublishers.ofString(body))
+            .build(),
+        HttpResponse.BodyHandlers.ofString());
   }
 
   @Test
@@ -132,7 +152,10 @@ class StarterTest {
     int before = app.runs.get();
     HttpResponse<String> first = post("/orders", "alice", key, "{\"amount\":100}");
     assertEquals(201, first.statusCode(), first.body());
-    assertThat(first.body()).contains("\"attempt\":1").contains("\"user\":\"alice\"").contains("\"amount\":100");
+    assertThat(first.body())
+        .contains("\"attempt\":1")
+        .contains("\"user\":\"alice\"")
+        .contains("\"amount\":100");
     assertTrue(first.headers().firstValue("Idempotent-Replayed").isEmpty());
 
     // A replay: the same answer, marked, the handler not run again.
@@ -158,13 +181,15 @@ class StarterTest {
   @Test
   void aConcurrentDuplicateIs409() throws Exception {
     String key = UUID.randomUUID().toString();
-    CompletableFuture<HttpResponse<String>> first = CompletableFuture.supplyAsync(() -> {
-      try {
-        return post("/slow", "alice", key, "{}");
-      } catch (Exception e) {
-        throw new IllegalStateException(e);
-      }
-    });
+    CompletableFuture<HttpResponse<String>> first =
+        CompletableFuture.supplyAsync(
+            () -> {
+              try {
+                return post("/slow", "alice", key, "{}");
+              } catch (Exception e) {
+                throw new IllegalStateException(e);
+              }
+            });
     assertTrue(app.entered.await(20, TimeUnit.SECONDS));
     HttpResponse<String> dup = post("/slow", "alice", key, "{}");
     assertEquals(409, dup.statusCode());
@@ -179,14 +204,21 @@ class StarterTest {
     new WebApplicationContextRunner()
         .withConfiguration(AutoConfigurations.of(IdemdAutoConfiguration.class))
         .withPropertyValues("idemd.url=http://127.0.0.1:9")
-        .run(context -> {
-          assertThat(context).hasFailed();
-          assertThat(context.getStartupFailure()).rootCause().hasMessageContaining("idemd.idempotency.scope=principal");
-        });
+        .run(
+            context -> {
+              assertThat(context).hasFailed();
+              assertThat(context.getStartupFailure())
+                  .rootCause()
+                  .hasMessageContaining("idemd.idempotency.scope=principal");
+            });
     new WebApplicationContextRunner()
         .withConfiguration(AutoConfigurations.of(IdemdAutoConfiguration.class))
         .withPropertyValues("idemd.url=http://127.0.0.1:9", "idemd.idempotency.enabled=false")
-        .run(context -> assertThat(context).hasNotFailed().doesNotHaveBean("idempotencyFilter")
-            .hasSingleBean(io.idemd.IdemClient.class));
+        .run(
+            context ->
+                assertThat(context)
+                    .hasNotFailed()
+                    .doesNotHaveBean("idempotencyFilter")
+                    .hasSingleBean(io.idemd.IdemClient.class));
   }
 }
