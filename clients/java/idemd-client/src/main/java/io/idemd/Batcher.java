@@ -128,7 +128,19 @@ final class Batcher {
             return;
           }
         }
-        sender.execute(() -> drive(null));
+        try {
+          sender.execute(() -> drive(null));
+        } catch (java.util.concurrent.RejectedExecutionException e) {
+          // The client is closed: what gathered is answered with that, not left waiting.
+          List<Call> left;
+          synchronized (this) {
+            left = new ArrayList<>(queue);
+            queue.clear();
+            sending = false;
+          }
+          IdemException closed = new IdemException("idem: the client is closed", e);
+          left.forEach(c -> c.result.completeExceptionally(closed));
+        }
         return;
       }
     }
