@@ -64,17 +64,9 @@ public final class Idempotency {
       return "";
     }
     int semi = contentType.indexOf(';');
-    String head = semi < 0 ? contentType : contentType.substring(0, semi);
-    int start = 0;
-    int end = head.length();
-    while (start < end && (head.charAt(start) == ' ' || head.charAt(start) == '\t')) {
-      start++;
-    }
-    while (end > start && (head.charAt(end - 1) == ' ' || head.charAt(end - 1) == '\t')) {
-      end--;
-    }
-    StringBuilder out = new StringBuilder(end - start);
-    for (int i = start; i < end; i++) {
+    String head = trimSpHtab(semi < 0 ? contentType : contentType.substring(0, semi));
+    StringBuilder out = new StringBuilder(head.length());
+    for (int i = 0; i < head.length(); i++) {
       char c = head.charAt(i);
       out.append(c >= 'A' && c <= 'Z' ? (char) (c + 32) : c);
     }
@@ -112,16 +104,7 @@ public final class Idempotency {
     if (fieldLines.size() > 1) {
       return new HeaderKey.Invalid("more than one Idempotency-Key field line");
     }
-    String line = fieldLines.get(0);
-    int start = 0;
-    int end = line.length();
-    while (start < end && (line.charAt(start) == ' ' || line.charAt(start) == '\t')) {
-      start++;
-    }
-    while (end > start && (line.charAt(end - 1) == ' ' || line.charAt(end - 1) == '\t')) {
-      end--;
-    }
-    String value = line.substring(start, end);
+    String value = trimSpHtab(fieldLines.get(0));
     if (value.isEmpty()) {
       return new HeaderKey.Invalid("the Idempotency-Key is empty");
     }
@@ -167,6 +150,19 @@ public final class Idempotency {
       return new HeaderKey.Invalid("the key must be 1 to 255 bytes");
     }
     return new HeaderKey.Key(key);
+  }
+
+  /** s without its leading and trailing SP and HTAB (String.strip would cut more). */
+  private static String trimSpHtab(String s) {
+    int start = 0;
+    int end = s.length();
+    while (start < end && (s.charAt(start) == ' ' || s.charAt(start) == '\t')) {
+      start++;
+    }
+    while (end > start && (s.charAt(end - 1) == ' ' || s.charAt(end - 1) == '\t')) {
+      end--;
+    }
+    return s.substring(start, end);
   }
 
   // RFC 9110 tchar, plus ':' and '/' as RFC 8941 tokens allow.

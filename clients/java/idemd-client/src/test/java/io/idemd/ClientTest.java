@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.idemd.testing.Daemon;
+import io.idemd.testing.Wait;
 import java.time.Duration;
 import java.util.Map;
 import java.util.Optional;
@@ -38,18 +39,6 @@ class ClientTest {
 
   private static String key() {
     return "java-" + UUID.randomUUID();
-  }
-
-  /** Waits for condition, up to 10 s. */
-  static void eventually(String what, java.util.function.BooleanSupplier condition)
-      throws InterruptedException {
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
-    while (!condition.getAsBoolean()) {
-      if (System.nanoTime() > deadline) {
-        throw new AssertionError("not within 10 s: " + what);
-      }
-      Thread.sleep(5);
-    }
   }
 
   @Test
@@ -127,7 +116,7 @@ class ClientTest {
     CompletableFuture<Claim> waiting =
         CompletableFuture.supplyAsync(
             () -> client.claim(key, ClaimOptions.DEFAULT.withWaitFor(Duration.ofSeconds(20))));
-    eventually(
+    Wait.until(
         "the second claim waits",
         () -> !waiting.isDone() && client.lookup(key).state().equals("pending"));
     client.complete(key, held.leaseToken(), StoredResponse.of(200, "text/plain", "done"));
@@ -234,7 +223,7 @@ class ClientTest {
     String key = key();
     client.claim(key, ClaimOptions.DEFAULT.withLease(Duration.ofMillis(200)));
     AtomicReference<Lease> taken = new AtomicReference<>();
-    eventually(
+    Wait.until(
         "the first lease runs out and run takes the key over",
         () -> {
           try {
@@ -263,7 +252,7 @@ class ClientTest {
                       held.set(lease);
                       // Another caller takes the key away; the next renewal finds it gone.
                       client.purge(key);
-                      eventually("the lease is seen lost", lease::isLost);
+                      Wait.until("the lease is seen lost", lease::isLost);
                       return "written after the lease was lost";
                     },
                     RunOptions.DEFAULT.withLease(Duration.ofMillis(300))));

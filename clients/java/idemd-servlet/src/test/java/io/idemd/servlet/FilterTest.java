@@ -8,6 +8,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.idemd.IdemClient;
 import io.idemd.Lease;
 import io.idemd.testing.Daemon;
+import io.idemd.testing.Wait;
 import jakarta.servlet.Filter;
 import jakarta.servlet.http.HttpServlet;
 import jakarta.servlet.http.HttpServletRequest;
@@ -28,6 +29,7 @@ import java.util.HexFormat;
 import java.util.List;
 import java.util.Map;
 import java.util.UUID;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CopyOnWriteArrayList;
 import java.util.concurrent.CountDownLatch;
@@ -236,8 +238,20 @@ class FilterTest {
 
   /** The first incident the filter reported; it reports after the answer is written. */
   private static Incident firstIncident(Server s) throws InterruptedException {
-    ClientTestSupport.eventually("an incident is reported", () -> !s.incidents.isEmpty());
+    Wait.until("an incident is reported", () -> !s.incidents.isEmpty());
     return s.incidents.get(0);
+  }
+
+  static CompletableFuture<HttpResponse<String>> postAsync(
+      String url, String user, String key, String body) {
+    return http.sendAsync(
+        HttpRequest.newBuilder(URI.create(url))
+            .POST(HttpRequest.BodyPublishers.ofString(body))
+            .header("X-User", user)
+            .header("Content-Type", "application/json")
+            .header("Idempotency-Key", key)
+            .build(),
+        HttpResponse.BodyHandlers.ofString());
   }
 
   private static String key() {
@@ -368,15 +382,7 @@ class FilterTest {
   void aDuplicateOfARunningRequestIs409AndAnotherPayload422() throws Exception {
     try (Server s = serve(b -> {})) {
       String key = key();
-      var first =
-          http.sendAsync(
-              HttpRequest.newBuilder(URI.create(s.url + "/block"))
-                  .POST(HttpRequest.BodyPublishers.ofString("{}"))
-                  .header("X-User", "alice")
-                  .header("Content-Type", "application/json")
-                  .header("Idempotency-Key", key)
-                  .build(),
-              HttpResponse.BodyHandlers.ofString());
+      var first = postAsync(s.url + "/block", "alice", key, "{}");
       assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
       HttpResponse<String> dup = post(s.url + "/block", "alice", key, "{}");
       assertEquals(409, dup.statusCode()); // C3
@@ -395,25 +401,9 @@ class FilterTest {
   void aDuplicateWaitsForTheFirstAnswerWithWait() throws Exception {
     try (Server s = serve(b -> b.waitFor(Duration.ofSeconds(20)))) {
       String key = key();
-      var first =
-          http.sendAsync(
-              HttpRequest.newBuilder(URI.create(s.url + "/block"))
-                  .POST(HttpRequest.BodyPublishers.ofString("{}"))
-                  .header("X-User", "alice")
-                  .header("Content-Type", "application/json")
-                  .header("Idempotency-Key", key)
-                  .build(),
-              HttpResponse.BodyHandlers.ofString());
+      var first = postAsync(s.url + "/block", "alice", key, "{}");
       assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
-      var dup =
-          http.sendAsync(
-              HttpRequest.newBuilder(URI.create(s.url + "/block"))
-                  .POST(HttpRequest.BodyPublishers.ofString("{}"))
-                  .header("X-User", "alice")
-                  .header("Content-Type", "application/json")
-                  .header("Idempotency-Key", key)
-                  .build(),
-              HttpResponse.BodyHandlers.ofString());
+      var dup = postAsync(s.url + "/block", "alice", key, "{}");
       s.app.release.countDown();
       assertEquals("blocked 1", first.get(20, TimeUnit.SECONDS).body());
       HttpResponse<String> replayed = dup.get(30, TimeUnit.SECONDS);
@@ -472,7 +462,7 @@ class FilterTest {
         socket.setSoLinger(true, 0); // a reset, as a client that dies sends
       }
       s.app.release.countDown();
-      ClientTestSupport.eventually(
+      Wait.until(
           "the handler's answer is cut short",
           () -> s.incidents.stream().anyMatch(i -> i.kind() == Incident.Kind.RESULT_NOT_STORED));
       // R15: the answer began (its status went out) and was cut short; the retry learns

@@ -1,13 +1,14 @@
-package io.idemd.servlet;
+package io.idemd.testing;
 
 import java.util.concurrent.TimeUnit;
 import java.util.function.BooleanSupplier;
 
 /** Waiting on a condition with a deadline, never a bare sleep. */
-final class ClientTestSupport {
-  private ClientTestSupport() {}
+public final class Wait {
+  private Wait() {}
 
-  static void eventually(String what, BooleanSupplier condition) throws InterruptedException {
+  /** Returns once condition holds; fails the test if it does not within 20 s. */
+  public static void until(String what, BooleanSupplier condition) throws InterruptedException {
     long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
     while (!condition.getAsBoolean()) {
       if (System.nanoTime() > deadline) {
