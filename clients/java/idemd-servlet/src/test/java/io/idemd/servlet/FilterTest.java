@@ -49,7 +49,7 @@ import org.junit.jupiter.api.Test;
 class FilterTest {
   private static Daemon daemon;
   private static IdemClient client;
-  private static final HttpClient http =
+  static final HttpClient http =
       HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
 
   @BeforeAll
@@ -254,11 +254,11 @@ class FilterTest {
         HttpResponse.BodyHandlers.ofString());
   }
 
-  private static String key() {
+  static String key() {
     return UUID.randomUUID().toString();
   }
 
-  private static String code(HttpResponse<String> res) {
+  static String code(HttpResponse<String> res) {
     java.util.regex.Matcher m =
         java.util.regex.Pattern.compile("\"code\":\"([a-z_]+)\"").matcher(res.body());
     return m.find() ? m.group(1) : "";
