@@ -1,5 +1,5 @@
 -- claim: acquire a key, replay its result, or report who holds it.
--- KEYS[1] the record
+-- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- ARGV[1] lease token chosen by the daemon for this claim
 -- ARGV[2] fingerprint ('' for none)   ARGV[3] owner ('' for none)
 -- ARGV[4] lease, ms                   ARGV[5] retention of a pending record, ms
@@ -7,31 +7,34 @@
 -- ARGV[8] SHA-256 of the claim secret ('' for none)
 -- ARGV[9] '1' when the caller waits for a live holder (marks the record, so that its
 --         changes are published)
+-- ARGV[10], ARGV[11], ARGV[12] the token, the fingerprint and the secret's SHA-256 as
+--         the lean layout keeps them (see prelude.lua)
 -- Answers acquired, completed, failed, in_progress or mismatch.
-local key = KEYS[1]
 local token, fp, owner = ARGV[1], ARGV[2], ARGV[3]
 local lease, retention = tonumber(ARGV[4]), tonumber(ARGV[5])
 local secret = ARGV[8] or ''
+local ctoken, cfp, csecret = ARGV[10], ARGV[11], ARGV[12]
 local now = now_ms()
 
-local r = load(key)
+local r = load()
 local st = r.st
 if not st then
   local xa = now + math.max(retention, lease)
-  r = {k = ARGV[6], t = ARGV[7], st = 'p', fp = fp, ow = owner, cs = secret, at = 1,
-    tok = token, lx = now + lease, rec = '0', ca = now, ua = now, xa = xa}
-  save(key, r)
+  r = {k = ARGV[6], t = ARGV[7], st = 'p', fp = form(fp, cfp), ow = owner,
+    cs = form(secret, csecret), at = 1, tok = form(token, ctoken), lx = now + lease,
+    rec = '0', ca = now, ua = now, xa = xa}
+  save(r)
   return answer('acquired', now, r, false)
 end
 
 local sfp, stok, slx, scs = r.fp or '', r.tok or '', tonumber(r.lx or '0'), r.cs or ''
 
 -- The same claim run again (a resent command) finds its own token and answers as before.
-if st == 'p' and stok == token then
+if st == 'p' and same(stok, token, ctoken) then
   return answer('acquired', now, r, false)
 end
 -- Fingerprints compare exactly: no fingerprint is one of its own, not a wildcard.
-if sfp ~= fp then
+if not same(sfp, fp, cfp) then
   return answer('mismatch', now, r, false)
 end
 if st == 'c' then
@@ -41,12 +44,12 @@ if st == 'f' then
   return answer('failed', now, r, true)
 end
 if st == 'p' and slx > now then
-  if secret ~= '' and secret == scs then
+  if secret ~= '' and same(scs, secret, csecret) then
     return answer('acquired', now, r, false)
   end
   if ARGV[9] == '1' and r.w ~= '1' then
     r.w = '1'
-    save(key, r)
+    save(r)
   end
   return answer('in_progress', now, r, false)
 end
@@ -57,7 +60,8 @@ if st == 'p' then
   recovered = '1'
 end
 local xa = math.max(tonumber(r.xa or '0'), now + math.max(retention, lease))
-r.st, r.ow, r.cs, r.at, r.tok = 'p', owner, secret, tonumber(r.at) + 1, token
+r.st, r.ow, r.cs = 'p', owner, form(secret, csecret)
+r.at, r.tok = tonumber(r.at) + 1, form(token, ctoken)
 r.lx, r.rec, r.ua, r.xa = now + lease, recovered, now, xa
-save(key, r)
+save(r)
 return answer('acquired', now, r, false)

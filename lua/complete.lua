@@ -1,19 +1,19 @@
 -- complete: store the result of a held key.
--- KEYS[1] the record
+-- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- ARGV[1] lease token   ARGV[2] response status   ARGV[3] response headers, JSON
 -- ARGV[4] response body   ARGV[5] retention, ms
+-- ARGV[6], ARGV[7] the token and the headers as the lean layout keeps them
 -- Answers ok, not_found or lease_lost. Completing again with the same token is ok and
 -- keeps the first result.
-local key = KEYS[1]
 local token = ARGV[1]
 local now = now_ms()
 
-local r = load(key)
+local r = load()
 local st = r.st
 if not st then
   return answer('not_found', now, r, false)
 end
-if r.tok ~= token then
+if not same(r.tok, token, ARGV[6]) then
   return answer('lease_lost', now, r, false)
 end
 if st == 'c' then
@@ -23,7 +23,8 @@ if st ~= 'p' then
   return answer('lease_lost', now, r, false)
 end
 local xa = now + tonumber(ARGV[5])
-r.st, r.rs, r.rh, r.rb, r.ua, r.xa = 'c', ARGV[2], ARGV[3], ARGV[4], now, xa
-save(key, r)
-notify(key, r, 'c')
+-- The claim secret serves only while the key is pending.
+r.st, r.rs, r.rh, r.rb, r.ua, r.xa, r.cs = 'c', ARGV[2], form(ARGV[3], ARGV[7]), ARGV[4], now, xa, nil
+save(r)
+notify(r, 'c')
 return answer('ok', now, r, false)

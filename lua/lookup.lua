@@ -1,11 +1,10 @@
 #!lua flags=no-writes
 -- lookup: read a record. Marked no-writes so that it runs while Redis is out of memory
 -- and on a replica.
--- KEYS[1] the record
+-- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- Answers ok or not_found.
-local key = KEYS[1]
 local now = now_ms()
-local r = load(key)
+local r = load()
 if not r.st then
   return answer('not_found', now, r, false)
 end

@@ -5,12 +5,23 @@
 -- Redis cannot run; enginetest.Rules holds both to the same table. Change a rule in
 -- both places.
 --
--- A record is one string under its own key: LAYOUT, then the fields below in this
--- order, packed with MessagePack (Redis's cmsgpack); an absent field is nil. Times,
--- the attempt and the expiry are numbers, the rest strings. Earlier releases kept a
--- record as a hash of the same fields, all strings; load reads both layouts, and save
--- writes a string, or a hash while HASH_RECORDS is set (lua.go sets it, for a rolling
--- upgrade: daemons of an earlier release read only hashes). Fields:
+-- Every script gets two keys: KEYS[1] the record's key in the layouts of earlier
+-- releases (idem:<tenant>:<hex SHA-256 of the client's key>), which is also the name of
+-- its change channel, and KEYS[2] its key in the lean layout, in the same Cluster slot.
+-- load reads the key WRITE_LAYOUT writes, then (when READ_OTHER is set) the other one;
+-- save writes the record in WRITE_LAYOUT at that layout's key and deletes it at the
+-- other, so a record is in one place. lua.go sets both globals.
+--
+-- Layout 3 (lean, at KEYS[2]): one string, LAYOUT_LEAN then the fields below in this
+-- order, packed with MessagePack (Redis's cmsgpack); an absent field is nil. The key
+-- and the tenant are not kept (the Redis key says them); lx, ua and xa are ms after ca;
+-- rs is a number; rec and w are 1 or nil; tok, fp and cs are as the daemon compacts
+-- them (hex digests as bytes) and rh as it packs headers (lua cannot tell either
+-- apart, and need not: it only compares them for equality).
+-- Layout 2 (at KEYS[1]): LAYOUT_STRING then k, t and the same fields, times absolute,
+-- everything as the daemon sent it unpacked. Layout 1 (at KEYS[1]): a hash of the same
+-- fields, all strings; earlier releases wrote it.
+-- Fields:
 --   k   the client's key          t   tenant          st  state: p, r, c or f
 --   fp  fingerprint               ow  owner           at  attempt
 --   tok current (or last) lease token                 lx  lease expiry, ms
@@ -18,7 +29,7 @@
 --   cs  SHA-256 of the current lease's claim secret (never part of an answer)
 --   w   '1' once a claim waited on the record: only then do changes PUBLISH
 --   ca  created, ms   ua  updated, ms   xa  when the record expires, ms
---   rs  response status   rh  response headers, JSON   rb  response body, raw bytes
+--   rs  response status   rh  response headers   rb  response body, raw bytes
 -- The key expires at xa.
 --
 -- Every script answers {status, now_ms, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa
@@ -27,9 +38,11 @@
 -- (answer): each redis.call inside a script costs about as much as a small command.
 -- Fields are named one by one rather than looped over, and numbers stay numbers: on a
 -- fresh key the loops and the formatting cost Redis as much as the commands.
-local LAYOUT = 2
+local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
 local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
   'rs', 'rh', 'rb', 'cs', 'w'}
+local LEGACY, LEAN = KEYS[1], KEYS[2]
+local W3 = WRITE_LAYOUT == LAYOUT_LEAN
 
 -- Time comes from Redis, never from a daemon, so that daemons with skewed clocks agree.
 local function now_ms()
@@ -37,9 +50,21 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- load returns the record's fields by name; an absent record has none (r.st is nil).
-local function load(key)
-  local v = redis.pcall('GET', key)
+-- the daemon's form of a value to write (ARGV[compact] in the lean layout, else
+-- ARGV[raw]), and whether a stored value is the same as the request's in either form.
+local function form(raw, compact)
+  if W3 then
+    return compact
+  end
+  return raw
+end
+
+local function same(stored, raw, compact)
+  return stored == raw or stored == compact
+end
+
+local function unpack_legacy()
+  local v = redis.pcall('GET', LEGACY)
   if not v then
     return {}
   end
@@ -48,8 +73,8 @@ local function load(key)
       error(v.err or 'GET failed')
     end
     -- A hash, as earlier releases write: an empty field is an absent one.
-    local vals = redis.call('HMGET', key, unpack(FIELDS))
-    local r = {hash = true}
+    local vals = redis.call('HMGET', LEGACY, unpack(FIELDS))
+    local r = {legacy = true, hash = true}
     for i = 1, #FIELDS do
       if vals[i] and vals[i] ~= '' then
         r[FIELDS[i]] = vals[i]
@@ -59,18 +84,74 @@ local function load(key)
   end
   local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w =
     cmsgpack.unpack(v)
-  if layout ~= LAYOUT then
-    error('record ' .. key .. ' has an unknown layout')
+  if layout ~= LAYOUT_STRING then
+    error('record ' .. LEGACY .. ' has an unknown layout')
   end
-  return {k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok, lx = lx, rec = rec,
-    ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w}
+  return {legacy = true, k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok,
+    lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w}
+end
+
+local function unpack_lean()
+  local v = redis.call('GET', LEAN)
+  if not v then
+    return {}
+  end
+  local layout, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w =
+    cmsgpack.unpack(v)
+  if layout ~= LAYOUT_LEAN then
+    error('record ' .. LEAN .. ' has an unknown layout')
+  end
+  if lx then
+    lx = ca + lx
+  end
+  return {lean = true, st = st, fp = fp, ow = ow, at = at, tok = tok, lx = lx,
+    rec = rec and '1' or '0', ca = ca, ua = ca + ua, xa = ca + xa, rs = rs, rh = rh, rb = rb,
+    cs = cs, w = w and '1' or nil}
+end
+
+-- load returns the record's fields by name; an absent record has none (r.st is nil).
+local function load()
+  local first, other = unpack_legacy, unpack_lean
+  if W3 then
+    first, other = unpack_lean, unpack_legacy
+  end
+  local r = first()
+  if r.st or not READ_OTHER then
+    return r
+  end
+  return other()
 end
 
 -- save writes r whole as the record, to expire at r.xa.
-local function save(key, r)
-  if HASH_RECORDS then
+local function save(r)
+  if W3 then
+    if r.legacy then
+      redis.call('DEL', LEGACY)
+    end
+    local ca, lx = tonumber(r.ca), tonumber(r.lx or '0')
+    if lx > 0 then
+      lx = lx - ca
+    else
+      lx = nil
+    end
+    local rec, w = nil, nil
+    if r.rec == '1' then
+      rec = 1
+    end
+    if r.w == '1' then
+      w = 1
+    end
+    redis.call('SET', LEAN, cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
+      lx, rec, ca, tonumber(r.ua) - ca, tonumber(r.xa) - ca, tonumber(r.rs), r.rh, r.rb, r.cs,
+      w), 'PXAT', r.xa)
+    return
+  end
+  if r.lean then
+    redis.call('DEL', LEAN)
+  end
+  if WRITE_LAYOUT == 1 then
     if not r.hash then
-      redis.call('DEL', key)
+      redis.call('DEL', LEGACY)
     end
     local kv = {}
     for i = 1, #FIELDS do
@@ -80,12 +161,12 @@ local function save(key, r)
         kv[#kv + 1] = x
       end
     end
-    redis.call('HSET', key, unpack(kv))
-    redis.call('PEXPIREAT', key, r.xa)
+    redis.call('HSET', LEGACY, unpack(kv))
+    redis.call('PEXPIREAT', LEGACY, r.xa)
     return
   end
-  redis.call('SET', key, cmsgpack.pack(LAYOUT, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok, r.lx,
-    r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w), 'PXAT', r.xa)
+  redis.call('SET', LEGACY, cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
+    r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w), 'PXAT', r.xa)
 end
 
 local function answer(status, now, r, with_response)
@@ -102,13 +183,13 @@ end
 -- marked it. Redis 7 has sharded pub/sub: on a Cluster, SPUBLISH reaches only the
 -- nodes of the key's shard, PUBLISH every node. Daemons subscribe the same way (see
 -- notify.go), on the same test of the version.
-local function notify(key, r, msg)
+local function notify(r, msg)
   if r.w ~= '1' then
     return
   end
   if (redis.REDIS_VERSION_NUM or 0) >= 0x070000 then
-    redis.call('SPUBLISH', key, msg)
+    redis.call('SPUBLISH', LEGACY, msg)
   else
-    redis.call('PUBLISH', key, msg)
+    redis.call('PUBLISH', LEGACY, msg)
   end
 end

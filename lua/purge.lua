@@ -1,12 +1,11 @@
 -- purge: delete a record, waking anyone waiting on it.
--- KEYS[1] the record
+-- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- Answers ok or not_found.
-local key = KEYS[1]
 local now = now_ms()
-local r = load(key)
+local r = load()
 if not r.st then
   return answer('not_found', now, {}, false)
 end
-redis.call('DEL', key)
-notify(key, r, 'd')
+redis.call('DEL', LEAN, LEGACY)
+notify(r, 'd')
 return answer('ok', now, {}, false)

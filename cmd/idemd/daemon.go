@@ -39,6 +39,7 @@ type Main struct {
 	ReplicaTimeout   time.Duration
 	Pipelines        int
 	HashRecords      bool
+	RecordLayout     string
 	RequireNoevict   bool
 	MaxResponseBytes int
 	Retention        time.Duration
@@ -81,7 +82,8 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
 	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
 	fs.IntVar(&m.Pipelines, "redis-pipelines", redisstore.DefaultPipelines, "how many pipelines of scripts may be in flight to each Redis master at once; the calls that arrive meanwhile go together in the next")
-	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "write Redis records as hashes, the layout of earlier releases, which cannot read this release's strings: set it while daemons of an earlier release share the Redis (a rolling upgrade), then drop it")
+	fs.StringVar(&m.RecordLayout, "redis-record-layout", "strings", "how Redis records are written: strings (the layout the previous release reads), lean (about half the memory: once no daemon of an earlier release shares the Redis), lean-only (lean, and no longer looking at the earlier keys: once the longest retention has passed since the switch to lean) or hashes (for releases before the previous); every layout is read (docs/operations.md, Upgrading)")
+	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "the same as --redis-record-layout hashes")
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
@@ -115,6 +117,9 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	}
 	if m.ReplicaAcks < 0 || m.ReplicaTimeout <= 0 {
 		return errors.New("--redis-replica-acks must not be negative and --redis-replica-timeout must be positive")
+	}
+	if _, err := m.recordLayout(); err != nil {
+		return err
 	}
 	if m.Pipelines < 1 {
 		return errors.New("--redis-pipelines must be at least 1")
@@ -160,8 +165,12 @@ func (m *Main) openStore() (engine.Store, error) {
 		}
 		return m.openBolt(path)
 	case strings.HasPrefix(m.Store, "redis"):
-		s, err := redisstore.OpenWith(m.Store, redisstore.Options{ReplicaAcks: m.ReplicaAcks, ReplicaTimeout: m.ReplicaTimeout,
-			Pipelines: m.Pipelines, HashRecords: m.HashRecords})
+		opts, err := m.recordLayout()
+		if err != nil {
+			return nil, err
+		}
+		opts.ReplicaAcks, opts.ReplicaTimeout, opts.Pipelines = m.ReplicaAcks, m.ReplicaTimeout, m.Pipelines
+		s, err := redisstore.OpenWith(m.Store, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -176,6 +185,25 @@ func (m *Main) openStore() (engine.Store, error) {
 
 // checkEviction reads maxmemory-policy on every master: eviction silently forgets
 // records, pending leases included. It warns, or refuses with --require-noeviction.
+// recordLayout reads --redis-record-layout and --redis-hash-records into the store's
+// options.
+func (m *Main) recordLayout() (redisstore.Options, error) {
+	var opts redisstore.Options
+	switch layout := m.RecordLayout; {
+	case m.HashRecords && layout != "strings" && layout != "hashes":
+		return opts, fmt.Errorf("--redis-hash-records and --redis-record-layout %s disagree", layout)
+	case m.HashRecords || layout == "hashes":
+		opts.HashRecords = true
+	case layout == "lean":
+		opts.LeanRecords = true
+	case layout == "lean-only":
+		opts.LeanRecords, opts.LeanOnly = true, true
+	case layout != "strings":
+		return opts, fmt.Errorf("--redis-record-layout %q: strings, lean, lean-only or hashes", layout)
+	}
+	return opts, nil
+}
+
 func (m *Main) checkEviction(s *redisstore.Store) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/testredis"
 	"github.com/idemd/idemd/internal/wait"
 )
@@ -111,6 +113,8 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--write-timeout", "-1s"},
 		{"--redis-replica-acks", "1", "--redis-replica-timeout", "2s", "--store-timeout", "1s"},
 		{"--redis-pipelines", "0"},
+		{"--redis-record-layout", "compact"},
+		{"--redis-hash-records", "--redis-record-layout", "lean"},
 		{"stray"},
 	} {
 		if err := NewMain().ParseFlags(args); err == nil {
@@ -135,6 +139,35 @@ func TestRequireNoeviction(t *testing.T) {
 	started, _, _ := startMain(t, "--store", r.URL())
 	if code, body, err := post("http://"+started.Addr()+"/v1/claim", `{"key":"evicting"}`); err != nil || code != 201 {
 		t.Fatalf("claim: %d %s %v", code, body, err)
+	}
+}
+
+// TestLeanRecordLayout: with --redis-record-layout lean the daemon keeps its records at
+// their lean keys, and still answers for a record an earlier layout wrote.
+func TestLeanRecordLayout(t *testing.T) {
+	r := testredis.Start(t)
+	earlier, _, _ := startMain(t, "--store", r.URL())
+	if code, body, err := post("http://"+earlier.Addr()+"/v1/claim", `{"key":"before"}`); err != nil || code != 201 {
+		t.Fatalf("claim: %d %s %v", code, body, err)
+	}
+	lean, _, _ := startMain(t, "--store", r.URL(), "--redis-record-layout", "lean")
+	if code, body, err := post("http://"+lean.Addr()+"/v1/claim", `{"key":"before"}`); err != nil || code != 409 {
+		t.Fatalf("a claim of a key held under the earlier layout: %d %s %v, want 409", code, body, err)
+	}
+	if code, body, err := post("http://"+lean.Addr()+"/v1/claim", `{"key":"after"}`); err != nil || code != 201 {
+		t.Fatalf("claim: %d %s %v", code, body, err)
+	}
+	client, err := redisstore.NewClient(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	id := engine.ID{Tenant: engine.DefaultTenant, Key: "after"}
+	if n, err := client.Exists(t.Context(), redisstore.LeanKey(id), redisstore.RecordKey(id)).Result(); err != nil || n != 1 {
+		t.Fatalf("keys of the lean record: %d, %v", n, err)
+	}
+	if n, err := client.Exists(t.Context(), redisstore.LeanKey(id)).Result(); err != nil || n != 1 {
+		t.Fatalf("the lean key: %d, %v", n, err)
 	}
 }
 

@@ -35,6 +35,17 @@ func TestCluster(t *testing.T) {
 			return s
 		})
 	})
+	t.Run("conformance in the lean layout", func(t *testing.T) {
+		// A lean key's hash tag must put it in its earlier key's slot, or every script
+		// fails with CROSSSLOT.
+		enginetest.Run(t, func(t *testing.T) engine.Store {
+			s, err := redisstore.OpenWith(cluster.URL(), redisstore.Options{LeanRecords: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		})
+	})
 	t.Run("conformance with a replica acknowledging every write", func(t *testing.T) {
 		enginetest.Run(t, func(t *testing.T) engine.Store {
 			s, err := redisstore.OpenWith(cluster.URL(), redisstore.Options{ReplicaAcks: 1, ReplicaTimeout: 2 * time.Second})

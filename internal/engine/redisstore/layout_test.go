@@ -3,6 +3,7 @@ package redisstore_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,39 +19,53 @@ import (
 )
 
 // earlierScripts are the scripts of the release before records became strings: they
-// keep each record as a hash and read nothing else.
-const earlierScripts = "testdata/hash-records"
+// keep each record as a hash and read nothing else. previousScripts are the scripts of
+// the release before the lean layout: strings at the earlier keys, and hashes.
+const (
+	earlierScripts  = "testdata/hash-records"
+	previousScripts = "testdata/string-records"
+)
 
 // TestRollingUpgrade runs daemons of two kinds over one Redis, as a rolling upgrade
-// does (docs/operations.md): first daemons of the earlier release beside daemons of
-// this one writing hashes (HashRecords), then daemons writing hashes beside daemons
-// writing strings. At each step every call goes to the next daemon in turn, and the
-// conformance suite and the linearizability check must pass as they do on one daemon.
+// does (docs/operations.md): daemons of the release before strings beside daemons of
+// this one writing hashes (HashRecords), then beside daemons writing strings; daemons of
+// the release before the lean layout beside daemons of this one as they start (strings),
+// then those beside daemons writing the lean layout, and those beside daemons that no
+// longer look at the earlier keys. At each step every call goes to the next daemon in
+// turn, and the conformance suite and the linearizability check must pass as they do on
+// one daemon.
 func TestRollingUpgrade(t *testing.T) {
 	t.Parallel()
 	srv := testredis.Start(t)
-	earlier := func(t testing.TB) engine.Store {
-		s, err := redisstore.OpenWithScripts(srv.URL(), redisstore.Options{}, earlierScripts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
-	layout := func(hashRecords bool) func(testing.TB) engine.Store {
+	scripts := func(dir string) func(testing.TB) engine.Store {
 		return func(t testing.TB) engine.Store {
-			s, err := redisstore.OpenWith(srv.URL(), redisstore.Options{HashRecords: hashRecords})
+			s, err := redisstore.OpenWithScripts(srv.URL(), redisstore.Options{}, dir)
 			if err != nil {
 				t.Fatal(err)
 			}
 			return s
 		}
 	}
+	layout := func(opts redisstore.Options) func(testing.TB) engine.Store {
+		return func(t testing.TB) engine.Store {
+			s, err := redisstore.OpenWith(srv.URL(), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+	}
+	hashes, strs := layout(redisstore.Options{HashRecords: true}), layout(redisstore.Options{})
+	lean, leanOnly := layout(redisstore.Options{LeanRecords: true}), layout(redisstore.Options{LeanRecords: true, LeanOnly: true})
 	for _, step := range []struct {
 		name string
 		a, b func(testing.TB) engine.Store
 	}{
-		{"the earlier release beside hashes", earlier, layout(true)},
-		{"hashes beside strings", layout(true), layout(false)},
+		{"the release before strings beside hashes", scripts(earlierScripts), hashes},
+		{"hashes beside strings", hashes, strs},
+		{"the release before the lean layout beside strings", scripts(previousScripts), strs},
+		{"strings beside lean", strs, lean},
+		{"lean beside lean only", lean, leanOnly},
 	} {
 		t.Run(step.name, func(t *testing.T) {
 			enginetest.Run(t, func(t *testing.T) engine.Store {
@@ -223,4 +238,142 @@ func (r *rotating) Close() error {
 		errs = append(errs, s.Close())
 	}
 	return errors.Join(errs...)
+}
+
+// TestLeanReadsThePreviousRelease: records the release before the lean layout wrote
+// (pending, completed, failed; a middleware's fingerprint, headers) read the same
+// through a daemon writing the lean layout, which takes each over and moves it to its
+// lean key at its next transition, leaving nothing at the earlier key.
+func TestLeanReadsThePreviousRelease(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	old, err := redisstore.OpenWithScripts(srv.URL(), redisstore.Options{}, previousScripts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	lean, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lean.Close()
+	client, err := redisstore.NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := t.Context()
+	fp := "sha256:" + strings.Repeat("0a", 32)
+	headers := map[string][]string{"content-type": {"application/json"}, "Location": {"/orders/1"}}
+
+	held := engine.ID{Tenant: engine.DefaultTenant, Key: "held"}
+	c := engine.Claim{ID: held, Fingerprint: fp, Secret: strings.Repeat("5e", 32), Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+	if _, err := old.Claim(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	before, err := old.Lookup(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := lean.Lookup(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Fingerprint != fp || got.LeaseToken != c.Token || got.Attempt != 1 || !got.LeaseExpiresAt.Equal(before.LeaseExpiresAt) {
+		t.Fatalf("the lean daemon reads %+v, the previous release wrote %+v", got, before)
+	}
+	// The claim resent with its secret gets its lease back through the lean daemon.
+	again := c
+	again.Token = engine.NewLeaseToken()
+	res, err := lean.Claim(ctx, again)
+	if err != nil || res.Outcome != engine.OutcomeAcquired || res.Record.LeaseToken != c.Token {
+		t.Fatalf("a resent claim through the lean daemon: %+v, %v", res, err)
+	}
+	// Another fingerprint is refused; the same one in another form is not the same.
+	if _, err := lean.Claim(ctx, engine.Claim{ID: held, Fingerprint: strings.Repeat("0a", 32), Lease: time.Minute,
+		Retention: time.Hour, Token: engine.NewLeaseToken()}); !errors.Is(err, engine.ErrFingerprintMismatch) {
+		t.Fatalf("a claim with another fingerprint: %v, want a mismatch", err)
+	}
+	if _, err := lean.Complete(ctx, engine.Completion{ID: held, LeaseToken: c.Token, Retention: time.Hour,
+		Response: engine.Response{Status: 201, Headers: headers, Body: []byte("done")}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := client.Exists(ctx, redisstore.RecordKey(held)).Result(); err != nil || n != 0 {
+		t.Fatalf("the earlier key still exists (%d, %v) after the lean daemon's transition", n, err)
+	}
+	done, err := lean.Lookup(ctx, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if done.State != engine.StateCompleted || done.Response == nil || done.Response.Status != 201 ||
+		string(done.Response.Body) != "done" || done.Response.Headers["Location"][0] != "/orders/1" ||
+		done.Response.Headers["content-type"][0] != "application/json" || done.Fingerprint != fp || done.Attempt != 1 {
+		t.Fatalf("the completed record reads %+v", done)
+	}
+	// A repeated completion with the same token is still recognised.
+	if _, err := lean.Complete(ctx, engine.Completion{ID: held, LeaseToken: c.Token, Retention: time.Hour,
+		Response: engine.Response{Status: 201}}); err != nil {
+		t.Fatalf("the same completion again: %v", err)
+	}
+
+	// A completed record of the previous release replays through the lean daemon.
+	finished := engine.ID{Tenant: engine.DefaultTenant, Key: "finished"}
+	c2 := engine.Claim{ID: finished, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+	if _, err := old.Claim(ctx, c2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Complete(ctx, engine.Completion{ID: finished, LeaseToken: c2.Token, Retention: time.Hour,
+		Response: engine.Response{Status: 200, Headers: headers, Body: []byte("first")}}); err != nil {
+		t.Fatal(err)
+	}
+	replay, err := lean.Claim(ctx, engine.Claim{ID: finished, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()})
+	if err != nil || replay.Outcome != engine.OutcomeCompleted || string(replay.Record.Response.Body) != "first" ||
+		replay.Record.Response.Headers["Location"][0] != "/orders/1" {
+		t.Fatalf("a replay of the previous release's result: %+v, %v", replay, err)
+	}
+}
+
+// TestLeanRecordsAreSmaller guards the point of the lean layout: a completed record
+// with the middleware's default headers takes less memory in Redis than the same record
+// as a string of the previous layout.
+func TestLeanRecordsAreSmaller(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	client, err := redisstore.NewClient(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	ctx := t.Context()
+	usage := map[string]int64{}
+	for name, opts := range map[string]redisstore.Options{"strings": {}, "lean": {LeanRecords: true}} {
+		s, err := redisstore.OpenWith(srv.URL(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := engine.ID{Tenant: engine.DefaultTenant, Key: "idempotency-key:v1:" + strings.Repeat("c4", 32) + name}
+		c := engine.Claim{ID: id, Fingerprint: "sha256:" + strings.Repeat("9f", 32), Secret: strings.Repeat("e3", 32),
+			Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := s.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: c.Token, Retention: time.Hour,
+			Response: engine.Response{Status: 201, Headers: map[string][]string{"content-type": {"application/json"}, "location": {"/orders/42"}}}}); err != nil {
+			t.Fatal(err)
+		}
+		key := redisstore.RecordKey(id)
+		if opts.LeanRecords {
+			key = redisstore.LeanKey(id)
+		}
+		n, err := client.MemoryUsage(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		usage[name] = n
+		s.Close()
+	}
+	if usage["lean"] >= usage["strings"] {
+		t.Fatalf("MEMORY USAGE: lean %d bytes, strings %d", usage["lean"], usage["strings"])
+	}
+	t.Logf("MEMORY USAGE of a completed middleware record: lean %d bytes, strings %d", usage["lean"], usage["strings"])
 }

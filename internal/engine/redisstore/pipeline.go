@@ -79,7 +79,7 @@ type lane struct {
 type call struct {
 	ctx    context.Context
 	script script
-	key    string
+	keys   []string // the record's keys, in one slot
 	args   []any
 	val    any
 	err    error
@@ -103,15 +103,15 @@ func newPipeliner(client Client, opts Options) *pipeliner {
 // do runs script on key in the next pipeline and returns its answer, or ctx's error
 // as soon as ctx is done: a caller never waits on another's pipeline past its own
 // deadline. A call whose ctx is done before its pipeline goes out is not sent.
-func (p *pipeliner) do(ctx context.Context, script script, key string, args []any) (any, error) {
+func (p *pipeliner) do(ctx context.Context, script script, keys []string, args []any) (any, error) {
 	// The lane only sorts calls by master; the pipeline itself routes each call by
 	// the slot map it has when it goes out, and follows MOVED and ASK.
-	master, err := p.client.MasterFor(ctx, key)
+	master, err := p.client.MasterFor(ctx, keys[0])
 	if err != nil {
 		return nil, err
 	}
 	addr := master.Options().Addr
-	c := &call{ctx: ctx, script: script, key: key, args: args, done: make(chan struct{})}
+	c := &call{ctx: ctx, script: script, keys: keys, args: args, done: make(chan struct{})}
 	p.mu.RLock()
 	l := p.lanes[addr]
 	for l == nil && !p.closed {
@@ -383,9 +383,9 @@ func queueScripts(ctx context.Context, pipe redis.Pipeliner, calls []*call, full
 	cmds := make([]*redis.Cmd, len(calls))
 	for i, c := range calls {
 		if full {
-			cmds[i] = c.script.Eval(ctx, pipe, []string{c.key}, c.args...)
+			cmds[i] = c.script.Eval(ctx, pipe, c.keys, c.args...)
 		} else {
-			cmds[i] = c.script.EvalSha(ctx, pipe, []string{c.key}, c.args...)
+			cmds[i] = c.script.EvalSha(ctx, pipe, c.keys, c.args...)
 		}
 	}
 	return cmds

@@ -1,7 +1,8 @@
 // Package redisstore keeps idemd's records in Redis: standalone, Sentinel or Cluster.
 //
 // Each record is one string under its own key, and each transition is one Lua script that
-// touches only that key, so every script runs unchanged on Redis Cluster. Concurrent
+// touches only that record's keys: the key it has in the lean layout and the key of
+// earlier releases, in one Cluster slot, so every script runs unchanged on Redis Cluster. Concurrent
 // calls share round trips: their scripts go to Redis together as one pipeline (see
 // pipeliner), and a call that finds Redis idle goes out alone, at once.
 package redisstore
@@ -84,19 +85,21 @@ type scripts struct {
 }
 
 var (
-	stringScripts = loadScripts(lua.StringRecords)
-	hashScripts   = loadScripts(lua.HashRecords)
+	stringScripts   = loadScripts(lua.StringRecords, true)
+	leanScripts     = loadScripts(lua.LeanRecords, true)
+	leanOnlyScripts = loadScripts(lua.LeanRecords, false)
+	hashScripts     = loadScripts(lua.HashRecords, true)
 )
 
-func loadScripts(layout lua.Layout) *scripts {
+func loadScripts(layout lua.Layout, readOther bool) *scripts {
 	return &scripts{
-		claim:    load("claim", layout, true),
-		complete: load("complete", layout, true),
-		release:  load("release", layout, true),
-		extend:   load("extend", layout, true),
-		lookup:   load("lookup", layout, false),
-		purge:    load("purge", layout, true),
-		watch:    load("watch", layout, true),
+		claim:    load("claim", layout, readOther, true),
+		complete: load("complete", layout, readOther, true),
+		release:  load("release", layout, readOther, true),
+		extend:   load("extend", layout, readOther, true),
+		lookup:   load("lookup", layout, readOther, false),
+		purge:    load("purge", layout, readOther, true),
+		watch:    load("watch", layout, readOther, true),
 	}
 }
 
@@ -107,8 +110,8 @@ type script struct {
 	writes bool
 }
 
-func load(transition string, layout lua.Layout, writes bool) script {
-	src, err := lua.Source(transition, layout)
+func load(transition string, layout lua.Layout, readOther, writes bool) script {
+	src, err := lua.Source(transition, layout, readOther)
 	if err != nil {
 		panic(err)
 	}
@@ -130,14 +133,24 @@ func New(client Client, opts Options) *Store {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
 	}
 	s := &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), scripts: stringScripts, opts: opts}
-	if opts.HashRecords {
+	switch {
+	case opts.HashRecords:
 		s.scripts = hashScripts
+	case opts.LeanRecords && opts.LeanOnly:
+		s.scripts = leanOnlyScripts
+	case opts.LeanRecords:
+		s.scripts = leanScripts
 	}
 	return s
 }
 
-// RecordKey is the Redis key of a record: the tenant, then the SHA-256 of the client's
-// key, so that any key fits in a Redis key and keys spread over all Cluster slots.
+// RecordKey is the Redis key of a record in the layouts of earlier releases, and the
+// name of its change channel: the tenant, then the SHA-256 of the client's key in hex,
+// so that any key fits in a Redis key and keys spread over all Cluster slots. The lean
+// layout keeps records at LeanKey, in the same slot.
+func recordKeys(id engine.ID) []string { return []string{RecordKey(id), LeanKey(id)} }
+
+// RecordKey is the Redis key of a record in the layouts of earlier releases.
 func RecordKey(id engine.ID) string {
 	sum := sha256.Sum256([]byte(id.Key))
 	return "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
@@ -155,7 +168,8 @@ func flag(b bool) string {
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	rep, err := s.run(ctx, s.scripts.claim, c.ID,
-		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting))
+		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
+		compact(c.Token), compact(c.Fingerprint), compact(c.Secret))
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
@@ -181,8 +195,13 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 	if err != nil {
 		return engine.Record{}, err
 	}
+	packed, err := packHeaders(c.Response.Headers)
+	if err != nil {
+		return engine.Record{}, err
+	}
 	rep, err := s.run(ctx, s.scripts.complete, c.ID,
-		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention))
+		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention),
+		compact(c.LeaseToken), packed)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -191,16 +210,19 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 
 // Release implements engine.Store.
 func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, error) {
-	status, headers, body := "", "", []byte(nil)
+	status, headers, packed, body := "", "", "", []byte(nil)
 	if r.Response != nil {
 		var err error
 		if headers, err = encodeHeaders(r.Response.Headers); err != nil {
 			return engine.Record{}, err
 		}
+		if packed, err = packHeaders(r.Response.Headers); err != nil {
+			return engine.Record{}, err
+		}
 		status, body = strconv.Itoa(r.Response.Status), r.Response.Body
 	}
 	rep, err := s.run(ctx, s.scripts.release, r.ID,
-		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention))
+		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), compact(r.LeaseToken), packed)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -209,7 +231,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
-	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease))
+	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), compact(e.LeaseToken))
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -246,7 +268,7 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.scripts.watch.Run(ctx, s.client, []string{key}).Err(); err != nil {
+	if err := s.scripts.watch.Run(ctx, s.client, recordKeys(id)).Err(); err != nil {
 		w.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("redis: %w", ctx.Err())
@@ -289,7 +311,7 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
-	v, err := s.pipe.do(ctx, script, RecordKey(id), args)
+	v, err := s.pipe.do(ctx, script, recordKeys(id), args)
 	var notReplicated *notReplicatedError
 	if errors.As(err, &notReplicated) {
 		return reply{}, err
@@ -335,8 +357,9 @@ func (r reply) unexpected() error {
 	return engine.Unavailable(fmt.Errorf("unexpected script status %q", r.status))
 }
 
-// The positions of the fields in a script's answer, after status and time; they follow
-// META in lua/prelude.lua.
+// The positions of the fields in a script's answer, after status and time, as
+// lua/prelude.lua's answer gives them. The key and the tenant are not read: the lean
+// layout does not keep them, and the record is the one asked for.
 const (
 	fKey = iota
 	fTenant
@@ -374,13 +397,14 @@ func parseReply(v any, id engine.ID) (reply, error) {
 		rep.record = engine.Record{ID: id}
 		return rep, nil
 	}
+	// The record is the one asked for: the lean layout does not keep its key.
 	rec := engine.Record{
-		ID:          engine.ID{Tenant: str(f[fTenant]), Key: str(f[fKey])},
+		ID:          id,
 		State:       decodeState(str(f[fState])),
-		Fingerprint: str(f[fFingerprint]),
+		Fingerprint: expand(str(f[fFingerprint])),
 		Owner:       str(f[fOwner]),
 		Attempt:     integer(f[fAttempt]),
-		LeaseToken:  str(f[fToken]),
+		LeaseToken:  expand(str(f[fToken])),
 		Recovered:   str(f[fRecovered]) == "1",
 		CreatedAt:   msTime(f[fCreated]),
 		UpdatedAt:   msTime(f[fUpdated]),
@@ -389,9 +413,9 @@ func parseReply(v any, id engine.ID) (reply, error) {
 	if rec.State == engine.StatePending {
 		rec.LeaseExpiresAt = msTime(f[fLeaseExpiry])
 	}
-	if resp := f[metaFields:]; len(resp) == 3 && str(resp[0]) != "" {
-		status, _ := strconv.Atoi(str(resp[0]))
-		headers, err := decodeHeaders(str(resp[1]))
+	if resp := f[metaFields:]; len(resp) == 3 && integer(resp[0]) != 0 {
+		status := int(integer(resp[0]))
+		headers, err := unpackHeaders(str(resp[1]))
 		if err != nil {
 			return reply{}, err
 		}
@@ -452,15 +476,4 @@ func encodeHeaders(h map[string][]string) (string, error) {
 		return "", err
 	}
 	return string(b), nil
-}
-
-func decodeHeaders(s string) (map[string][]string, error) {
-	if s == "" {
-		return nil, nil
-	}
-	var h map[string][]string
-	if err := json.Unmarshal([]byte(s), &h); err != nil {
-		return nil, errors.New("stored headers are not valid JSON")
-	}
-	return h, nil
 }

@@ -24,13 +24,21 @@ import (
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := testredis.Start(t)
-	enginetest.Run(t, func(t *testing.T) engine.Store {
-		s, err := redisstore.Open(srv.URL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return s
-	})
+	for name, opts := range map[string]redisstore.Options{
+		"strings":   {},
+		"lean":      {LeanRecords: true},
+		"lean only": {LeanRecords: true, LeanOnly: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			enginetest.Run(t, func(t *testing.T) engine.Store {
+				s, err := redisstore.OpenWith(srv.URL(), opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return s
+			})
+		})
+	}
 }
 
 // BenchmarkClaimComplete runs claim+complete cycles on fresh keys through the store,

@@ -24,10 +24,18 @@ type Options struct {
 	// calls that arrive while all are in flight wait and go out together in the next
 	// one.
 	Pipelines int
-	// HashRecords writes records as hashes, the layout of earlier releases, instead
-	// of one string each. The scripts read both layouts; this is for a rolling upgrade,
-	// while daemons of an earlier release, which read only hashes, share the Redis.
+	// LeanRecords writes records in the lean layout, at their lean keys: about half
+	// the memory of the string layout of earlier releases, which the store writes by
+	// default so that daemons of the release before this one, which see no other,
+	// can share the Redis. HashRecords writes hashes, the layout of the releases before
+	// that. The store reads every layout (docs/operations.md, "Upgrading").
+	LeanRecords bool
 	HashRecords bool
+	// LeanOnly, with LeanRecords, stops the store looking for a record at the keys of
+	// earlier releases when it is not at its lean key, which saves a read for every
+	// new key. Safe once no record can be alive there: the longest retention after the
+	// last daemon that wrote one switched to LeanRecords.
+	LeanOnly bool
 }
 
 // DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.
@@ -43,7 +51,7 @@ func (p *pipeliner) sendReplicated(ctx context.Context, calls []*call) {
 	for attempt := 0; len(calls) > 0; attempt++ {
 		groups := make(map[*redis.Client][]*call)
 		for _, c := range calls {
-			node, err := p.client.MasterFor(ctx, c.key)
+			node, err := p.client.MasterFor(ctx, c.keys[0])
 			if err != nil {
 				c.finish(nil, err)
 				continue

@@ -103,6 +103,8 @@ spec:
           value: {{ .Values.store.redis.requireNoeviction | quote }}
         - name: IDEMD_REDIS_HASH_RECORDS
           value: {{ .Values.store.redis.hashRecords | quote }}
+        - name: IDEMD_REDIS_RECORD_LAYOUT
+          value: {{ .Values.store.redis.recordLayout | quote }}
         {{- else }}
         - name: IDEMD_DATA_DIR
           value: /data

@@ -1,0 +1,14 @@
+-- watch: mark a record as watched, so that its changes are published from now on.
+-- KEYS[1] the record
+-- Answers 1 when the record exists, 0 otherwise. A record created later is marked by
+-- the first claim that waits on it (claim.lua, ARGV[9]).
+local key = KEYS[1]
+local r = load(key)
+if not r.st then
+  return 0
+end
+if r.w ~= '1' then
+  r.w = '1'
+  save(key, r)
+end
+return 1
