@@ -82,7 +82,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
 	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
 	fs.IntVar(&m.Pipelines, "redis-pipelines", redisstore.DefaultPipelines, "how many pipelines of scripts may be in flight to each Redis master at once; the calls that arrive meanwhile go together in the next")
-	fs.StringVar(&m.RecordLayout, "redis-record-layout", "strings", "how Redis records are written: strings (the layout the previous release reads), lean (about half the memory: once no daemon of an earlier release shares the Redis), lean-only (lean, and no longer looking at the earlier keys: once the longest retention has passed since the switch to lean) or hashes (for releases before the previous); every layout is read (docs/operations.md, Upgrading)")
+	fs.StringVar(&m.RecordLayout, "redis-record-layout", "strings", "how Redis records are kept: strings (the layout the previous release reads), lean-ready (strings, and reading lean records too), lean (about half the memory; reads both), lean-only (lean, no longer looking at the earlier keys) or hashes (for releases before the previous); move to lean in that order (docs/operations.md, Upgrading); a new Redis can start at lean-only")
 	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "the same as --redis-record-layout hashes")
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
@@ -194,12 +194,14 @@ func (m *Main) recordLayout() (redisstore.Options, error) {
 		return opts, fmt.Errorf("--redis-hash-records and --redis-record-layout %s disagree", layout)
 	case m.HashRecords || layout == "hashes":
 		opts.HashRecords = true
+	case layout == "lean-ready":
+		opts.LeanReady = true
 	case layout == "lean":
 		opts.LeanRecords = true
 	case layout == "lean-only":
 		opts.LeanRecords, opts.LeanOnly = true, true
 	case layout != "strings":
-		return opts, fmt.Errorf("--redis-record-layout %q: strings, lean, lean-only or hashes", layout)
+		return opts, fmt.Errorf("--redis-record-layout %q: strings, lean-ready, lean, lean-only or hashes", layout)
 	}
 	return opts, nil
 }

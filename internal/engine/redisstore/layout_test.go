@@ -29,9 +29,9 @@ const (
 // TestRollingUpgrade runs daemons of two kinds over one Redis, as a rolling upgrade
 // does (docs/operations.md): daemons of the release before strings beside daemons of
 // this one writing hashes (HashRecords), then beside daemons writing strings; daemons of
-// the release before the lean layout beside daemons of this one as they start (strings),
-// then those beside daemons writing the lean layout, and those beside daemons that no
-// longer look at the earlier keys. At each step every call goes to the next daemon in
+// the release before the lean layout beside daemons of this one as they start
+// (strings), and each step of the move to the lean layout beside the next: strings,
+// lean ready, lean, lean only. At each step every call goes to the next daemon in
 // turn, and the conformance suite and the linearizability check must pass as they do on
 // one daemon.
 func TestRollingUpgrade(t *testing.T) {
@@ -56,7 +56,8 @@ func TestRollingUpgrade(t *testing.T) {
 		}
 	}
 	hashes, strs := layout(redisstore.Options{HashRecords: true}), layout(redisstore.Options{})
-	lean, leanOnly := layout(redisstore.Options{LeanRecords: true}), layout(redisstore.Options{LeanRecords: true, LeanOnly: true})
+	ready, lean := layout(redisstore.Options{LeanReady: true}), layout(redisstore.Options{LeanRecords: true})
+	leanOnly := layout(redisstore.Options{LeanRecords: true, LeanOnly: true})
 	for _, step := range []struct {
 		name string
 		a, b func(testing.TB) engine.Store
@@ -64,7 +65,8 @@ func TestRollingUpgrade(t *testing.T) {
 		{"the release before strings beside hashes", scripts(earlierScripts), hashes},
 		{"hashes beside strings", hashes, strs},
 		{"the release before the lean layout beside strings", scripts(previousScripts), strs},
-		{"strings beside lean", strs, lean},
+		{"strings beside lean ready", strs, ready},
+		{"lean ready beside lean", ready, lean},
 		{"lean beside lean only", lean, leanOnly},
 	} {
 		t.Run(step.name, func(t *testing.T) {

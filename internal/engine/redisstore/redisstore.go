@@ -85,10 +85,11 @@ type scripts struct {
 }
 
 var (
-	stringScripts   = loadScripts(lua.StringRecords, true)
-	leanScripts     = loadScripts(lua.LeanRecords, true)
-	leanOnlyScripts = loadScripts(lua.LeanRecords, false)
-	hashScripts     = loadScripts(lua.HashRecords, true)
+	stringScripts    = loadScripts(lua.StringRecords, false)
+	leanReadyScripts = loadScripts(lua.StringRecords, true)
+	leanScripts      = loadScripts(lua.LeanRecords, true)
+	leanOnlyScripts  = loadScripts(lua.LeanRecords, false)
+	hashScripts      = loadScripts(lua.HashRecords, false)
 )
 
 func loadScripts(layout lua.Layout, readOther bool) *scripts {
@@ -140,6 +141,8 @@ func New(client Client, opts Options) *Store {
 		s.scripts = leanOnlyScripts
 	case opts.LeanRecords:
 		s.scripts = leanScripts
+	case opts.LeanReady:
+		s.scripts = leanReadyScripts
 	}
 	return s
 }

@@ -2,11 +2,14 @@ package redisstore_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -25,9 +28,10 @@ func TestConformance(t *testing.T) {
 	t.Parallel()
 	srv := testredis.Start(t)
 	for name, opts := range map[string]redisstore.Options{
-		"strings":   {},
-		"lean":      {LeanRecords: true},
-		"lean only": {LeanRecords: true, LeanOnly: true},
+		"strings":    {},
+		"lean ready": {LeanReady: true},
+		"lean":       {LeanRecords: true},
+		"lean only":  {LeanRecords: true, LeanOnly: true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			enginetest.Run(t, func(t *testing.T) engine.Store {
@@ -44,26 +48,40 @@ func TestConformance(t *testing.T) {
 // BenchmarkClaimComplete runs claim+complete cycles on fresh keys through the store,
 // in parallel, and reports the CPU Redis spent per cycle and how many commands it
 // processed per read system call, as Redis itself counts them (INFO; the calls a
-// script makes count as commands, three a script); with records kept as strings (this
-// release's layout) and as hashes (--redis-hash-records, the earlier releases' layout),
-// and with one pipeline in flight per master as well as the default two:
+// script makes count as commands), and the CPU this process (the daemon's side of the
+// store) spent per cycle: with the previous release's scripts, with records kept as
+// strings (the default), while moving to the lean layout (--redis-record-layout
+// lean-ready, then lean), in it (lean-only),
+// as hashes (--redis-hash-records), and with one pipeline in flight per master as well
+// as the default two:
 // go test -run XXX -bench ClaimComplete -cpu 32 ./internal/engine/redisstore/
 func BenchmarkClaimComplete(b *testing.B) {
 	for _, layout := range []struct {
-		name string
-		opts redisstore.Options
+		name    string
+		opts    redisstore.Options
+		scripts string
 	}{
-		{"strings", redisstore.Options{}},
-		{"hashes", redisstore.Options{HashRecords: true}},
-		{"strings/pipelines=1", redisstore.Options{Pipelines: 1}},
+		{"previous-release", redisstore.Options{}, previousScripts},
+		{"strings", redisstore.Options{}, ""},
+		{"lean-ready", redisstore.Options{LeanReady: true}, ""},
+		{"lean", redisstore.Options{LeanRecords: true}, ""},
+		{"lean-only", redisstore.Options{LeanRecords: true, LeanOnly: true}, ""},
+		{"hashes", redisstore.Options{HashRecords: true}, ""},
+		{"strings/pipelines=1", redisstore.Options{Pipelines: 1}, ""},
 	} {
-		b.Run(layout.name, func(b *testing.B) { claimComplete(b, layout.opts) })
+		b.Run(layout.name, func(b *testing.B) { claimComplete(b, layout.opts, layout.scripts) })
 	}
 }
 
-func claimComplete(b *testing.B, opts redisstore.Options) {
+func claimComplete(b *testing.B, opts redisstore.Options, scripts string) {
 	srv := testredis.Start(b)
-	s, err := redisstore.OpenWith(srv.URL(), opts)
+	var s *redisstore.Store
+	var err error
+	if scripts != "" {
+		s, err = redisstore.OpenWithScripts(srv.URL(), opts, scripts)
+	} else {
+		s, err = redisstore.OpenWith(srv.URL(), opts)
+	}
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -71,6 +89,7 @@ func claimComplete(b *testing.B, opts redisstore.Options) {
 	var seq atomic.Int64
 	prefix := fmt.Sprintf("bench-%d", time.Now().UnixNano())
 	before := redisCounters(b, srv)
+	cpuBefore := processCPU(b)
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		ctx := context.Background()
@@ -92,7 +111,17 @@ func claimComplete(b *testing.B, opts redisstore.Options) {
 	after := redisCounters(b, srv)
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "cycles/s")
 	b.ReportMetric((after.cpu-before.cpu)*1e6/float64(b.N), "redis-µs/cycle")
+	b.ReportMetric(float64(processCPU(b)-cpuBefore)/1e3/float64(b.N), "go-µs/cycle")
 	b.ReportMetric((after.commands-before.commands)/(after.reads-before.reads), "commands/read")
+}
+
+// processCPU is the CPU time this process has spent, user and system, in ns.
+func processCPU(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
 }
 
 type counters struct{ cpu, commands, reads float64 }
@@ -175,32 +204,39 @@ func TestLinearizable(t *testing.T) {
 	}
 }
 
-// BenchmarkMemoryPerRecord measures the Redis memory a completed record takes, with a
-// 40-byte key, two response headers and bodies of 0, 100 and 1024 bytes, for sizing:
-// as a string (this release's layout), and as a hash (--redis-hash-records, the layout
-// of earlier releases) with Redis's default hash-max-listpack-value (64) and with 2048,
-// which keeps hashes in the compact listpack encoding:
+// BenchmarkMemoryPerRecord measures the Redis memory a completed record takes, for
+// sizing: used_memory per record over b.N records, and MEMORY USAGE of one. The records
+// carry the middleware's default stored headers (content-type, location) and bodies of 0,
+// 100 and 1024 bytes, in two shapes: "key40", a 40-byte key and a 32-digit hex
+// fingerprint; "middleware", a key, a fingerprint and a claim secret as the
+// Idempotency-Key middlewares send them. The layouts: strings (the default), lean
+// (--redis-record-layout lean), and hashes (--redis-hash-records) with Redis's default
+// hash-max-listpack-value (64) and with 2048, which keeps hashes in the compact listpack
+// encoding:
 //
 //	go test -run XXX -bench MemoryPerRecord -benchtime 20000x ./internal/engine/redisstore/
 func BenchmarkMemoryPerRecord(b *testing.B) {
 	for _, layout := range []struct {
 		name   string
-		hash   bool
+		opts   redisstore.Options
 		config []string
 	}{
-		{"string", false, nil},
-		{"hash/listpack-value=64", true, []string{"--hash-max-listpack-value", "64"}},
-		{"hash/listpack-value=2048", true, []string{"--hash-max-listpack-value", "2048"}},
+		{"strings", redisstore.Options{}, nil},
+		{"lean", redisstore.Options{LeanRecords: true}, nil},
+		{"hashes/listpack-value=64", redisstore.Options{HashRecords: true}, []string{"--hash-max-listpack-value", "64"}},
+		{"hashes/listpack-value=2048", redisstore.Options{HashRecords: true}, []string{"--hash-max-listpack-value", "2048"}},
 	} {
-		for _, size := range []int{0, 100, 1024} {
-			b.Run(fmt.Sprintf("%s/body=%d", layout.name, size), func(b *testing.B) {
-				memoryPerRecord(b, size, redisstore.Options{HashRecords: layout.hash}, layout.config...)
-			})
+		for _, shape := range []string{"key40", "middleware"} {
+			for _, size := range []int{0, 100, 1024} {
+				b.Run(fmt.Sprintf("%s/%s/body=%d", layout.name, shape, size), func(b *testing.B) {
+					memoryPerRecord(b, shape, size, layout.opts, layout.config...)
+				})
+			}
 		}
 	}
 }
 
-func memoryPerRecord(b *testing.B, size int, opts redisstore.Options, config ...string) {
+func memoryPerRecord(b *testing.B, shape string, size int, opts redisstore.Options, config ...string) {
 	srv := testredis.Start(b, config...)
 	s, err := redisstore.OpenWith(srv.URL(), opts)
 	if err != nil {
@@ -208,12 +244,12 @@ func memoryPerRecord(b *testing.B, size int, opts redisstore.Options, config ...
 	}
 	defer s.Close()
 	ctx := context.Background()
+	client, err := redisstore.NewClient(srv.URL())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer client.Close()
 	used := func() int64 {
-		client, err := redisstore.NewClient(srv.URL())
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer client.Close()
 		info, err := client.Info(ctx, "memory").Result()
 		if err != nil {
 			b.Fatal(err)
@@ -228,22 +264,42 @@ func memoryPerRecord(b *testing.B, size int, opts redisstore.Options, config ...
 		return 0
 	}
 	body := make([]byte, size)
-	headers := map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/0123456789"}}
+	headers := map[string][]string{"content-type": {"application/json"}, "location": {"/orders/0123456789"}}
+	record := func(i int) engine.Claim {
+		if shape == "middleware" {
+			sum := sha256.Sum256([]byte(strconv.Itoa(i)))
+			digest := hex.EncodeToString(sum[:])
+			return engine.Claim{ID: engine.ID{Tenant: engine.DefaultTenant, Key: "idempotency-key:v1:" + digest},
+				Fingerprint: "sha256:" + digest, Secret: digest, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+		}
+		return engine.Claim{ID: engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("order-%034d", i)},
+			Fingerprint: "0123456789abcdef0123456789abcdef", Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+	}
 	before := used()
 	b.ResetTimer()
+	var last engine.ID
 	for i := range b.N {
-		id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("order-%034d", i)}
-		c := engine.Claim{ID: id, Fingerprint: "0123456789abcdef0123456789abcdef", Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}
+		c := record(i)
 		if _, err := s.Claim(ctx, c); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: c.Token, Retention: time.Hour,
+		if _, err := s.Complete(ctx, engine.Completion{ID: c.ID, LeaseToken: c.Token, Retention: time.Hour,
 			Response: engine.Response{Status: 201, Headers: headers, Body: body}}); err != nil {
 			b.Fatal(err)
 		}
+		last = c.ID
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(used()-before)/float64(b.N), "bytes/record")
+	key := redisstore.RecordKey(last)
+	if opts.LeanRecords {
+		key = redisstore.LeanKey(last)
+	}
+	usage, err := client.MemoryUsage(ctx, key).Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(usage), "memory-usage-bytes")
 }
 
 // TestSentinel runs the conformance suite through Sentinel, with and without a

@@ -24,18 +24,24 @@ type Options struct {
 	// calls that arrive while all are in flight wait and go out together in the next
 	// one.
 	Pipelines int
-	// LeanRecords writes records in the lean layout, at their lean keys: about half
-	// the memory of the string layout of earlier releases, which the store writes by
-	// default so that daemons of the release before this one, which see no other,
-	// can share the Redis. HashRecords writes hashes, the layout of the releases before
-	// that. The store reads every layout (docs/operations.md, "Upgrading").
+	// The store writes records as strings at the keys of earlier releases by default,
+	// as the release before this one does, which sees no other layout, and reads
+	// strings and hashes there. The lean layout takes about half the memory; moving to
+	// it takes three steps (docs/operations.md, "Upgrading"):
+	//
+	//   - LeanReady also reads records at their lean keys, for a rollout of LeanRecords
+	//     beside it;
+	//   - LeanRecords writes the lean layout, and reads both;
+	//   - LeanOnly, with LeanRecords, stops looking at the earlier keys, once the
+	//     longest retention has passed since the last daemon wrote there.
+	//
+	// Each look at the other key costs Redis a read for every new key (about a tenth of
+	// its CPU per claim-and-complete cycle); the default and LeanOnly make none.
+	// HashRecords writes hashes, the layout of the releases before the previous one.
+	LeanReady   bool
 	LeanRecords bool
+	LeanOnly    bool
 	HashRecords bool
-	// LeanOnly, with LeanRecords, stops the store looking for a record at the keys of
-	// earlier releases when it is not at its lean key, which saves a read for every
-	// new key. Safe once no record can be alive there: the longest retention after the
-	// last daemon that wrote one switched to LeanRecords.
-	LeanOnly bool
 }
 
 // DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.
