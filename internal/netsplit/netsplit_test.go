@@ -32,7 +32,8 @@ func TestPartitionAndHeal(t *testing.T) {
 	bin := testredis.Binary(t)
 	a, b, c := lab.Node("a"), lab.Node("b"), lab.Node("c")
 	for _, n := range []*netsplit.Node{a, b, c} {
-		n.Start(bin, "--port", "6379", "--bind", n.IP+" 127.0.0.1", "--protected-mode", "no", "--save", "", "--appendonly", "no")
+		n.Start(bin, "--port", "6379", "--bind", n.IP+" 127.0.0.1", "--protected-mode", "no", "--save", "", "--appendonly", "no",
+			"--dir", t.TempDir())
 	}
 	reach := func(from, to *netsplit.Node) {
 		t.Helper()
