@@ -17,7 +17,6 @@
 package netsplit
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/testdaemon"
 )
 
 // Lab is a set of nodes on one switch.
@@ -192,7 +193,7 @@ func (n *Node) Start(name string, args ...string) *Proc {
 // Proc is a process a node runs.
 type Proc struct {
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testdaemon.Logs
 	done chan struct{}
 }
 
@@ -219,23 +220,6 @@ func (p *Proc) Stop() {
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-p.done
 	}
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func (l *Lab) ip(args ...string) {
