@@ -20,9 +20,14 @@ import (
 // LeanKey is the Redis key of a record in the lean layout: a hash tag of two bytes that
 // puts it in RecordKey's Cluster slot, the tenant, and the SHA-256 of the client's key
 // as 32 bytes: 44 bytes for the default tenant, where RecordKey takes 77.
-func LeanKey(id engine.ID) string {
+func LeanKey(id engine.ID) string { return recordKeys(id)[1] }
+
+// recordKeys are a record's keys as the scripts take them: RecordKey, then LeanKey, from
+// one digest of the client's key.
+func recordKeys(id engine.ID) []string {
 	sum := sha256.Sum256([]byte(id.Key))
-	tag := slotTags[slot(RecordKey(id))]
+	legacy := "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
+	tag := slotTags[slot(legacy)]
 	var b strings.Builder
 	b.Grow(5 + len(id.Tenant) + len(sum))
 	b.WriteByte('{')
@@ -31,7 +36,7 @@ func LeanKey(id engine.ID) string {
 	b.WriteString(id.Tenant)
 	b.WriteByte(':')
 	b.Write(sum[:])
-	return b.String()
+	return []string{legacy, b.String()}
 }
 
 // slotTags holds, for each of Redis Cluster's 16384 slots, two bytes that hash to it. A

@@ -9,8 +9,6 @@ package redisstore
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -151,13 +149,7 @@ func New(client Client, opts Options) *Store {
 // name of its change channel: the tenant, then the SHA-256 of the client's key in hex,
 // so that any key fits in a Redis key and keys spread over all Cluster slots. The lean
 // layout keeps records at LeanKey, in the same slot.
-func recordKeys(id engine.ID) []string { return []string{RecordKey(id), LeanKey(id)} }
-
-// RecordKey is the Redis key of a record in the layouts of earlier releases.
-func RecordKey(id engine.ID) string {
-	sum := sha256.Sum256([]byte(id.Key))
-	return "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
-}
+func RecordKey(id engine.ID) string { return recordKeys(id)[0] }
 
 func ms(d time.Duration) string { return strconv.FormatInt(d.Milliseconds(), 10) }
 
