@@ -32,30 +32,32 @@ type Config struct {
 	During func()
 }
 
-type kind string
+// Op is a call the model knows.
+type Op string
 
+// The calls.
 const (
-	opClaim    kind = "claim"
-	opComplete kind = "complete"
-	opRelease  kind = "release"
+	OpClaim    Op = "claim"
+	OpComplete Op = "complete"
+	OpRelease  Op = "release"
 )
 
 type input struct {
-	op    kind
+	op    Op
 	key   string
 	token string
 }
 
-// The outputs; unknown is a call that failed without an answer from the store (it
+// The outputs; OutUnknown is a call that failed without an answer from the store (it
 // may or may not have taken effect).
 const (
-	outAcquired   = "acquired"
-	outInProgress = "in_progress"
-	outCompleted  = "completed"
-	outOK         = "ok"
-	outLeaseLost  = "lease_lost"
-	outNotFound   = "not_found"
-	outUnknown    = "unknown"
+	OutAcquired   = "acquired"
+	OutInProgress = "in_progress"
+	OutCompleted  = "completed"
+	OutOK         = "ok"
+	OutLeaseLost  = "lease_lost"
+	OutNotFound   = "not_found"
+	OutUnknown    = "unknown"
 )
 
 // state is one key's record as the model sees it: no expiry (leases are long) and
@@ -68,42 +70,42 @@ type state struct {
 // step is the state machine of lua/*.lua and the bolt store, for the calls recorded.
 func step(s state, in input) (string, state) {
 	switch in.op {
-	case opClaim:
+	case OpClaim:
 		switch {
 		case s.st == 0 || s.st == 'r':
-			return outAcquired, state{'p', in.token}
+			return OutAcquired, state{'p', in.token}
 		case s.st == 'p' && s.tok == in.token:
-			return outAcquired, s
+			return OutAcquired, s
 		case s.st == 'p':
-			return outInProgress, s
+			return OutInProgress, s
 		default:
-			return outCompleted, s
+			return OutCompleted, s
 		}
-	case opComplete:
+	case OpComplete:
 		switch {
 		case s.st == 0:
-			return outNotFound, s
+			return OutNotFound, s
 		case s.tok != in.token:
-			return outLeaseLost, s
+			return OutLeaseLost, s
 		case s.st == 'p':
-			return outOK, state{'c', s.tok}
+			return OutOK, state{'c', s.tok}
 		case s.st == 'c':
-			return outOK, s
+			return OutOK, s
 		default:
-			return outLeaseLost, s
+			return OutLeaseLost, s
 		}
-	case opRelease:
+	case OpRelease:
 		switch {
 		case s.st == 0:
-			return outNotFound, s
+			return OutNotFound, s
 		case s.tok != in.token:
-			return outLeaseLost, s
+			return OutLeaseLost, s
 		case s.st == 'p':
-			return outOK, state{'r', s.tok}
+			return OutOK, state{'r', s.tok}
 		case s.st == 'r':
-			return outOK, s
+			return OutOK, s
 		default:
-			return outLeaseLost, s
+			return OutLeaseLost, s
 		}
 	}
 	panic("unknown operation " + in.op)
@@ -129,9 +131,9 @@ var Model = (&porcupine.NondeterministicModel{
 		s, i, o := st.(state), in.(input), out.(string)
 		want, next := step(s, i)
 		switch {
-		case o == outUnknown && next != s:
+		case o == OutUnknown && next != s:
 			return []any{s, next}
-		case o == outUnknown, o == want:
+		case o == OutUnknown, o == want:
 			return []any{next}
 		}
 		return nil
@@ -153,6 +155,52 @@ var Model = (&porcupine.NondeterministicModel{
 type History struct {
 	Ops     []porcupine.Operation
 	Unknown int
+}
+
+// Call is one call recorded outside Run, by another process say. Start and End come
+// from one clock that every recorder shares (CLOCK_MONOTONIC across the processes of
+// one machine). Token is the lease token the claim acquired, or that the completion or
+// release sent; a claim of unknown outcome may leave it empty.
+type Call struct {
+	Client int    `json:"client"`
+	Op     Op     `json:"op"`
+	Key    string `json:"key"`
+	Token  string `json:"token,omitempty"`
+	Out    string `json:"out"`
+	Start  int64  `json:"start"`
+	End    int64  `json:"end"`
+}
+
+// FromCalls makes a History of calls recorded elsewhere.
+func FromCalls(calls []Call) (History, error) {
+	var h History
+	h.Ops = make([]porcupine.Operation, 0, len(calls))
+	for i, c := range calls {
+		switch c.Op {
+		case OpClaim, OpComplete, OpRelease:
+		default:
+			return History{}, fmt.Errorf("call %d: unknown operation %q", i, c.Op)
+		}
+		switch c.Out {
+		case OutAcquired, OutInProgress, OutCompleted, OutOK, OutLeaseLost, OutNotFound, OutUnknown:
+		default:
+			return History{}, fmt.Errorf("call %d: unknown output %q", i, c.Out)
+		}
+		if c.End < c.Start {
+			return History{}, fmt.Errorf("call %d: answered at %d, before its call at %d", i, c.End, c.Start)
+		}
+		op := porcupine.Operation{ClientId: c.Client, Input: input{c.Op, c.Key, c.Token}, Call: c.Start, Output: c.Out, Return: c.End}
+		if c.Out == OutUnknown {
+			op.Return = math.MaxInt64 / 2
+			h.Unknown++
+			if c.Op == OpClaim && c.Token == "" {
+				// A lease nobody learned: no later call can name it.
+				op.Input = input{c.Op, c.Key, fmt.Sprintf("unlearned-%d", i)}
+			}
+		}
+		h.Ops = append(h.Ops, op)
+	}
+	return h, nil
 }
 
 // Run has cfg.Clients clients call s concurrently and records every call.
@@ -189,18 +237,18 @@ func Run(t testing.TB, s engine.Store, cfg Config) History {
 					if r == 0 && last.Token != "" {
 						c = last // a resent claim
 					}
-					in = input{opClaim, c.ID.Key, c.Token}
+					in = input{OpClaim, c.ID.Key, c.Token}
 					res, err := s.Claim(ctx, c)
 					switch {
 					case err == nil && res.Outcome == engine.OutcomeAcquired:
-						out = outAcquired
+						out = OutAcquired
 						held[c.ID.Key] = c.Token
 					case err == nil:
 						out = string(res.Outcome)
 					case errors.Is(err, engine.ErrInProgress):
-						out = outInProgress
+						out = OutInProgress
 					default:
-						out = outUnknown
+						out = OutUnknown
 						held[c.ID.Key] = c.Token // it may have acquired
 					}
 					last = c
@@ -209,22 +257,22 @@ func Run(t testing.TB, s engine.Store, cfg Config) History {
 					id.Key = k
 					var err error
 					if r < 7 {
-						in = input{opComplete, k, tok}
+						in = input{OpComplete, k, tok}
 						_, err = s.Complete(ctx, engine.Completion{ID: id, LeaseToken: tok, Retention: time.Hour,
 							Response: engine.Response{Status: 200, Body: []byte(tok)}})
 					} else {
-						in = input{opRelease, k, tok}
+						in = input{OpRelease, k, tok}
 						_, err = s.Release(ctx, engine.Release{ID: id, LeaseToken: tok, Mode: engine.ReleaseRetry, Retention: time.Hour})
 					}
 					switch {
 					case err == nil:
-						out = outOK
+						out = OutOK
 					case errors.Is(err, engine.ErrLeaseLost):
-						out = outLeaseLost
+						out = OutLeaseLost
 					case errors.Is(err, engine.ErrNotFound):
-						out = outNotFound
+						out = OutNotFound
 					default:
-						out = outUnknown
+						out = OutUnknown
 					}
 					if rng.IntN(3) == 0 {
 						delete(held, k)
@@ -234,7 +282,7 @@ func Run(t testing.TB, s engine.Store, cfg Config) History {
 				cancel()
 				op := porcupine.Operation{ClientId: c, Input: in, Call: call, Output: out, Return: ret}
 				mu.Lock()
-				if out == outUnknown {
+				if out == OutUnknown {
 					// Its effect, if any, may land at any time after the call.
 					op.Return = math.MaxInt64 / 2
 					h.Unknown++
