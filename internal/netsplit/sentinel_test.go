@@ -19,9 +19,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
+	"github.com/idemd/idemd/internal/engine/lintest"
 	"github.com/idemd/idemd/internal/netsplit"
 	"github.com/idemd/idemd/internal/testredis"
 	"github.com/idemd/idemd/internal/wait"
+	"golang.org/x/sys/unix"
 )
 
 // The test binary runs again inside a node's namespace as the load or the check of a
@@ -43,12 +47,20 @@ func TestMain(m *testing.M) {
 // answer that matters: "acquired KEY" for a claim answered 201, "replayed KEY MS" for
 // one answered 200, "completed KEY BODY MS" for a completion answered 200 (an
 // acknowledged completion), "refused MS CODE" for a 503; MS is when the answer came, in
-// ms since the epoch.
+// ms since the epoch. Every call goes to NETSPLIT_HISTORY too, as JSON lines of
+// lintest.Call timed on CLOCK_MONOTONIC, which every process of the machine shares;
+// client numbers start at NETSPLIT_CLIENT_BASE.
 func load() int {
 	base := "http://127.0.0.1:8080"
 	prefix := os.Getenv("NETSPLIT_PREFIX")
 	me := os.Getenv("NETSPLIT_NAME")
 	clients, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENTS"))
+	clientBase, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENT_BASE"))
+	history, err := os.Create(os.Getenv("NETSPLIT_HISTORY"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	stop, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	stop, cancelTimeout := context.WithTimeout(stop, 10*time.Minute)
@@ -63,8 +75,15 @@ func load() int {
 		defer mu.Unlock()
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 	}
+	calls := bufio.NewWriter(history)
+	enc := json.NewEncoder(calls)
+	record := func(c lintest.Call) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = enc.Encode(c)
+	}
 	var wg sync.WaitGroup
-	for range clients {
+	for i := range clients {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -73,7 +92,22 @@ func load() int {
 				key := fmt.Sprintf("%s-%d", prefix, next)
 				next++
 				mu.Unlock()
-				status, body := post(stop, client, base+"/v1/claim", map[string]any{"key": key, "lease_ms": 30000})
+				claim := lintest.Call{Client: clientBase + i, Op: lintest.OpClaim, Key: key, Start: monotonic()}
+				// A lease no clock of the test runs out: the model knows no expiry.
+				status, body := post(stop, client, base+"/v1/claim", map[string]any{"key": key, "lease_ms": 3600000})
+				claim.End = monotonic()
+				token, _ := body["lease_token"].(string)
+				switch {
+				case status == 201:
+					claim.Out, claim.Token = lintest.OutAcquired, token
+				case status == 200 && body["outcome"] == "completed":
+					claim.Out = lintest.OutCompleted
+				case status == 409 && body["code"] == "in_progress":
+					claim.Out = lintest.OutInProgress
+				default:
+					claim.Out = lintest.OutUnknown
+				}
+				record(claim)
 				if status == 503 {
 					say("refused %d %s", time.Now().UnixMilli(), body["code"])
 					continue
@@ -86,8 +120,21 @@ func load() int {
 				}
 				say("acquired %s", key)
 				result := me + "/" + key
-				status, body = post(stop, client, base+"/v1/complete", map[string]any{"key": key, "lease_token": body["lease_token"],
+				complete := lintest.Call{Client: clientBase + i, Op: lintest.OpComplete, Key: key, Token: token, Start: monotonic()}
+				status, body = post(stop, client, base+"/v1/complete", map[string]any{"key": key, "lease_token": token,
 					"response": map[string]any{"status": 200, "body": []byte(result)}})
+				complete.End = monotonic()
+				switch {
+				case status == 200:
+					complete.Out = lintest.OutOK
+				case status == 409 && body["code"] == "lease_lost":
+					complete.Out = lintest.OutLeaseLost
+				case status == 404:
+					complete.Out = lintest.OutNotFound
+				default:
+					complete.Out = lintest.OutUnknown
+				}
+				record(complete)
 				switch status {
 				case 200:
 					say("completed %s %s %d", key, result, time.Now().UnixMilli())
@@ -98,7 +145,25 @@ func load() int {
 		}()
 	}
 	wg.Wait()
+	if err := calls.Flush(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := history.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return 0
+}
+
+// monotonic is CLOCK_MONOTONIC in nanoseconds: one clock for the processes of every
+// namespace (time namespaces aside, which the lab does not make).
+func monotonic() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(err)
+	}
+	return ts.Nano()
 }
 
 // verify reads "KEY BODY" lines and prints "lost KEY WHY" for each key whose record is
@@ -263,7 +328,46 @@ type partitionResult struct {
 	acked    []string       // "KEY BODY" of each acknowledged completion
 	acquired map[string]int // key -> claims answered 201
 	refused  []time.Time    // when each 503 came
-	lost     []string
+	// linearizable is porcupine's verdict on every call of both loads.
+	linearizable porcupine.CheckResult
+}
+
+// checkHistories has porcupine check the calls the loads recorded in files, against
+// the model the stores' linearizability tests use. When a linearizable history is
+// expected, one that is not is drawn in the test's temporary directory (or
+// IDEMD_LINEARIZABILITY_DIR).
+func checkHistories(t *testing.T, files []string, expected bool) porcupine.CheckResult {
+	t.Helper()
+	var calls []lintest.Call
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		for dec.More() {
+			var c lintest.Call
+			if err := dec.Decode(&c); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			calls = append(calls, c)
+		}
+	}
+	h, err := lintest.FromCalls(calls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h.Ops) == 0 {
+		t.Fatal("the loads recorded no call")
+	}
+	var res porcupine.CheckResult
+	if expected {
+		res = h.Check(t, strings.ReplaceAll(t.Name(), "/", "-"))
+	} else {
+		res = porcupine.CheckOperationsTimeout(lintest.Model, h.Ops, time.Minute)
+	}
+	t.Logf("porcupine: %d calls, %d of unknown outcome: %s", len(h.Ops), h.Unknown, res)
+	return res
 }
 
 // firstRefusedAfter is when the first 503 after at came; zero if none did.
@@ -356,10 +460,14 @@ type outcome struct {
 // twice.
 func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, twice int, r partitionResult, o outcome) {
 	s := startSentinelLab(t, acks)
-	env := []string{"NETSPLIT_PREFIX=k", "NETSPLIT_CLIENTS=8"}
+	dir := t.TempDir()
 	var loads []*netsplit.Proc
-	for _, d := range []*netsplit.Node{s.d1, s.d2} {
-		args := append([]string{"NETSPLIT_HELPER=load", "NETSPLIT_NAME=" + d.Name}, env...)
+	var histories []string
+	for i, d := range []*netsplit.Node{s.d1, s.d2} {
+		history := filepath.Join(dir, d.Name+".jsonl")
+		histories = append(histories, history)
+		args := []string{"NETSPLIT_HELPER=load", "NETSPLIT_NAME=" + d.Name, "NETSPLIT_PREFIX=k", "NETSPLIT_CLIENTS=8",
+			"NETSPLIT_CLIENT_BASE=" + strconv.Itoa(100*i), "NETSPLIT_HISTORY=" + history}
 		loads = append(loads, d.Start("env", append(args, os.Args[0])...))
 	}
 	// Some cycles first, then the disruption.
@@ -386,7 +494,13 @@ func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, tw
 	for _, p := range loads {
 		p.Stop()
 	}
+	for _, p := range loads {
+		if !p.Exited() || strings.Contains(p.Output(), "panic") {
+			t.Fatalf("a load did not end well:\n%.4000s", p.Output())
+		}
+	}
 	r = collect(loads[0].Output(), loads[1].Output())
+	r.linearizable = checkHistories(t, histories, acks > 0)
 	check := helper(s.d2, "verify")
 	check.Stdin = strings.NewReader(strings.Join(r.acked, "\n") + "\n")
 	out, err := check.CombinedOutput()
@@ -418,15 +532,21 @@ func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, tw
 	if !recovered.IsZero() {
 		toRecover = recovered.Sub(o.healed).Round(10 * time.Millisecond).String()
 	}
-	t.Logf("replica acks %d: %d completions acknowledged, %d lost, %d keys acquired twice; first 503 %s after the split; "+
-		"healed %s after it, every daemon answering again %s after the heal; %s; per daemon: d1 %s, d2 %s",
-		acks, len(r.acked), lost, twice, toRefuse, o.healed.Sub(o.split).Round(10*time.Millisecond), toRecover, o.notes,
-		tally(loads[0].Output(), o.healed), tally(loads[1].Output(), o.healed))
+	t.Logf("replica acks %d: %d completions acknowledged, %d lost, %d keys acquired twice, history %s; "+
+		"first 503 %s after the split; healed %s after it, every daemon answering again %s after the heal; %s; "+
+		"per daemon: d1 %s, d2 %s",
+		acks, len(r.acked), lost, twice, r.linearizable, toRefuse, o.healed.Sub(o.split).Round(10*time.Millisecond),
+		toRecover, o.notes, tally(loads[0].Output(), o.healed), tally(loads[1].Output(), o.healed))
 	if len(r.acked) == 0 {
 		t.Fatal("no completion was acknowledged: the load tested nothing")
 	}
-	if lost > 0 && acks > 0 {
-		t.Errorf("lost acknowledged completions:\n%s", out)
+	if acks > 0 {
+		if lost > 0 {
+			t.Errorf("lost acknowledged completions:\n%s", out)
+		}
+		if r.linearizable != porcupine.Ok {
+			t.Errorf("with replica acknowledgements, the history is %s", r.linearizable)
+		}
 	}
 	return lost, twice, r, o
 }
