@@ -292,7 +292,7 @@ func phase(ctx context.Context, cfg Config, client *http.Client, base, prefix st
 	if c.idemd != nil {
 		pids = append(pids, c.idemd.pid())
 	}
-	cpuBefore, err := cpuTimes(pids)
+	cpuBefore, err := CPUTimes(pids)
 	if err != nil {
 		return phaseResult{}, err
 	}
@@ -325,7 +325,7 @@ func phase(ctx context.Context, cfg Config, client *http.Client, base, prefix st
 	wg.Wait()
 	elapsed := time.Since(start)
 
-	cpuAfter, err := cpuTimes(pids)
+	cpuAfter, err := CPUTimes(pids)
 	if err != nil {
 		return phaseResult{}, err
 	}
@@ -397,8 +397,8 @@ func executions(client *http.Client, base string) (int64, error) {
 // clockTick is the unit of /proc's CPU times (USER_HZ), 100 per second on Linux.
 const clockTick = 10 * time.Millisecond
 
-// cpuTimes reads user+system CPU time of each process from /proc/<pid>/stat.
-func cpuTimes(pids []int) ([]time.Duration, error) {
+// CPUTimes reads the user and system CPU time of each process from /proc/<pid>/stat.
+func CPUTimes(pids []int) ([]time.Duration, error) {
 	out := make([]time.Duration, len(pids))
 	for i, pid := range pids {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")

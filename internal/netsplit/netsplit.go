@@ -8,8 +8,10 @@
 // each other at once and in silence (frames go nowhere, connections hang until their
 // timeouts), while each side still works within itself. Heal moves them back. Block
 // cuts one node off from some others by a blackhole route in its namespace, which
-// fails its connections to them at once. It needs root (CAP_NET_ADMIN) and iproute2;
-// a test without them is skipped with a message.
+// fails its connections to them at once. Lose drops a share of a link's packets at
+// random (nftables), and Relay lengthens a connection's round trip, in place of
+// netem, which not every kernel has. It needs root (CAP_NET_ADMIN), iproute2 and, for
+// Lose, nftables; a test without them is skipped with a message.
 //
 // Every namespace, link and process a Lab makes is named after the test process's PID
 // and removed when the test ends; nothing touches the machine's own namespace but the
@@ -37,6 +39,7 @@ type Lab struct {
 	mu     sync.Mutex
 	nodes  []*Node
 	routes map[[2]*Node]bool
+	lossy  map[*Node]bool
 }
 
 // Node is one host: a network namespace with one address on the switch.
@@ -66,12 +69,9 @@ func Supported() string {
 func New(t testing.TB) *Lab {
 	t.Helper()
 	if why := Supported(); why != "" {
-		if os.Getenv("IDEMD_REQUIRE_NETNS") != "" {
-			t.Fatalf("netsplit: %s, and IDEMD_REQUIRE_NETNS is set", why)
-		}
-		t.Skipf("netsplit: %s; skipping", why)
+		skip(t, why)
 	}
-	l := &Lab{t: t, prefix: fmt.Sprintf("ns%d", os.Getpid()%100000), routes: map[[2]*Node]bool{}}
+	l := &Lab{t: t, prefix: fmt.Sprintf("ns%d", os.Getpid()%100000), routes: map[[2]*Node]bool{}, lossy: map[*Node]bool{}}
 	l.prefix = uniquePrefix(l.prefix)
 	l.hub = l.prefix + "-hub"
 	t.Cleanup(l.remove)
@@ -81,6 +81,15 @@ func New(t testing.TB) *Lab {
 		l.ip("-n", l.hub, "link", "set", br, "up")
 	}
 	return l
+}
+
+// skip skips the test for why, or fails it when IDEMD_REQUIRE_NETNS is set.
+func skip(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("IDEMD_REQUIRE_NETNS") != "" {
+		t.Fatalf("netsplit: %s, and IDEMD_REQUIRE_NETNS is set", why)
+	}
+	t.Skipf("netsplit: %s; skipping", why)
 }
 
 var labs struct {
@@ -129,19 +138,24 @@ func (l *Lab) Partition(side ...*Node) {
 	}
 }
 
-// Heal puts every node back on one switch and removes every Block.
+// Heal puts every node back on one switch and removes every Block and Lose.
 func (l *Lab) Heal() {
 	l.t.Helper()
 	l.mu.Lock()
 	nodes := append([]*Node(nil), l.nodes...)
-	routes := l.routes
-	l.routes = map[[2]*Node]bool{}
+	routes, lossy := l.routes, l.lossy
+	l.routes, l.lossy = map[[2]*Node]bool{}, map[*Node]bool{}
 	l.mu.Unlock()
 	for _, n := range nodes {
 		l.ip("-n", l.hub, "link", "set", n.port, "master", "br0")
 	}
 	for pair := range routes {
 		l.ip("-n", pair[0].NS, "route", "del", "blackhole", pair[1].IP+"/32")
+	}
+	for n := range lossy {
+		if out, err := exec.Command("ip", "netns", "exec", n.NS, "nft", "delete", "table", "inet", "netsplit").CombinedOutput(); err != nil {
+			l.t.Fatalf("netsplit: nft on %s: %v\n%s", n.Name, err, out)
+		}
 	}
 }
 
@@ -196,6 +210,9 @@ type Proc struct {
 	out  testdaemon.Logs
 	done chan struct{}
 }
+
+// Pid is the process's ID: ip netns exec runs the command in its own place.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Output is what the process has written so far.
 func (p *Proc) Output() string { return p.out.String() }

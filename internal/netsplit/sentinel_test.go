@@ -38,6 +38,8 @@ func TestMain(m *testing.M) {
 		os.Exit(verify())
 	case "ready":
 		os.Exit(ready())
+	case "relay":
+		os.Exit(relay())
 	}
 	os.Exit(m.Run())
 }
@@ -167,32 +169,54 @@ func monotonic() int64 {
 }
 
 // verify reads "KEY BODY" lines and prints "lost KEY WHY" for each key whose record is
-// not completed with that body, through the idemd on its node's loopback.
+// not completed with that body, through the idemd on its node's loopback, 16 lookups
+// at a time.
 func verify() int {
 	client := &http.Client{Timeout: 5 * time.Second}
+	var mu sync.Mutex
+	lost := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Printf("lost "+format+"\n", args...)
+	}
+	lines := make(chan string)
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for line := range lines {
+				key, want, _ := strings.Cut(line, " ")
+				var rec struct {
+					State    string `json:"state"`
+					Response struct {
+						Body []byte `json:"body"`
+					} `json:"response"`
+				}
+				res, err := client.Get("http://127.0.0.1:8080/v1/records/" + url.PathEscape(key))
+				if err != nil {
+					lost("%s %v", key, err)
+					continue
+				}
+				err = json.NewDecoder(res.Body).Decode(&rec)
+				res.Body.Close()
+				switch {
+				case err != nil || res.StatusCode != 200:
+					lost("%s status-%d", key, res.StatusCode)
+				case rec.State != "completed" || string(rec.Response.Body) != want:
+					lost("%s %s:%s", key, rec.State, rec.Response.Body)
+				}
+			}
+		}()
+	}
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
-		key, want, _ := strings.Cut(in.Text(), " ")
-		var rec struct {
-			State    string `json:"state"`
-			Response struct {
-				Body []byte `json:"body"`
-			} `json:"response"`
-		}
-		res, err := client.Get("http://127.0.0.1:8080/v1/records/" + url.PathEscape(key))
-		if err != nil {
-			fmt.Printf("lost %s %v\n", key, err)
-			continue
-		}
-		err = json.NewDecoder(res.Body).Decode(&rec)
-		res.Body.Close()
-		switch {
-		case err != nil || res.StatusCode != 200:
-			fmt.Printf("lost %s status-%d\n", key, res.StatusCode)
-		case rec.State != "completed" || string(rec.Response.Body) != want:
-			fmt.Printf("lost %s %s:%s\n", key, rec.State, rec.Response.Body)
+		if in.Text() != "" {
+			lines <- in.Text()
 		}
 	}
+	close(lines)
+	wg.Wait()
 	return 0
 }
 
@@ -321,6 +345,35 @@ func first(n *netsplit.Node, args ...string) string {
 		return f[0]
 	}
 	return ""
+}
+
+// startLoads starts a load of clients clients on each daemon's node, every load on
+// the same keys and recording its calls in a history file of its own; it returns the
+// loads and their files.
+func startLoads(t testing.TB, clients int, daemons ...*netsplit.Node) ([]*netsplit.Proc, []string) {
+	dir := t.TempDir()
+	var loads []*netsplit.Proc
+	var histories []string
+	for i, d := range daemons {
+		history := filepath.Join(dir, d.Name+".jsonl")
+		histories = append(histories, history)
+		args := []string{"NETSPLIT_HELPER=load", "NETSPLIT_NAME=" + d.Name, "NETSPLIT_PREFIX=k",
+			"NETSPLIT_CLIENTS=" + strconv.Itoa(clients), "NETSPLIT_CLIENT_BASE=" + strconv.Itoa(1000*i), "NETSPLIT_HISTORY=" + history}
+		loads = append(loads, d.Start("env", append(args, os.Args[0])...))
+	}
+	return loads, histories
+}
+
+// stopLoads stops the loads and makes sure each ended by itself, its history written.
+func stopLoads(t testing.TB, loads []*netsplit.Proc) {
+	for _, p := range loads {
+		p.Stop()
+	}
+	for _, p := range loads {
+		if !p.Exited() || strings.Contains(p.Output(), "panic") {
+			t.Fatalf("a load did not end well:\n%.4000s", p.Output())
+		}
+	}
 }
 
 // partitionResult is what a scenario's loads saw.
@@ -460,16 +513,7 @@ type outcome struct {
 // twice.
 func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, twice int, r partitionResult, o outcome) {
 	s := startSentinelLab(t, acks)
-	dir := t.TempDir()
-	var loads []*netsplit.Proc
-	var histories []string
-	for i, d := range []*netsplit.Node{s.d1, s.d2} {
-		history := filepath.Join(dir, d.Name+".jsonl")
-		histories = append(histories, history)
-		args := []string{"NETSPLIT_HELPER=load", "NETSPLIT_NAME=" + d.Name, "NETSPLIT_PREFIX=k", "NETSPLIT_CLIENTS=8",
-			"NETSPLIT_CLIENT_BASE=" + strconv.Itoa(100*i), "NETSPLIT_HISTORY=" + history}
-		loads = append(loads, d.Start("env", append(args, os.Args[0])...))
-	}
+	loads, histories := startLoads(t, 8, s.d1, s.d2)
 	// Some cycles first, then the disruption.
 	if err := wait.Until(20*time.Second, func() error {
 		if n := strings.Count(loads[0].Output()+loads[1].Output(), "completed"); n < 50 {
@@ -491,14 +535,7 @@ func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, tw
 	}); err != nil {
 		t.Error(err)
 	}
-	for _, p := range loads {
-		p.Stop()
-	}
-	for _, p := range loads {
-		if !p.Exited() || strings.Contains(p.Output(), "panic") {
-			t.Fatalf("a load did not end well:\n%.4000s", p.Output())
-		}
-	}
+	stopLoads(t, loads)
 	r = collect(loads[0].Output(), loads[1].Output())
 	r.linearizable = checkHistories(t, histories, acks > 0)
 	check := helper(s.d2, "verify")
