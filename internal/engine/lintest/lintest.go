@@ -40,6 +40,9 @@ const (
 	OpClaim    Op = "claim"
 	OpComplete Op = "complete"
 	OpRelease  Op = "release"
+	// OpLookup reads a key's state, which it answers as OutNotFound, OutPending,
+	// OutReleased or OutCompleted.
+	OpLookup Op = "lookup"
 )
 
 type input struct {
@@ -58,6 +61,8 @@ const (
 	OutLeaseLost  = "lease_lost"
 	OutNotFound   = "not_found"
 	OutUnknown    = "unknown"
+	OutPending    = "pending"
+	OutReleased   = "released"
 )
 
 // state is one key's record as the model sees it: no expiry (leases are long) and
@@ -68,6 +73,8 @@ type state struct {
 }
 
 // step is the state machine of lua/*.lua and the bolt store, for the calls recorded.
+// Run makes no lookups; histories recorded elsewhere may end with them, to find what
+// was lost.
 func step(s state, in input) (string, state) {
 	switch in.op {
 	case OpClaim:
@@ -107,6 +114,8 @@ func step(s state, in input) (string, state) {
 		default:
 			return OutLeaseLost, s
 		}
+	case OpLookup:
+		return map[byte]string{0: OutNotFound, 'p': OutPending, 'r': OutReleased, 'c': OutCompleted}[s.st], s
 	}
 	panic("unknown operation " + in.op)
 }
@@ -177,12 +186,12 @@ func FromCalls(calls []Call) (History, error) {
 	h.Ops = make([]porcupine.Operation, 0, len(calls))
 	for i, c := range calls {
 		switch c.Op {
-		case OpClaim, OpComplete, OpRelease:
+		case OpClaim, OpComplete, OpRelease, OpLookup:
 		default:
 			return History{}, fmt.Errorf("call %d: unknown operation %q", i, c.Op)
 		}
 		switch c.Out {
-		case OutAcquired, OutInProgress, OutCompleted, OutOK, OutLeaseLost, OutNotFound, OutUnknown:
+		case OutAcquired, OutInProgress, OutCompleted, OutOK, OutLeaseLost, OutNotFound, OutUnknown, OutPending, OutReleased:
 		default:
 			return History{}, fmt.Errorf("call %d: unknown output %q", i, c.Out)
 		}

@@ -53,7 +53,8 @@ func TestModelRejects(t *testing.T) {
 }
 
 // TestFromCalls checks that calls recorded elsewhere reach the model as Run's do: an
-// unknown claim without a token holds the key for nobody, and bad records are refused.
+// unknown claim without a token holds the key for nobody, a lookup finds a lost
+// completion, and bad records are refused.
 func TestFromCalls(t *testing.T) {
 	check := func(calls ...Call) bool {
 		t.Helper()
@@ -76,6 +77,21 @@ func TestFromCalls(t *testing.T) {
 	) {
 		t.Error("a completion by a client that never held the lease passes")
 	}
+	if check(
+		Call{Client: 0, Op: OpClaim, Key: "k", Token: "a", Out: OutAcquired, Start: 0, End: 10},
+		Call{Client: 0, Op: OpComplete, Key: "k", Token: "a", Out: OutOK, Start: 20, End: 30},
+		Call{Client: 1, Op: OpLookup, Key: "k", Out: OutPending, Start: 40, End: 50},
+	) {
+		t.Error("a completion lost after it was acknowledged passes")
+	}
+	if !check(
+		Call{Client: 0, Op: OpClaim, Key: "k", Token: "a", Out: OutAcquired, Start: 0, End: 10},
+		Call{Client: 0, Op: OpComplete, Key: "k", Token: "a", Out: OutUnknown, Start: 20, End: 30},
+		Call{Client: 1, Op: OpLookup, Key: "k", Out: OutPending, Start: 40, End: 50},
+		Call{Client: 1, Op: OpLookup, Key: "k", Out: OutCompleted, Start: 60, End: 70},
+	) {
+		t.Error("a completion of unknown outcome that landed late is refused")
+	}
 	if !check(
 		Call{Client: 0, Op: OpClaim, Key: "k", Out: OutUnknown, Start: 0, End: 5},
 		Call{Client: 1, Op: OpClaim, Key: "k", Token: "b", Out: OutInProgress, Start: 20, End: 30},
@@ -83,7 +99,7 @@ func TestFromCalls(t *testing.T) {
 		t.Error("an unknown claim that took the key is refused")
 	}
 	for _, bad := range []Call{
-		{Op: "lookup", Key: "k", Out: OutOK},
+		{Op: "extend", Key: "k", Out: OutOK},
 		{Op: OpClaim, Key: "k", Out: "maybe"},
 		{Op: OpClaim, Key: "k", Out: OutAcquired, Start: 10, End: 5},
 	} {
