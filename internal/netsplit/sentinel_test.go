@@ -170,9 +170,18 @@ func monotonic() int64 {
 
 // verify reads "KEY BODY" lines and prints "lost KEY WHY" for each key whose record is
 // not completed with that body, through the idemd on its node's loopback, 16 lookups
-// at a time.
+// at a time. It records the lookups in NETSPLIT_HISTORY as load does, so that
+// porcupine sees what was lost too.
 func verify() int {
 	client := &http.Client{Timeout: 5 * time.Second}
+	clientBase, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENT_BASE"))
+	history, err := os.Create(os.Getenv("NETSPLIT_HISTORY"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	calls := bufio.NewWriter(history)
+	enc := json.NewEncoder(calls)
 	var mu sync.Mutex
 	lost := func(format string, args ...any) {
 		mu.Lock()
@@ -181,7 +190,7 @@ func verify() int {
 	}
 	lines := make(chan string)
 	var wg sync.WaitGroup
-	for range 16 {
+	for i := range 16 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -193,15 +202,26 @@ func verify() int {
 						Body []byte `json:"body"`
 					} `json:"response"`
 				}
+				call := lintest.Call{Client: clientBase + i, Op: lintest.OpLookup, Key: key, Out: lintest.OutUnknown, Start: monotonic()}
 				res, err := client.Get("http://127.0.0.1:8080/v1/records/" + url.PathEscape(key))
-				if err != nil {
-					lost("%s %v", key, err)
-					continue
+				if err == nil {
+					err = json.NewDecoder(res.Body).Decode(&rec)
+					res.Body.Close()
 				}
-				err = json.NewDecoder(res.Body).Decode(&rec)
-				res.Body.Close()
+				call.End = monotonic()
 				switch {
-				case err != nil || res.StatusCode != 200:
+				case err == nil && res.StatusCode == 200:
+					call.Out = rec.State
+				case res != nil && res.StatusCode == 404:
+					call.Out = lintest.OutNotFound
+				}
+				mu.Lock()
+				_ = enc.Encode(call)
+				mu.Unlock()
+				switch {
+				case err != nil:
+					lost("%s %v", key, err)
+				case res.StatusCode != 200:
 					lost("%s status-%d", key, res.StatusCode)
 				case rec.State != "completed" || string(rec.Response.Body) != want:
 					lost("%s %s:%s", key, rec.State, rec.Response.Body)
@@ -217,6 +237,14 @@ func verify() int {
 	}
 	close(lines)
 	wg.Wait()
+	if err := calls.Flush(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := history.Close(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	return 0
 }
 
@@ -290,13 +318,8 @@ func startSentinelLab(t *testing.T, acks int) *sentinelLab {
 		s.sentinels = append(s.sentinels, lab.Node(fmt.Sprintf("sentinel%d", i+1)))
 	}
 	s.d1, s.d2 = lab.Node("d1"), lab.Node("d2")
-	server := func(n *netsplit.Node, extra ...string) {
-		// A directory of its own: a replica writes the RDB of every full sync there.
-		n.Start(redisBin, append([]string{"--port", "6379", "--bind", n.IP + " 127.0.0.1", "--protected-mode", "no",
-			"--save", "", "--appendonly", "no", "--replica-announce-ip", n.IP, "--dir", t.TempDir()}, extra...)...)
-	}
-	server(s.master)
-	server(s.replica, "--replicaof", s.master.IP, "6379")
+	startRedis(t, s.master, redisBin)
+	startRedis(t, s.replica, redisBin, "--replicaof", s.master.IP, "6379")
 	var addrs []string
 	for _, n := range s.sentinels {
 		conf := filepath.Join(t.TempDir(), "sentinel.conf")
@@ -332,6 +355,14 @@ func startSentinelLab(t *testing.T, acks int) *sentinelLab {
 	return s
 }
 
+// startRedis starts a redis-server on n's port 6379, on its address and its loopback,
+// with no persistence.
+func startRedis(t testing.TB, n *netsplit.Node, bin string, extra ...string) *netsplit.Proc {
+	// A directory of its own: a replica writes the RDB of every full sync there.
+	return n.Start(bin, append([]string{"--port", "6379", "--bind", n.IP + " 127.0.0.1", "--protected-mode", "no",
+		"--save", "", "--appendonly", "no", "--replica-announce-ip", n.IP, "--dir", t.TempDir()}, extra...)...)
+}
+
 // helper is this test binary run as helper mode on n, with env (NAME=value) on top.
 func helper(n *netsplit.Node, mode string, env ...string) *exec.Cmd {
 	args := append([]string{"NETSPLIT_HELPER=" + mode, "NETSPLIT_NAME=" + n.Name}, env...)
@@ -345,6 +376,20 @@ func first(n *netsplit.Node, args ...string) string {
 		return f[0]
 	}
 	return ""
+}
+
+// verifyAcked looks up, through the daemon on n, each acknowledged completion ("KEY
+// BODY"), and returns how many are not there, what the check printed and the history
+// of its lookups.
+func verifyAcked(t testing.TB, n *netsplit.Node, acked []string) (lost int, out, history string) {
+	history = filepath.Join(t.TempDir(), "lookups.jsonl")
+	check := helper(n, "verify", "NETSPLIT_CLIENT_BASE=100000", "NETSPLIT_HISTORY="+history)
+	check.Stdin = strings.NewReader(strings.Join(acked, "\n") + "\n")
+	b, err := check.CombinedOutput()
+	if err != nil {
+		t.Fatalf("verify: %v\n%s", err, b)
+	}
+	return strings.Count(string(b), "lost "), string(b), history
 }
 
 // startLoads starts a load of clients clients on each daemon's node, every load on
@@ -389,7 +434,7 @@ type partitionResult struct {
 // the model the stores' linearizability tests use. When a linearizable history is
 // expected, one that is not is drawn in the test's temporary directory (or
 // IDEMD_LINEARIZABILITY_DIR).
-func checkHistories(t *testing.T, files []string, expected bool) porcupine.CheckResult {
+func checkHistories(t testing.TB, files []string, expected bool) porcupine.CheckResult {
 	t.Helper()
 	var calls []lintest.Call
 	for _, f := range files {
@@ -506,14 +551,13 @@ type outcome struct {
 	notes         string
 }
 
-// run starts the lab and both daemons' loads, calls disrupt once some cycles are done,
+// run starts a load on each of two daemons, calls disrupt once some cycles are done,
 // lets the loads go on until each daemon completes cycles again after the heal, stops
 // them, and checks every acknowledged completion through d2. It logs the figures of
 // docs/operations.md's table and returns the lost completions and the keys acquired
 // twice.
-func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, twice int, r partitionResult, o outcome) {
-	s := startSentinelLab(t, acks)
-	loads, histories := startLoads(t, 8, s.d1, s.d2)
+func run(t *testing.T, acks int, d1, d2 *netsplit.Node, disrupt func() outcome) (lost, twice int, r partitionResult, o outcome) {
+	loads, histories := startLoads(t, 8, d1, d2)
 	// Some cycles first, then the disruption.
 	if err := wait.Until(20*time.Second, func() error {
 		if n := strings.Count(loads[0].Output()+loads[1].Output(), "completed"); n < 50 {
@@ -523,7 +567,7 @@ func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, tw
 	}); err != nil {
 		t.Fatalf("%v\nd1: %.2000s\nd2: %.2000s", err, loads[0].Output(), loads[1].Output())
 	}
-	o = disrupt(s)
+	o = disrupt()
 	// Recovery: each daemon completes cycles again, without a restart.
 	if err := wait.Until(2*time.Minute, func() error {
 		for i, p := range loads {
@@ -537,14 +581,8 @@ func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, tw
 	}
 	stopLoads(t, loads)
 	r = collect(loads[0].Output(), loads[1].Output())
-	r.linearizable = checkHistories(t, histories, acks > 0)
-	check := helper(s.d2, "verify")
-	check.Stdin = strings.NewReader(strings.Join(r.acked, "\n") + "\n")
-	out, err := check.CombinedOutput()
-	if err != nil {
-		t.Fatalf("verify: %v\n%s", err, out)
-	}
-	lost = strings.Count(string(out), "lost ")
+	lost, out, looked := verifyAcked(t, d2, r.acked)
+	r.linearizable = checkHistories(t, append(histories, looked), acks > 0)
 	for _, n := range r.acquired {
 		if n > 1 {
 			twice++
@@ -597,7 +635,8 @@ func run(t *testing.T, acks int, disrupt func(s *sentinelLab) outcome) (lost, tw
 func TestSentinelMasterIsolated(t *testing.T) {
 	for _, acks := range []int{1, 0} {
 		t.Run(fmt.Sprintf("replica acks %d", acks), func(t *testing.T) {
-			_, twice, _, _ := run(t, acks, func(s *sentinelLab) outcome {
+			s := startSentinelLab(t, acks)
+			_, twice, _, _ := run(t, acks, s.d1, s.d2, func() outcome {
 				split := time.Now()
 				s.lab.Partition(s.master, s.d1)
 				if err := wait.Until(30*time.Second, func() error {
@@ -639,7 +678,8 @@ func TestSentinelMasterIsolated(t *testing.T) {
 // is acquired twice, and the daemon takes claims again after the heal without a
 // restart.
 func TestDaemonCutFromMaster(t *testing.T) {
-	_, twice, r, o := run(t, 1, func(s *sentinelLab) outcome {
+	s := startSentinelLab(t, 1)
+	_, twice, r, o := run(t, 1, s.d1, s.d2, func() outcome {
 		split := time.Now()
 		s.d1.Block(s.master)
 		hold := time.NewTimer(5 * time.Second)
@@ -663,7 +703,8 @@ func TestFlappingLink(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("IDEMD_FLAP_SECONDS")); err == nil && v > 0 {
 		seconds = v
 	}
-	_, twice, _, _ := run(t, 1, func(s *sentinelLab) outcome {
+	s := startSentinelLab(t, 1)
+	_, twice, _, _ := run(t, 1, s.d1, s.d2, func() outcome {
 		split := time.Now()
 		tick := time.NewTicker(300 * time.Millisecond)
 		defer tick.Stop()

@@ -83,12 +83,8 @@ func startSlowLab(t testing.TB, l link) *slowLab {
 	}
 	s := &slowLab{master: lab.Node("master"), d: lab.Node("d")}
 	replica := lab.Node("replica")
-	server := func(n *netsplit.Node, extra ...string) *netsplit.Proc {
-		return n.Start(redisBin, append([]string{"--port", "6379", "--bind", n.IP + " 127.0.0.1", "--protected-mode", "no",
-			"--save", "", "--appendonly", "no", "--dir", t.TempDir()}, extra...)...)
-	}
-	s.redis = server(s.master)
-	server(replica, "--replicaof", s.master.IP, "6379")
+	s.redis = startRedis(t, s.master, redisBin)
+	startRedis(t, replica, redisBin, "--replicaof", s.master.IP, "6379")
 	if err := wait.Until(30*time.Second, func() error {
 		out, err := s.master.Command("redis-cli", "info", "replication").Output()
 		if err != nil || !strings.Contains(string(out), "connected_slaves:1") {
@@ -167,7 +163,6 @@ func runSlow(t testing.TB, s *slowLab, clients int, d time.Duration) slowRun {
 	for n, v := range cpuTo {
 		r.cpu[n] = v - cpuFrom[n]
 	}
-	var calls []lintest.Call
 	var took []time.Duration
 	b, err := os.ReadFile(histories[0])
 	if err != nil {
@@ -178,7 +173,6 @@ func runSlow(t testing.TB, s *slowLab, clients int, d time.Duration) slowRun {
 		if err := json.Unmarshal([]byte(line), &c); err != nil {
 			t.Fatalf("%s: %v", histories[0], err)
 		}
-		calls = append(calls, c)
 		if c.Start < from || c.End > to {
 			continue
 		}
@@ -198,24 +192,15 @@ func runSlow(t testing.TB, s *slowLab, clients int, d time.Duration) slowRun {
 	if len(took) > 0 {
 		r.p50, r.p99 = took[len(took)/2], took[len(took)*99/100]
 	}
-	h, err := lintest.FromCalls(calls)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.history = h.Check(t, strings.ReplaceAll(t.Name(), "/", "-"))
 	res := collect(loads[0].Output())
 	for _, n := range res.acquired {
 		if n > 1 {
 			r.twice++
 		}
 	}
-	check := helper(s.d, "verify")
-	check.Stdin = strings.NewReader(strings.Join(res.acked, "\n") + "\n")
-	out, err := check.CombinedOutput()
-	if err != nil {
-		t.Fatalf("verify: %v\n%s", err, out)
-	}
-	r.lost = strings.Count(string(out), "lost ")
+	var looked string
+	r.lost, _, looked = verifyAcked(t, s.d, res.acked)
+	r.history = checkHistories(t, append(histories, looked), true)
 	return r
 }
 
