@@ -81,7 +81,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
 	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
 	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
-	fs.IntVar(&m.Pipelines, "redis-pipelines", redisstore.DefaultPipelines, "how many pipelines of scripts may be in flight to each Redis master at once; the calls that arrive meanwhile go together in the next")
+	fs.IntVar(&m.Pipelines, "redis-pipelines", redisstore.DefaultPipelines, "how many pipelines of scripts may be in flight to each Redis master at once on a fast link (a distant master gets more, up to 8 times as many); the calls that arrive meanwhile go together in the next")
 	fs.StringVar(&m.RecordLayout, "redis-record-layout", "strings", "how Redis records are kept: strings (the layout the previous release reads), lean-ready (strings, and reading lean records too), lean (about half the memory; reads both), lean-only (lean, no longer looking at the earlier keys) or hashes (for releases before the previous); move to lean in that order (docs/operations.md, Upgrading); a new Redis can start at lean-only")
 	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "the same as --redis-record-layout hashes")
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")

@@ -13,6 +13,20 @@ import (
 // DefaultPipelines is Options.Pipelines when it is not set.
 const DefaultPipelines = 2
 
+// On a slow link a lane lets more pipelines go at once: its base number once more for
+// every growthStep of the shortest round trip of its recent pipelines, up to
+// maxGrowth times as many. A call then waits about growthStep/base for a pipeline to
+// leave rather than a whole round trip for one to come back. A Redis on a fast link
+// answers a full pipeline well within growthStep even when busy, so there the lane
+// keeps its base number, and its batches.
+const (
+	growthStep = 10 * time.Millisecond
+	maxGrowth  = 8
+	// floorWindow is how long a lane's shortest round trip is kept: the floor is
+	// the shorter of this window's and the last's.
+	floorWindow = time.Second
+)
+
 // maxBatch bounds the calls one pipeline carries, so that one pipeline's answers do
 // not hold its connection, and Redis's other clients, for long.
 const maxBatch = 128
@@ -29,20 +43,23 @@ var errClosed = errors.New("redis store closed")
 // naturally rather than by a timer. A few pipelines may be in flight at once (slots).
 // A call that finds a slot free goes out at once, alone, from its caller's goroutine;
 // calls that arrive while every slot is taken queue, and a worker takes one, waits for
-// a slot, adds whatever else is queued by then and sends the lot as one pipeline.
+// a slot, adds whatever else is queued by then and sends the lot as one pipeline, and
+// goes back to the queue while it is in flight.
 // Redis then reads, runs and answers many scripts per system call, and go-redis
 // writes and reads them with one system call each way, which is where much of the CPU
 // of a single script went, on both sides.
 //
 // Several slots, rather than one, keep a slow pipeline (a large answer, a WAIT for
-// replicas) from stalling every call behind it. On a Cluster each master has slots,
-// a queue and workers of its own (a lane), so that a master that stops answering
-// holds up only the calls for its own keys, as it did when every call went alone.
-// A lane unused for a while (laneIdle to twice that) is retired and its workers stop;
-// the next call for its master starts a new one.
+// replicas) from stalling every call behind it. A lane whose every pipeline takes
+// long, because its master is far, has more slots (growthStep). On a Cluster each
+// master has slots, a queue and a worker of its own (a lane), so that a master that
+// stops answering holds up only the calls for its own keys, as it did when every call
+// went alone. A lane unused for a while (laneIdle to twice that) is retired and its
+// worker stops; the next call for its master starts a new one.
 type pipeliner struct {
-	client  Client
-	workers int
+	client Client
+	// base is how many pipelines a lane has in flight at once on a fast link.
+	base int
 	// acks, when positive, makes every write wait for that many replicas, at most
 	// ackTimeout (see sendReplicated).
 	acks       int
@@ -61,16 +78,27 @@ type pipeliner struct {
 	sweeping bool
 }
 
-// lane is the queue and the slots of the calls for one master.
+// lane is the queue and the slots of the calls for one master, and one worker.
 type lane struct {
 	queue chan *call
-	slots chan struct{}
+	// handed passes a slot to the worker that waits for one (waiting), as a
+	// pipeline lands or the lane's slots grow; no call going alone can take it first.
+	handed chan struct{}
+	// mu guards the slots, how many are taken, whether the worker waits, and the
+	// shortest round trip of the lane's recent pipelines: of this window (cur, since
+	// window) and of the last (prev).
+	mu        sync.Mutex
+	slots     int
+	flying    int
+	waiting   bool
+	window    time.Time
+	cur, prev time.Duration
 	// pending counts the calls queued or taken by a worker that waits for a slot.
 	pending atomic.Int64
 	// used is set by every call and cleared by each sweep; a sweep that finds it
 	// clear, with nothing queued or in flight, retires the lane.
 	used atomic.Bool
-	// retired is closed when the lane leaves lanes; its workers then return.
+	// retired is closed when the lane leaves lanes; its worker then returns.
 	retired chan struct{}
 }
 
@@ -92,11 +120,11 @@ func (c *call) finish(val any, err error) {
 }
 
 func newPipeliner(client Client, opts Options) *pipeliner {
-	workers := opts.Pipelines
-	if workers <= 0 {
-		workers = DefaultPipelines
+	base := opts.Pipelines
+	if base <= 0 {
+		base = DefaultPipelines
 	}
-	return &pipeliner{client: client, workers: workers, lanes: make(map[string]*lane), quit: make(chan struct{}),
+	return &pipeliner{client: client, base: base, lanes: make(map[string]*lane), quit: make(chan struct{}),
 		acks: opts.ReplicaAcks, ackTimeout: opts.ReplicaTimeout, laneIdle: DefaultLaneIdle}
 }
 
@@ -131,17 +159,15 @@ func (p *pipeliner) do(ctx context.Context, script script, keys []string, args [
 	if !l.used.Load() {
 		l.used.Store(true)
 	}
-	select {
-	case l.slots <- struct{}{}:
+	if p.fly(l) {
 		// Alone, the call runs on its own context, as a script run directly would;
 		// Close waits for it.
 		p.wg.Add(1)
 		p.mu.RUnlock()
-		p.send([]*call{c}, true)
-		<-l.slots
+		p.send(l, []*call{c}, true)
+		l.land()
 		p.wg.Done()
 		return c.val, c.err
-	default:
 	}
 	l.pending.Add(1)
 	select {
@@ -172,13 +198,11 @@ func (p *pipeliner) startLane(addr string) {
 	if p.lanes[addr] != nil || p.closed {
 		return
 	}
-	l := &lane{queue: make(chan *call, 4*maxBatch), slots: make(chan struct{}, p.workers), retired: make(chan struct{})}
+	l := &lane{queue: make(chan *call, 4*maxBatch), handed: make(chan struct{}, 1), slots: p.base, retired: make(chan struct{})}
 	l.used.Store(true)
 	p.lanes[addr] = l
-	p.wg.Add(p.workers)
-	for range p.workers {
-		go p.work(l)
-	}
+	p.wg.Add(1)
+	go p.work(l)
 	if !p.sweeping {
 		p.sweeping = true
 		p.wg.Add(1)
@@ -204,7 +228,7 @@ func (p *pipeliner) sweep() {
 				l.used.Store(false)
 				continue
 			}
-			if l.pending.Load() == 0 && len(l.slots) == 0 {
+			if l.pending.Load() == 0 && l.idle() {
 				delete(p.lanes, addr)
 				close(l.retired)
 			}
@@ -232,7 +256,7 @@ func (p *pipeliner) queued() int {
 }
 
 // close answers errClosed to every call still queued and returns once the workers
-// have exited; the pipelines they have in flight get their answers.
+// have exited and the pipelines in flight have their answers.
 func (p *pipeliner) close() {
 	p.mu.Lock()
 	if p.closed {
@@ -260,46 +284,154 @@ func (p *pipeliner) close() {
 
 func (p *pipeliner) work(l *lane) {
 	defer p.wg.Done()
-	batch := make([]*call, 0, maxBatch)
 	for {
+		var first *call
 		select {
-		case c := <-l.queue:
-			batch = append(batch[:0], c)
+		case first = <-l.queue:
 		case <-p.quit:
 			return
 		case <-l.retired:
 			return
 		}
-		select {
-		case l.slots <- struct{}{}:
-		case <-p.quit:
-			l.pending.Add(-1)
-			batch[0].finish(nil, errClosed)
-			return
-		}
-	drain:
-		for len(batch) < maxBatch {
+		if !l.takeOrWait() {
 			select {
-			case c := <-l.queue:
-				batch = append(batch, c)
-			default:
-				break drain
+			case <-l.handed:
+			case <-p.quit:
+				l.pending.Add(-1)
+				first.finish(nil, errClosed)
+				return
 			}
 		}
-		l.pending.Add(-int64(len(batch)))
+		batch := drain(l, first)
 		select {
 		case <-p.quit:
 			for _, c := range batch {
 				c.finish(nil, errClosed)
 			}
-			<-l.slots
+			l.land()
 			return
 		default:
 		}
-		p.send(batch, false)
-		<-l.slots
-		clear(batch)
+		// The worker is counted in wg until it returns, so this Add cannot race
+		// Close's Wait. The pipeline's goroutine keeps its slot for the calls queued
+		// by the time its answers come, as long as there are some.
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for batch != nil {
+				p.send(l, batch, false)
+				batch = p.more(l)
+			}
+			l.land()
+		}()
 	}
+}
+
+// drain makes a pipeline of first and the calls queued behind it.
+func drain(l *lane, first *call) []*call {
+	batch := make([]*call, 1, maxBatch)
+	batch[0] = first
+	for len(batch) < maxBatch {
+		select {
+		case c := <-l.queue:
+			batch = append(batch, c)
+		default:
+			l.pending.Add(-int64(len(batch)))
+			return batch
+		}
+	}
+	l.pending.Add(-int64(len(batch)))
+	return batch
+}
+
+// more is the next pipeline of queued calls for a slot that has just come back, or
+// nil when none is queued, when the worker waits for a slot (it holds the oldest
+// call) or when the store is closing.
+func (p *pipeliner) more(l *lane) []*call {
+	select {
+	case <-p.quit:
+		return nil
+	default:
+	}
+	l.mu.Lock()
+	waiting := l.waiting
+	l.mu.Unlock()
+	if waiting {
+		return nil
+	}
+	select {
+	case c := <-l.queue:
+		return drain(l, c)
+	default:
+		return nil
+	}
+}
+
+// fly takes one of l's slots for a call going alone, if one is free and the worker
+// does not wait for it.
+func (p *pipeliner) fly(l *lane) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.flying < l.slots && !l.waiting {
+		l.flying++
+		return true
+	}
+	return false
+}
+
+// takeOrWait takes a slot for the worker if one is free; if not, the next one is
+// handed over on l.handed.
+func (l *lane) takeOrWait() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.flying < l.slots {
+		l.flying++
+		return true
+	}
+	l.waiting = true
+	return false
+}
+
+// land gives a slot back, to the worker if it waits for one.
+func (l *lane) land() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.waiting && l.flying-1 < l.slots {
+		l.waiting = false
+		l.handed <- struct{}{} // one at a time: waiting is set again only after a receive
+		return
+	}
+	l.flying--
+}
+
+// idle says whether no pipeline of l is in flight.
+func (l *lane) idle() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.flying == 0
+}
+
+// observe records the round trip of a pipeline that every call of came back from,
+// and sets l's slots from the shortest lately: base, more on a slow link.
+func (p *pipeliner) observe(l *lane, d time.Duration) {
+	l.mu.Lock()
+	now := time.Now()
+	if now.Sub(l.window) > floorWindow {
+		l.prev, l.cur, l.window = l.cur, d, now
+	} else if d < l.cur {
+		l.cur = d
+	}
+	floor := l.cur
+	if l.prev > 0 && l.prev < floor {
+		floor = l.prev
+	}
+	l.slots = p.base * min(max(int((floor+growthStep-1)/growthStep), 1), maxGrowth)
+	if l.waiting && l.flying < l.slots {
+		l.flying++
+		l.waiting = false
+		l.handed <- struct{}{}
+	}
+	l.mu.Unlock()
 }
 
 // send runs batch as one pipeline (go-redis splits a Cluster pipeline by node and
@@ -309,7 +441,7 @@ func (p *pipeliner) work(l *lane) {
 //
 // A call sent alone (own) runs under its caller's context, as a script run directly
 // would: a caller that hangs up stops waiting at once.
-func (p *pipeliner) send(batch []*call, own bool) {
+func (p *pipeliner) send(l *lane, batch []*call, own bool) {
 	live := make([]*call, 0, len(batch))
 	// The pipeline must not fail because one caller left: it runs until the latest
 	// deadline among its calls, or without one if any call has none (the daemon
@@ -351,6 +483,7 @@ func (p *pipeliner) send(batch []*call, own bool) {
 			}
 		}
 	}
+	start := time.Now()
 	if len(plain) > 0 {
 		if retry := p.exec(ctx, plain, false); len(retry) > 0 {
 			p.exec(ctx, retry, true)
@@ -359,6 +492,14 @@ func (p *pipeliner) send(batch []*call, own bool) {
 	if len(replicated) > 0 {
 		p.sendReplicated(ctx, replicated)
 	}
+	// Only a pipeline that came back whole tells the link's round trip: one that ran
+	// into a deadline or a missing replica's WAIT timeout says nothing of it.
+	for _, c := range live {
+		if c.err != nil {
+			return
+		}
+	}
+	p.observe(l, time.Since(start))
 }
 
 // exec sends calls as one pipeline, EVALSHA or (full) EVAL, answers every call, and

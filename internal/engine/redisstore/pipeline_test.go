@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/netsplit"
 	"github.com/idemd/idemd/internal/testredis"
 	"github.com/idemd/idemd/internal/wait"
 )
@@ -33,6 +35,8 @@ type gate struct {
 	noScript    int // EVALSHA in pipelines answered NOSCRIPT
 	waits       int // WAIT in pipelines
 	single      int // scripts sent alone
+	flying      int // pipelines past the gate and not yet answered
+	mostFlying  int // the most there were at once
 }
 
 func newGate() *gate { return &gate{open: make(chan struct{})} }
@@ -67,10 +71,13 @@ func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Process
 		g.mu.Lock()
 		g.held--
 		g.heldScripts -= len(cmds)
+		g.flying++
+		g.mostFlying = max(g.mostFlying, g.flying)
 		g.mu.Unlock()
 		err := next(ctx, cmds)
 		g.mu.Lock()
 		defer g.mu.Unlock()
+		g.flying--
 		for _, cmd := range cmds {
 			switch cmd.Name() {
 			case "evalsha":
@@ -99,7 +106,7 @@ func (g *gate) counts() gate {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return gate{pipelines: g.pipelines, evalsha: g.evalsha, eval: g.eval, noScript: g.noScript, waits: g.waits, single: g.single,
-		held: g.held, heldScripts: g.heldScripts}
+		held: g.held, heldScripts: g.heldScripts, mostFlying: g.mostFlying}
 }
 
 // gatedStore opens a store on srv with that many pipelines whose client passes
@@ -111,7 +118,12 @@ func gatedStore(t *testing.T, srv *testredis.Server, pipelines int) (*redisstore
 
 func gatedStoreWith(t *testing.T, srv *testredis.Server, opts redisstore.Options) (*redisstore.Store, *gate) {
 	t.Helper()
-	universal, err := redisstore.NewClient(srv.URL())
+	return gatedStoreAt(t, srv.URL(), opts)
+}
+
+func gatedStoreAt(t *testing.T, url string, opts redisstore.Options) (*redisstore.Store, *gate) {
+	t.Helper()
+	universal, err := redisstore.NewClient(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,9 +206,9 @@ func TestPipelining(t *testing.T) {
 		}
 	}
 	c := g.counts()
-	// The held pipelines, then one or two (both workers may drain at once) with the
-	// calls queued meanwhile. The fresh Redis knows no script yet: some calls
-	// answer NOSCRIPT and go again with EVAL.
+	// The held pipelines, then the worker's with every call queued meanwhile. The
+	// fresh Redis knows no script yet: some calls answer NOSCRIPT and go again with
+	// EVAL.
 	if c.pipelines > 4 || c.evalsha != calls || c.single != 0 || c.eval != c.noScript {
 		t.Fatalf("%d claims went out in %d pipelines (%d scripts in them, %d alone; %d NOSCRIPT, %d EVAL), want at most 4 pipelines carrying all",
 			calls, c.pipelines, c.evalsha, c.single, c.noScript, c.eval)
@@ -393,5 +405,44 @@ func TestPipelineLanesRetireUnderLoad(t *testing.T) {
 		if round%2 == 0 {
 			wait.For(t, 30*time.Second, "the unused lane retired", func() bool { return s.Lanes() == 0 })
 		}
+	}
+}
+
+// TestPipelinesGrowOnASlowLink: when every pipeline takes long, as on a link to a
+// distant Redis, more of them go at once, so that a call does not wait a round trip
+// for a pipeline to come back before it can leave.
+func TestPipelinesGrowOnASlowLink(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	relayed := make(chan error, 1)
+	go func() { relayed <- netsplit.Relay(ctx, ln, srv.Addr(), 25*time.Millisecond, 0) }()
+	// Registered first, so run after the store's cleanup: the relay outlives the
+	// pipelines in it.
+	t.Cleanup(func() {
+		stop()
+		if err := <-relayed; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	s, g := gatedStoreAt(t, "redis://"+ln.Addr().String(), redisstore.Options{Pipelines: 2})
+	close(g.open)
+	// A few round trips alone show the store how long the link is.
+	for i := range 5 {
+		if err := answer(t, claimAll(t.Context(), s, fmt.Sprintf("alone-%d", i), 1), "a claim")[0]; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, err := range answer(t, claimAll(t.Context(), s, "together", 32), "the claims") {
+		if err != nil {
+			t.Errorf("claim %d: %v", i, err)
+		}
+	}
+	if c := g.counts(); c.mostFlying <= 2 {
+		t.Fatalf("at most %d pipelines were in flight at once over a 50 ms round trip, want more than the 2 of a fast link", c.mostFlying)
 	}
 }

@@ -22,7 +22,9 @@ type Options struct {
 	// Pipelines is how many pipelines may be in flight at once to each master
 	// (DefaultPipelines when zero): a call that finds fewer goes out at once, alone;
 	// calls that arrive while all are in flight wait and go out together in the next
-	// one.
+	// one. A master whose pipelines all take long (a shortest round trip past 10 ms
+	// lately, a distant Redis) gets once as many more for every 10 ms, up to eight
+	// times as many.
 	Pipelines int
 	// The store writes records as strings at the keys of earlier releases by default,
 	// as the release before this one does, which sees no other layout, and reads
