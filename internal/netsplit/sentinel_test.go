@@ -41,7 +41,11 @@ func TestMain(m *testing.M) {
 	case "relay":
 		os.Exit(relay())
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
 }
 
 // load runs claim-and-complete cycles on the keys NETSPLIT_PREFIX-0, -1, ... from
@@ -67,8 +71,9 @@ func load() int {
 	defer cancel()
 	stop, cancelTimeout := context.WithTimeout(stop, 10*time.Minute)
 	defer cancelTimeout()
-	// Longer than the daemon's store timeout, so that its 503 arrives.
-	client := &http.Client{Timeout: 10 * time.Second}
+	// Longer than the daemon's store timeout, so that its 503 arrives; a connection
+	// kept for each client.
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: clients}}
 	var mu sync.Mutex
 	var next int
 	// Each line is written as it happens: the test reads the output as the load runs.
@@ -169,7 +174,7 @@ func monotonic() int64 {
 }
 
 // verify reads "KEY BODY" lines and prints "lost KEY WHY" for each key whose record is
-// not completed with that body, through the idemd on its node's loopback, 16 lookups
+// not completed with that body, through the idemd on its node's loopback, 128 lookups
 // at a time. It records the lookups in NETSPLIT_HISTORY as load does, so that
 // porcupine sees what was lost too.
 func verify() int {
@@ -190,7 +195,7 @@ func verify() int {
 	}
 	lines := make(chan string)
 	var wg sync.WaitGroup
-	for i := range 16 {
+	for i := range 128 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -285,11 +290,15 @@ func post(ctx context.Context, c *http.Client, u string, body map[string]any) (i
 	return res.StatusCode, out
 }
 
+// binDir holds the idemd that idemdBin builds; TestMain removes it.
+var binDir string
+
 var idemdBin = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "idemd-netsplit-")
 	if err != nil {
 		return "", err
 	}
+	binDir = dir
 	bin := filepath.Join(dir, "idemd")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/idemd/idemd/cmd/idemd").CombinedOutput(); err != nil {
 		return "", fmt.Errorf("go build: %v\n%s", err, out)
