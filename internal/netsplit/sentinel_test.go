@@ -62,7 +62,7 @@ func load() int {
 	me := os.Getenv("NETSPLIT_NAME")
 	clients, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENTS"))
 	clientBase, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENT_BASE"))
-	history, err := os.Create(os.Getenv("NETSPLIT_HISTORY"))
+	history, err := newRecorder()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -82,13 +82,7 @@ func load() int {
 		defer mu.Unlock()
 		fmt.Fprintf(os.Stdout, format+"\n", args...)
 	}
-	calls := bufio.NewWriter(history)
-	enc := json.NewEncoder(calls)
-	record := func(c lintest.Call) {
-		mu.Lock()
-		defer mu.Unlock()
-		_ = enc.Encode(c)
-	}
+	record := history.record
 	var wg sync.WaitGroup
 	for i := range clients {
 		wg.Add(1)
@@ -152,15 +146,41 @@ func load() int {
 		}()
 	}
 	wg.Wait()
-	if err := calls.Flush(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := history.Close(); err != nil {
+	if err := history.close(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 0
+}
+
+// recorder writes calls to NETSPLIT_HISTORY as JSON lines, for any goroutine.
+type recorder struct {
+	mu  sync.Mutex
+	f   *os.File
+	w   *bufio.Writer
+	enc *json.Encoder
+}
+
+func newRecorder() (*recorder, error) {
+	f, err := os.Create(os.Getenv("NETSPLIT_HISTORY"))
+	if err != nil {
+		return nil, err
+	}
+	w := bufio.NewWriter(f)
+	return &recorder{f: f, w: w, enc: json.NewEncoder(w)}, nil
+}
+
+func (r *recorder) record(c lintest.Call) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_ = r.enc.Encode(c)
+}
+
+func (r *recorder) close() error {
+	if err := r.w.Flush(); err != nil {
+		return err
+	}
+	return r.f.Close()
 }
 
 // monotonic is CLOCK_MONOTONIC in nanoseconds: one clock for the processes of every
@@ -180,13 +200,11 @@ func monotonic() int64 {
 func verify() int {
 	client := &http.Client{Timeout: 5 * time.Second}
 	clientBase, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENT_BASE"))
-	history, err := os.Create(os.Getenv("NETSPLIT_HISTORY"))
+	history, err := newRecorder()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	calls := bufio.NewWriter(history)
-	enc := json.NewEncoder(calls)
 	var mu sync.Mutex
 	lost := func(format string, args ...any) {
 		mu.Lock()
@@ -220,9 +238,7 @@ func verify() int {
 				case res != nil && res.StatusCode == 404:
 					call.Out = lintest.OutNotFound
 				}
-				mu.Lock()
-				_ = enc.Encode(call)
-				mu.Unlock()
+				history.record(call)
 				switch {
 				case err != nil:
 					lost("%s %v", key, err)
@@ -242,11 +258,7 @@ func verify() int {
 	}
 	close(lines)
 	wg.Wait()
-	if err := calls.Flush(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	if err := history.Close(); err != nil {
+	if err := history.close(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -645,40 +657,50 @@ func TestSentinelMasterIsolated(t *testing.T) {
 	for _, acks := range []int{1, 0} {
 		t.Run(fmt.Sprintf("replica acks %d", acks), func(t *testing.T) {
 			s := startSentinelLab(t, acks)
-			_, twice, _, _ := run(t, acks, s.d1, s.d2, func() outcome {
-				split := time.Now()
-				s.lab.Partition(s.master, s.d1)
-				if err := wait.Until(30*time.Second, func() error {
-					for _, n := range s.sentinels {
-						if got := first(n, "-p", "26379", "sentinel", "get-master-addr-by-name", "idemd"); got != s.replica.IP {
-							return fmt.Errorf("%s gives %q as the master", n.Name, got)
-						}
+			promoted := func() error {
+				for _, n := range s.sentinels {
+					if got := first(n, "-p", "26379", "sentinel", "get-master-addr-by-name", "idemd"); got != s.replica.IP {
+						return fmt.Errorf("%s gives %q as the master", n.Name, got)
 					}
-					return nil
-				}); err != nil {
-					t.Fatalf("no failover: %v", err)
 				}
-				failedOver := time.Now()
-				// The old master keeps taking d1's writes for a while on its side.
-				hold := time.NewTimer(3 * time.Second)
-				<-hold.C
-				s.lab.Heal()
-				healed := time.Now()
-				if err := wait.Until(60*time.Second, func() error {
-					if r := first(s.master, "-p", "6379", "role"); r != "slave" {
-						return fmt.Errorf("the old master is %q", r)
-					}
-					return nil
-				}); err != nil {
-					t.Fatalf("the old master was not demoted: %v", err)
-				}
-				return outcome{split, healed, fmt.Sprintf("failover %s after the split, the old master demoted %s after the heal",
-					failedOver.Sub(split).Round(10*time.Millisecond), time.Since(healed).Round(10*time.Millisecond))}
-			})
-			if acks > 0 && twice > 0 {
-				t.Errorf("with replica acknowledgements, %d keys were acquired twice", twice)
+				return nil
 			}
+			demoted := func() error {
+				if r := first(s.master, "-p", "6379", "role"); r != "slave" {
+					return fmt.Errorf("the old master is %q", r)
+				}
+				return nil
+			}
+			isolateMaster(t, acks, s.lab, s.master, s.d1, s.d2, promoted, demoted)
 		})
+	}
+}
+
+// isolateMaster is the scenario of a master split off with daemon d1: it splits them
+// from the rest, waits until promoted says the majority has failed over, lets the old
+// master take d1's writes for 3 s on its side, heals, and waits until demoted says the
+// old master follows the new one. With replica acknowledgements no key may be acquired
+// twice.
+func isolateMaster(t *testing.T, acks int, lab *netsplit.Lab, master, d1, d2 *netsplit.Node, promoted, demoted func() error) {
+	_, twice, _, _ := run(t, acks, d1, d2, func() outcome {
+		split := time.Now()
+		lab.Partition(master, d1)
+		if err := wait.Until(30*time.Second, promoted); err != nil {
+			t.Fatalf("no failover: %v", err)
+		}
+		failedOver := time.Now()
+		hold := time.NewTimer(3 * time.Second)
+		<-hold.C
+		lab.Heal()
+		healed := time.Now()
+		if err := wait.Until(60*time.Second, demoted); err != nil {
+			t.Fatalf("the old master does not follow the new one: %v", err)
+		}
+		return outcome{split, healed, fmt.Sprintf("failover %s after the split, the old master following %s after the heal",
+			failedOver.Sub(split).Round(10*time.Millisecond), time.Since(healed).Round(10*time.Millisecond))}
+	})
+	if acks > 0 && twice > 0 {
+		t.Errorf("with replica acknowledgements, %d keys were acquired twice", twice)
 	}
 }
 

@@ -121,8 +121,8 @@ type slowRun struct {
 	lost, twice                           int
 }
 
-// runSlow runs clients claim-and-complete clients through the daemon for the given
-// time, then checks the history and every acknowledged completion.
+// runSlow runs claim-and-complete cycles from that many clients through the daemon for
+// d, then checks the history and every acknowledged completion.
 func runSlow(t testing.TB, s *slowLab, clients int, d time.Duration) slowRun {
 	loads, histories := startLoads(t, clients, s.d)
 	procs := map[string]*netsplit.Proc{"idemd": s.idemd, "redis": s.redis, "relay": s.relay, "load": loads[0]}
