@@ -404,6 +404,14 @@ func (l *lane) land() {
 	l.flying--
 }
 
+// floor is the shortest round trip of l's recent pipelines; l.mu must be held.
+func (l *lane) floor() time.Duration {
+	if l.prev > 0 && l.prev < l.cur {
+		return l.prev
+	}
+	return l.cur
+}
+
 // idle says whether no pipeline of l is in flight.
 func (l *lane) idle() bool {
 	l.mu.Lock()
@@ -421,10 +429,7 @@ func (p *pipeliner) observe(l *lane, d time.Duration) {
 	} else if d < l.cur {
 		l.cur = d
 	}
-	floor := l.cur
-	if l.prev > 0 && l.prev < floor {
-		floor = l.prev
-	}
+	floor := l.floor()
 	l.slots = p.base * min(max(int((floor+growthStep-1)/growthStep), 1), maxGrowth)
 	if l.waiting && l.flying < l.slots {
 		l.flying++

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemd/idemd/internal/engine"
@@ -444,5 +445,24 @@ func TestPipelinesGrowOnASlowLink(t *testing.T) {
 	}
 	if c := g.counts(); c.mostFlying <= 2 {
 		t.Fatalf("at most %d pipelines were in flight at once over a 50 ms round trip, want more than the 2 of a fast link", c.mostFlying)
+	}
+	// The metrics show it: more slots, and the round trip they come from.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(s)
+	got := map[string]float64{}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			if l := m.GetLabel(); len(l) != 1 || l[0].GetName() != "master" || l[0].GetValue() != ln.Addr().String() {
+				t.Errorf("%s is labelled %v, want master=%s", f.GetName(), l, ln.Addr())
+			}
+			got[f.GetName()] = m.GetGauge().GetValue()
+		}
+	}
+	if got["idemd_redis_pipeline_slots"] <= 2 || got["idemd_redis_round_trip_seconds"] < 0.05 || got["idemd_redis_queued_calls"] != 0 {
+		t.Fatalf("metrics %v, want more than 2 slots, a round trip of 50 ms or more and no call queued", got)
 	}
 }
