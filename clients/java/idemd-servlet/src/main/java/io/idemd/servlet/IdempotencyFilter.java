@@ -59,6 +59,21 @@ public final class IdempotencyFilter implements Filter {
   /** The request attribute holding the {@link Lease} a handler runs under. */
   public static final String LEASE_ATTRIBUTE = "idemd.lease";
 
+  /** The methods the filter guards unless told otherwise. */
+  public static final List<String> DEFAULT_METHODS = List.of("POST", "PATCH");
+
+  /** The lease a claim takes unless told otherwise. */
+  public static final Duration DEFAULT_LEASE = Duration.ofSeconds(30);
+
+  /** The response headers stored and replayed unless told otherwise. */
+  public static final List<String> DEFAULT_STORED_HEADERS = List.of("content-type", "location");
+
+  /** The largest request body the filter reads unless told otherwise. */
+  public static final int DEFAULT_MAX_BODY_BYTES = 10 << 20;
+
+  /** The largest response the filter stores unless told otherwise. */
+  public static final int DEFAULT_MAX_STORED_BYTES = 1 << 20;
+
   // P2: never stored, and refused at construction if listed.
   private static final Set<String> NEVER_STORED =
       Set.of(
@@ -484,13 +499,13 @@ public final class IdempotencyFilter implements Filter {
   public static final class Builder {
     private final IdemClient client;
     private Function<HttpServletRequest, String> scope;
-    private Set<String> methods = Set.of("POST", "PATCH");
+    private Set<String> methods = Set.copyOf(DEFAULT_METHODS);
     private boolean requireKey;
     private Duration waitFor = Duration.ZERO;
-    private Duration lease = Duration.ofSeconds(30);
-    private List<String> storedHeaders = List.of("content-type", "location");
-    private int maxBodyBytes = 10 << 20;
-    private int maxStoredBytes = 1 << 20;
+    private Duration lease = DEFAULT_LEASE;
+    private List<String> storedHeaders = DEFAULT_STORED_HEADERS;
+    private int maxBodyBytes = DEFAULT_MAX_BODY_BYTES;
+    private int maxStoredBytes = DEFAULT_MAX_STORED_BYTES;
     private IntPredicate storeStatus = s -> (s >= 200 && s < 400) || s == 402;
     private boolean failOpen;
     private BiConsumer<HttpServletRequest, Incident> onIncident;

@@ -1,5 +1,6 @@
 package io.idemd.spring;
 
+import io.idemd.servlet.IdempotencyFilter;
 import java.time.Duration;
 import java.util.List;
 import org.springframework.boot.context.properties.ConfigurationProperties;
@@ -81,13 +82,13 @@ public class IdemdProperties {
      */
     private String scope;
 
-    private List<String> methods = List.of("POST", "PATCH");
+    private List<String> methods = IdempotencyFilter.DEFAULT_METHODS;
     private boolean requireKey;
     private Duration waitFor = Duration.ZERO;
-    private Duration lease = Duration.ofSeconds(30);
-    private List<String> storedHeaders = List.of("content-type", "location");
-    private int maxBodyBytes = 10 << 20;
-    private int maxStoredBytes = 1 << 20;
+    private Duration lease = IdempotencyFilter.DEFAULT_LEASE;
+    private List<String> storedHeaders = IdempotencyFilter.DEFAULT_STORED_HEADERS;
+    private int maxBodyBytes = IdempotencyFilter.DEFAULT_MAX_BODY_BYTES;
+    private int maxStoredBytes = IdempotencyFilter.DEFAULT_MAX_STORED_BYTES;
     private boolean failOpen;
 
     /** The URL patterns the filter applies to. */
