@@ -124,6 +124,9 @@ type Store struct {
 	pipe     *pipeliner
 	scripts  *scripts
 	opts     Options
+	// lean says whether the scripts may meet lean records (LeanReady, LeanRecords) and
+	// so need the values in the lean layout's form too.
+	lean bool
 }
 
 // New returns a Store over client. The store owns the client and closes it.
@@ -131,7 +134,8 @@ func New(client Client, opts Options) *Store {
 	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
 	}
-	s := &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), scripts: stringScripts, opts: opts}
+	s := &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), scripts: stringScripts, opts: opts,
+		lean: opts.LeanReady || opts.LeanRecords}
 	switch {
 	case opts.HashRecords:
 		s.scripts = hashScripts
@@ -160,11 +164,30 @@ func flag(b bool) string {
 	return ""
 }
 
+// compact is v in the lean layout's form when the scripts may meet lean records. A
+// store that neither writes nor reads them sends v itself, which the scripts compare
+// as they compare v ("" would match a stored empty value).
+func (s *Store) compact(v string) string {
+	if !s.lean {
+		return v
+	}
+	return compact(v)
+}
+
+// packHeaders is h in the lean layout's form when the scripts may meet lean records,
+// and "" otherwise: only a script writing a lean record stores it.
+func (s *Store) packHeaders(h map[string][]string) (string, error) {
+	if !s.lean {
+		return "", nil
+	}
+	return packHeaders(h)
+}
+
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	rep, err := s.run(ctx, s.scripts.claim, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
-		compact(c.Token), compact(c.Fingerprint), compact(c.Secret))
+		s.compact(c.Token), s.compact(c.Fingerprint), s.compact(c.Secret))
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
@@ -190,13 +213,13 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 	if err != nil {
 		return engine.Record{}, err
 	}
-	packed, err := packHeaders(c.Response.Headers)
+	packed, err := s.packHeaders(c.Response.Headers)
 	if err != nil {
 		return engine.Record{}, err
 	}
 	rep, err := s.run(ctx, s.scripts.complete, c.ID,
 		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention),
-		compact(c.LeaseToken), packed)
+		s.compact(c.LeaseToken), packed)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -211,13 +234,13 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 		if headers, err = encodeHeaders(r.Response.Headers); err != nil {
 			return engine.Record{}, err
 		}
-		if packed, err = packHeaders(r.Response.Headers); err != nil {
+		if packed, err = s.packHeaders(r.Response.Headers); err != nil {
 			return engine.Record{}, err
 		}
 		status, body = strconv.Itoa(r.Response.Status), r.Response.Body
 	}
 	rep, err := s.run(ctx, s.scripts.release, r.ID,
-		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), compact(r.LeaseToken), packed)
+		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), s.compact(r.LeaseToken), packed)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -226,7 +249,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
-	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), compact(e.LeaseToken))
+	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), s.compact(e.LeaseToken))
 	if err != nil {
 		return engine.Record{}, err
 	}
