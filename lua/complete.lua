@@ -25,6 +25,8 @@ end
 local xa = now + tonumber(ARGV[5])
 -- The claim secret serves only while the key is pending.
 r.st, r.rs, r.rh, r.rb, r.ua, r.xa, r.cs = 'c', ARGV[2], form(ARGV[3], ARGV[7]), ARGV[4], now, xa, nil
+-- A finished key needs its recovery point no more.
+r.pn, r.pd, r.pa, r.pt = nil, nil, nil, nil
 save(r)
 notify(r, 'c')
 return answer('ok', now, r, false)

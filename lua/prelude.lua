@@ -30,17 +30,23 @@
 --   w   '1' once a claim waited on the record: only then do changes PUBLISH
 --   ca  created, ms   ua  updated, ms   xa  when the record expires, ms
 --   rs  response status   rh  response headers   rb  response body, raw bytes
+--   pn  recovery point's name     pd  its data, raw bytes
+--   pa  the attempt that recorded it                  pt  when, ms (ms after ca in lean)
 -- The key expires at xa.
+-- The recovery point's fields come last in both string layouts, so that a daemon of an
+-- earlier release reads such a record (and drops the point if it writes it).
 --
 -- Every script answers {status, now_ms, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa
--- [, rs, rh, rb]}, each a string or an integer ('' for none). A script reads the record
+-- [, rs, rh, rb [, pn, pd, pa, pt]]}, each a string or an integer ('' for none): the
+-- response when it is replayed or looked up, and the recovery point whenever there is
+-- one. A script reads the record
 -- once (load), writes it at most once (save) and answers from what it read and wrote
 -- (answer): each redis.call inside a script costs about as much as a small command.
 -- Fields are named one by one rather than looped over, and numbers stay numbers: on a
 -- fresh key the loops and the formatting cost Redis as much as the commands.
 local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
 local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
-  'rs', 'rh', 'rb', 'cs', 'w'}
+  'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt'}
 local LEGACY, LEAN = KEYS[1], KEYS[2]
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
 
@@ -80,15 +86,17 @@ local function unpack_legacy()
         r[FIELDS[i]] = vals[i]
       end
     end
+    r.had_point = r.pt ~= nil
     return r
   end
-  local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w =
+  local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt =
     cmsgpack.unpack(v)
   if layout ~= LAYOUT_STRING then
     error('record ' .. LEGACY .. ' has an unknown layout')
   end
   return {legacy = true, k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok,
-    lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w}
+    lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w,
+    pn = pn, pd = pd, pa = pa, pt = pt}
 end
 
 local function unpack_lean()
@@ -96,7 +104,7 @@ local function unpack_lean()
   if not v then
     return {}
   end
-  local layout, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w =
+  local layout, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt =
     cmsgpack.unpack(v)
   if layout ~= LAYOUT_LEAN then
     error('record ' .. LEAN .. ' has an unknown layout')
@@ -104,9 +112,12 @@ local function unpack_lean()
   if lx then
     lx = ca + lx
   end
+  if pt then
+    pt = ca + pt
+  end
   return {lean = true, st = st, fp = fp, ow = ow, at = at, tok = tok, lx = lx,
     rec = rec and '1' or '0', ca = ca, ua = ca + ua, xa = ca + xa, rs = rs, rh = rh, rb = rb,
-    cs = cs, w = w and '1' or nil}
+    cs = cs, w = w and '1' or nil, pn = pn, pd = pd, pa = pa, pt = pt}
 end
 
 -- load returns the record's fields by name; an absent record has none (r.st is nil).
@@ -134,16 +145,19 @@ local function save(r)
     else
       lx = nil
     end
-    local rec, w = nil, nil
+    local rec, w, pt = nil, nil, nil
     if r.rec == '1' then
       rec = 1
     end
     if r.w == '1' then
       w = 1
     end
+    if r.pt then
+      pt = tonumber(r.pt) - ca
+    end
     redis.call('SET', LEAN, cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
       lx, rec, ca, tonumber(r.ua) - ca, tonumber(r.xa) - ca, tonumber(r.rs), r.rh, r.rb, r.cs,
-      w), 'PXAT', r.xa)
+      w, r.pn, r.pd, tonumber(r.pa), pt), 'PXAT', r.xa)
     return
   end
   if r.lean then
@@ -162,14 +176,27 @@ local function save(r)
       end
     end
     redis.call('HSET', LEGACY, unpack(kv))
+    -- HSET leaves the fields it is not given: a dropped recovery point is deleted.
+    if r.had_point and not r.pt then
+      redis.call('HDEL', LEGACY, 'pn', 'pd', 'pa', 'pt')
+    end
     redis.call('PEXPIREAT', LEGACY, r.xa)
     return
   end
   redis.call('SET', LEGACY, cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
-    r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w), 'PXAT', r.xa)
+    r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt), 'PXAT', r.xa)
 end
 
 local function answer(status, now, r, with_response)
+  if r.pt then
+    local rs, rh, rb = '', '', ''
+    if with_response then
+      rs, rh, rb = r.rs or '', r.rh or '', r.rb or ''
+    end
+    return {status, now, r.k or '', r.t or '', r.st or '', r.fp or '', r.ow or '',
+      r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or '',
+      rs, rh, rb, r.pn or '', r.pd or '', r.pa or '', r.pt}
+  end
   if with_response then
     return {status, now, r.k or '', r.t or '', r.st or '', r.fp or '', r.ow or '',
       r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or '',

@@ -28,6 +28,9 @@ if mode == 'retry' then
   r.st, r.lx, r.ua, r.xa, r.cs = 'r', 0, now, xa, nil
 else
   r.st, r.rs, r.rh, r.rb, r.ua, r.xa, r.cs = 'f', ARGV[3], form(ARGV[4], ARGV[8]), ARGV[5], now, xa, nil
+  -- A finished key needs its recovery point no more; a key released for a retry keeps
+  -- it for the next holder.
+  r.pn, r.pd, r.pa, r.pt = nil, nil, nil, nil
 end
 save(r)
 notify(r, st)

@@ -42,6 +42,7 @@ type Main struct {
 	RecordLayout     string
 	RequireNoevict   bool
 	MaxResponseBytes int
+	MaxPointBytes    int
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
 	StoreTimeout     time.Duration
@@ -87,6 +88,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
+	fs.IntVar(&m.MaxPointBytes, "max-recovery-point-bytes", engine.DefaultMaxPointBytes, "largest recovery point's data, bytes; a pending record keeps one")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
 	fs.DurationVar(&m.StoreTimeout, "store-timeout", engine.DefaultStoreTimeout, "bound on each store call; past it the request answers 503 store_unavailable. Keep it under clients' timeouts (the SDK's is 10s)")
@@ -111,6 +113,9 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	m.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	if m.MaxResponseBytes <= 0 {
 		return errors.New("--max-response-bytes must be positive")
+	}
+	if m.MaxPointBytes <= 0 {
+		return errors.New("--max-recovery-point-bytes must be positive")
 	}
 	if m.Retention < engine.MinRetention || m.Retention > engine.MaxRetention {
 		return fmt.Errorf("--retention must be between %s and %s", engine.MinRetention, engine.MaxRetention)
@@ -253,7 +258,7 @@ func (m *Main) Open() (err error) {
 		registry.MustRegister(c)
 	}
 	cfg := server.Config{
-		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes},
+		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes, MaxPointBytes: m.MaxPointBytes},
 		Logger:   m.Logger,
 		Registry: registry,
 		Tracing:  m.Tracing,

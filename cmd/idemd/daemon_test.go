@@ -105,6 +105,7 @@ func TestGracefulShutdown(t *testing.T) {
 func TestFlagsRefuseNonsense(t *testing.T) {
 	for _, args := range [][]string{
 		{"--max-response-bytes", "0"},
+		{"--max-recovery-point-bytes", "0"},
 		{"--retention", "0s"},
 		{"--retention", "800h"},
 		{"--log-level", "loud"},

@@ -121,6 +121,9 @@ type ClaimAcquired struct {
 
 	// Recovered True when this claim took over from a holder whose lease had expired.
 	Recovered bool `json:"recovered"`
+
+	// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
+	RecoveryPoint *RecoveryPoint `json:"recovery_point,omitempty"`
 }
 
 // ClaimAcquiredOutcome defines model for ClaimAcquired.Outcome.
@@ -221,8 +224,11 @@ type KeyRecord struct {
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 
 	// Owner The label the current or last claim gave; it grants nothing.
-	Owner    *string         `json:"owner,omitempty"`
-	Response *StoredResponse `json:"response,omitempty"`
+	Owner *string `json:"owner,omitempty"`
+
+	// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
+	RecoveryPoint *RecoveryPoint  `json:"recovery_point,omitempty"`
+	Response      *StoredResponse `json:"response,omitempty"`
 
 	// State pending, released, completed or failed (an open set: accept others).
 	// released means the key was given back for a retry and is free to claim.
@@ -257,6 +263,31 @@ type Problem struct {
 	Status       int    `json:"status"`
 	Title        string `json:"title"`
 	Type         string `json:"type"`
+}
+
+// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
+type RecoveryPoint struct {
+	// Attempt The attempt whose holder recorded it.
+	Attempt int64 `json:"attempt"`
+
+	// Data The payload as recorded, base64-encoded; absent when empty.
+	Data       *[]byte   `json:"data,omitempty"`
+	Name       string    `json:"name"`
+	RecordedAt time.Time `json:"recorded_at"`
+}
+
+// RecoveryPointRequest defines model for RecoveryPointRequest.
+type RecoveryPointRequest struct {
+	// Data What the next holder needs to resume, base64-encoded; at most the daemon's
+	// --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.
+	Data *[]byte `json:"data,omitempty"`
+
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
+	Key        string `json:"key"`
+	LeaseToken string `json:"lease_token"`
+
+	// Name The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
+	Name string `json:"name"`
 }
 
 // ReleaseRequest defines model for ReleaseRequest.
@@ -314,6 +345,9 @@ type CompleteJSONRequestBody = CompleteRequest
 
 // ExtendJSONRequestBody defines body for Extend for application/json ContentType.
 type ExtendJSONRequestBody = ExtendRequest
+
+// RecordRecoveryPointJSONRequestBody defines body for RecordRecoveryPoint for application/json ContentType.
+type RecordRecoveryPointJSONRequestBody = RecoveryPointRequest
 
 // ReleaseJSONRequestBody defines body for Release for application/json ContentType.
 type ReleaseJSONRequestBody = ReleaseRequest
@@ -434,6 +468,9 @@ type ServerInterface interface {
 	// Lookup Show the record of a key.
 	// (GET /v1/records/{key})
 	Lookup(ctx echo.Context, key string) error
+	// RecordRecoveryPoint Record how far the holder of a key got.
+	// (POST /v1/recovery-point)
+	RecordRecoveryPoint(ctx echo.Context) error
 	// Release Give a claimed key back, for a retry or as a terminal failure.
 	// (POST /v1/release)
 	Release(ctx echo.Context) error
@@ -539,6 +576,15 @@ func (w *ServerInterfaceWrapper) Lookup(ctx echo.Context) error {
 	return err
 }
 
+// RecordRecoveryPoint converts echo context to params.
+func (w *ServerInterfaceWrapper) RecordRecoveryPoint(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.RecordRecoveryPoint(ctx)
+	return err
+}
+
 // Release converts echo context to params.
 func (w *ServerInterfaceWrapper) Release(ctx echo.Context) error {
 	var err error
@@ -599,6 +645,7 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.POST(options.BaseURL+"/v1/complete", wrapper.Complete, options.OperationMiddlewares["complete"]...)
 	router.POST(options.BaseURL+"/v1/release", wrapper.Release, options.OperationMiddlewares["release"]...)
 	router.POST(options.BaseURL+"/v1/extend", wrapper.Extend, options.OperationMiddlewares["extend"]...)
+	router.POST(options.BaseURL+"/v1/recovery-point", wrapper.RecordRecoveryPoint, options.OperationMiddlewares["recordRecoveryPoint"]...)
 	router.POST(options.BaseURL+"/v1/batch", wrapper.Batch, options.OperationMiddlewares["batch"]...)
 	router.DELETE(options.BaseURL+"/v1/records/:key", wrapper.Purge, options.OperationMiddlewares["purge"]...)
 	router.GET(options.BaseURL+"/v1/records/:key", wrapper.Lookup, options.OperationMiddlewares["lookup"]...)

@@ -66,6 +66,7 @@ const (
 	MinSecretBytes      = 22
 	MaxSecretBytes      = 256
 	MaxLeaseTokenBytes  = 256
+	MaxPointNameBytes   = 128
 	MinLease            = 100 * time.Millisecond
 	MaxLease            = time.Hour
 	DefaultLease        = 30 * time.Second
@@ -75,6 +76,10 @@ const (
 	DefaultRetention    = 24 * time.Hour
 	DefaultTenant       = "default"
 )
+
+// DefaultMaxPointBytes bounds a recovery point's data unless the daemon says otherwise:
+// enough for a few ids and a state, small enough that a pending record stays small.
+const DefaultMaxPointBytes = 4096
 
 // ID names a record: a key within a tenant's key space.
 type ID struct {
@@ -123,6 +128,28 @@ type Record struct {
 	ExpiresAt time.Time
 	// Response is set on completed and failed records when the operation asked for it.
 	Response *Response
+	// RecoveryPoint is the last point a holder recorded. It outlives the lease that
+	// recorded it, so that the next holder resumes from it, and goes when the key is
+	// finished.
+	RecoveryPoint *RecoveryPoint
+}
+
+// RecoveryPoint is how far a holder of a key got: a name and what the next holder
+// needs to resume.
+type RecoveryPoint struct {
+	Name string
+	Data []byte
+	// Attempt is the attempt whose holder recorded it.
+	Attempt    int64
+	RecordedAt time.Time
+}
+
+// Mark records a recovery point under a held lease.
+type Mark struct {
+	ID         ID
+	LeaseToken string
+	Name       string
+	Data       []byte
 }
 
 // Caps are what a tenant may store, below the daemon's own limits; a zero field means

@@ -76,6 +76,10 @@ func (m *memStore) Extend(_ context.Context, e engine.Extension) (engine.Record,
 	return m.run(e.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.ExtendStep(cur, e, now) }).Result()
 }
 
+func (m *memStore) Mark(_ context.Context, mk engine.Mark) (engine.Record, error) {
+	return m.run(mk.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.MarkStep(cur, mk, now) }).Result()
+}
+
 func (m *memStore) Lookup(_ context.Context, id engine.ID) (engine.Record, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

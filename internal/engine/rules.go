@@ -140,10 +140,15 @@ func ReleaseStep(cur *Entry, r Release, now time.Time) Step {
 	return finish(cur, StateFailed, r.Response, r.Retention, now)
 }
 
-// finish ends cur's lease in state, keeping resp (if any) for retention from now.
+// finish ends cur's lease in state, keeping resp (if any) for retention from now. A
+// key released for a retry keeps its recovery point for the next holder; a finished
+// key needs it no more.
 func finish(cur *Entry, state State, resp *Response, retention time.Duration, now time.Time) Step {
 	next := *cur
 	next.State, next.Response = state, resp
+	if state != StateReleased {
+		next.RecoveryPoint = nil
+	}
 	next.LeaseExpiresAt, next.UpdatedAt, next.ExpiresAt = time.Time{}, now, now.Add(retention)
 	return Step{Next: next, Write: true}
 }
@@ -160,6 +165,21 @@ func ExtendStep(cur *Entry, e Extension, now time.Time) Step {
 	next := *cur
 	next.LeaseExpiresAt = now.Add(e.Lease)
 	next.ExpiresAt = later(cur.ExpiresAt, next.LeaseExpiresAt)
+	return Step{Next: next, Write: true}
+}
+
+// MarkStep decides a recovery point on cur at now: only the holder of a pending
+// record's current token may record one, and it replaces the one before.
+func MarkStep(cur *Entry, m Mark, now time.Time) Step {
+	if err := held(cur, m.LeaseToken, now); err != nil {
+		return refuse(cur, err)
+	}
+	if cur.State != StatePending {
+		return refuse(cur, ErrLeaseLost)
+	}
+	next := *cur
+	next.RecoveryPoint = &RecoveryPoint{Name: m.Name, Data: m.Data, Attempt: cur.Attempt, RecordedAt: now}
+	next.UpdatedAt = now
 	return Step{Next: next, Write: true}
 }
 

@@ -45,10 +45,12 @@ func TestRules(t *testing.T) {
 			}
 			res, _ := step.ClaimResult()
 			rec, _ := step.Result()
+			r.CheckPoint(t, res, rec, step.Err, after)
 			r.Check(t, tokens, res, rec, step.Err, before, after)
 
 			// What the stores can only approximate, the rules fix to the millisecond.
-			if step.Write && step.Next.State == engine.StatePending {
+			// A recovery point leaves the lease as it was.
+			if step.Write && step.Next.State == engine.StatePending && c.Transition != enginetest.Mark {
 				lease := map[enginetest.Transition]time.Duration{enginetest.Claim: enginetest.Lease, enginetest.Extend: enginetest.ExtendedLease}[c.Transition]
 				if got := step.Next.LeaseExpiresAt; !got.Equal(now.Add(lease)) {
 					t.Errorf("lease runs out at %s, want %s", got, now.Add(lease))
@@ -124,6 +126,8 @@ func apply(cur *engine.Entry, c enginetest.Call, now time.Time) engine.Step {
 		return engine.CompleteStep(cur, c.Completion, now)
 	case enginetest.ReleaseRetry, enginetest.ReleaseFail:
 		return engine.ReleaseStep(cur, c.Release, now)
+	case enginetest.Mark:
+		return engine.MarkStep(cur, c.Mark, now)
 	}
 	return engine.ExtendStep(cur, c.Extension, now)
 }

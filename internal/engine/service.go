@@ -24,6 +24,8 @@ type Store interface {
 	Release(ctx context.Context, r Release) (Record, error)
 	// Extend renews the lease and returns the record as it left it.
 	Extend(ctx context.Context, e Extension) (Record, error)
+	// Mark records a recovery point and returns the record as it left it.
+	Mark(ctx context.Context, m Mark) (Record, error)
 	// Lookup returns the record, or ErrNotFound.
 	Lookup(ctx context.Context, id ID) (Record, error)
 	// Purge deletes the record, or returns ErrNotFound.
@@ -250,6 +252,11 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 // Extend renews a held lease.
 func (s *Service) Extend(ctx context.Context, e Extension) (Record, error) {
 	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Extend(ctx, e) })
+}
+
+// Mark records a recovery point under a held lease.
+func (s *Service) Mark(ctx context.Context, m Mark) (Record, error) {
+	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Mark(ctx, m) })
 }
 
 // Lookup returns a record.

@@ -34,6 +34,7 @@ var routeScopes = map[string]auth.Scope{
 	"POST /v1/complete":       auth.ScopeUse,
 	"POST /v1/release":        auth.ScopeUse,
 	"POST /v1/extend":         auth.ScopeUse,
+	"POST /v1/recovery-point": auth.ScopeUse,
 	batchEndpoint:             auth.ScopeUse,
 	"GET /v1/records/:key":    auth.ScopeUse,
 	"DELETE /v1/records/:key": auth.ScopeAdmin,

@@ -28,6 +28,9 @@ type Limits struct {
 	// MaxResponseBytes bounds a stored response: its body plus its header names and
 	// values.
 	MaxResponseBytes int
+	// MaxPointBytes bounds a recovery point's data; zero means
+	// engine.DefaultMaxPointBytes.
+	MaxPointBytes int
 }
 
 // decodeJSON reads a JSON request body into v strictly: the media type must be JSON, the
@@ -293,6 +296,36 @@ func (s *Server) release(tenant string, r api.ReleaseRequest) (engine.Release, e
 	}
 	rel.ID, rel.LeaseToken, rel.Mode = engine.ID{Tenant: tenant, Key: r.Key}, r.LeaseToken, engine.ReleaseMode(r.Mode)
 	return rel, nil
+}
+
+func (s *Server) mark(tenant string, r api.RecoveryPointRequest) (engine.Mark, error) {
+	var m engine.Mark
+	var err error
+	if err = validKey("key", r.Key); err != nil {
+		return m, err
+	}
+	if err = validToken(r.LeaseToken); err != nil {
+		return m, err
+	}
+	switch {
+	case r.Name == "":
+		return m, invalid("name is required: 1 to %d bytes of UTF-8", engine.MaxPointNameBytes)
+	case len(r.Name) > engine.MaxPointNameBytes:
+		return m, invalid("name is %d bytes, over the limit of %d", len(r.Name), engine.MaxPointNameBytes)
+	case !utf8.ValidString(r.Name):
+		return m, invalid("name is not valid UTF-8")
+	}
+	if r.Data != nil {
+		if n := len(*r.Data); n > s.limits.MaxPointBytes {
+			return m, &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
+				detail: fmt.Sprintf("data is %d bytes, over the limit of %d for a recovery point", n, s.limits.MaxPointBytes)}
+		}
+		if len(*r.Data) > 0 {
+			m.Data = *r.Data
+		}
+	}
+	m.ID, m.LeaseToken, m.Name = engine.ID{Tenant: tenant, Key: r.Key}, r.LeaseToken, r.Name
+	return m, nil
 }
 
 func (s *Server) extension(tenant string, r api.ExtendRequest) (engine.Extension, error) {

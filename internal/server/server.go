@@ -28,6 +28,7 @@ type Engine interface {
 	Complete(ctx context.Context, c engine.Completion) (engine.Record, error)
 	Release(ctx context.Context, r engine.Release) (engine.Record, error)
 	Extend(ctx context.Context, e engine.Extension) (engine.Record, error)
+	Mark(ctx context.Context, m engine.Mark) (engine.Record, error)
 	Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
@@ -80,6 +81,9 @@ type Server struct {
 func New(eng Engine, cfg Config) *Server {
 	if cfg.Limits.MaxResponseBytes <= 0 {
 		cfg.Limits.MaxResponseBytes = 1 << 20
+	}
+	if cfg.Limits.MaxPointBytes <= 0 {
+		cfg.Limits.MaxPointBytes = engine.DefaultMaxPointBytes
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -199,7 +203,8 @@ func (s *Server) claim(c echo.Context, req engine.ClaimRequest) (answer, error) 
 		}
 		return answer{http.StatusCreated, string(res.Outcome), api.ClaimAcquired{
 			Outcome: api.ClaimAcquiredOutcome(res.Outcome), LeaseToken: rec.LeaseToken, LeaseExpiresAt: rec.LeaseExpiresAt,
-			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt}}, nil
+			Attempt: rec.Attempt, Recovered: rec.Recovered, ExpiresAt: rec.ExpiresAt,
+			RecoveryPoint: apiPoint(rec.RecoveryPoint)}}, nil
 	}
 	return answer{http.StatusOK, string(res.Outcome), api.ClaimFinished{
 		Outcome: api.ClaimFinishedOutcome(res.Outcome), Attempt: rec.Attempt,
@@ -286,6 +291,23 @@ func (s *Server) extend(c echo.Context, req engine.Extension) (answer, error) {
 	return answer{http.StatusOK, "ok", api.LeaseExtended{LeaseExpiresAt: rec.LeaseExpiresAt, ExpiresAt: rec.ExpiresAt}}, nil
 }
 
+// RecordRecoveryPoint implements POST /v1/recovery-point.
+func (s *Server) RecordRecoveryPoint(c echo.Context) error {
+	var body api.RecoveryPointRequest
+	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
+		return err
+	}
+	req, err := s.mark(tenant(c), body)
+	if err != nil {
+		return err
+	}
+	rec, err := s.engine.Mark(c.Request().Context(), req)
+	if err != nil {
+		return err
+	}
+	return s.reply(c, answer{http.StatusOK, "ok", apiRecord(rec)})
+}
+
 // Lookup implements GET /v1/records/{key}.
 func (s *Server) Lookup(c echo.Context, key string) error {
 	if err := validKey("key (path)", key); err != nil {
@@ -346,6 +368,17 @@ func apiResponse(r *engine.Response) *api.StoredResponse {
 	return out
 }
 
+func apiPoint(p *engine.RecoveryPoint) *api.RecoveryPoint {
+	if p == nil {
+		return nil
+	}
+	out := &api.RecoveryPoint{Name: p.Name, Attempt: p.Attempt, RecordedAt: p.RecordedAt}
+	if len(p.Data) > 0 {
+		out.Data = &p.Data
+	}
+	return out
+}
+
 func apiRecord(r engine.Record) api.KeyRecord {
 	out := api.KeyRecord{
 		Key:       r.ID.Key,
@@ -355,6 +388,8 @@ func apiRecord(r engine.Record) api.KeyRecord {
 		UpdatedAt: r.UpdatedAt,
 		ExpiresAt: r.ExpiresAt,
 		Response:  apiResponse(r.Response),
+
+		RecoveryPoint: apiPoint(r.RecoveryPoint),
 	}
 	if r.Fingerprint != "" {
 		out.Fingerprint = &r.Fingerprint

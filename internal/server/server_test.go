@@ -389,6 +389,11 @@ func testBadInputChangesNothing(t *testing.T, d *daemon) {
 		{"release: bad mode", "/v1/release", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `","mode":"later"}`, 400, "invalid_request", "mode"},
 		{"release: retry with a response", "/v1/release", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `","mode":"retry","response":{"status":500}}`, 400, "invalid_request", "response"},
 		{"extend: missing lease_ms", "/v1/extend", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `"}`, 400, "invalid_request", "lease_ms"},
+		{"recovery point: missing name", "/v1/recovery-point", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `"}`, 400, "invalid_request", "name"},
+		{"recovery point: name too long", "/v1/recovery-point", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `","name":"` + strings.Repeat("n", 129) + `"}`, 400, "invalid_request", "name"},
+		{"recovery point: invalid base64", "/v1/recovery-point", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `","name":"charged","data":"%%%"}`, 400, "invalid_request", "data"},
+		{"recovery point: data over the limit", "/v1/recovery-point", "application/json", `{"key":"` + key + `","lease_token":"` + tok + `","name":"charged","data":"` + base64.StdEncoding.EncodeToString(make([]byte, engine.DefaultMaxPointBytes+1)) + `"}`, 413, "payload_too_large", "data"},
+		{"recovery point: missing token", "/v1/recovery-point", "application/json", `{"key":"` + key + `","name":"charged"}`, 400, "invalid_request", "lease_token"},
 		{"body far over the limit", "/v1/claim", "application/json", `{"key":"` + strings.Repeat("a", 1<<20) + `"}`, 413, "payload_too_large", "bytes"},
 	}
 	for _, tc := range tests {
@@ -435,6 +440,70 @@ func testTakeoverAfterExpiry(t *testing.T, d *daemon) {
 	if c := d.complete(key, a.str("lease_token"), 200, nil); c.status != 200 {
 		t.Fatalf("new holder's complete: %d %s", c.status, c.raw)
 	}
+}
+
+func TestRecoveryPoints(t *testing.T) { forEachStore(t, testRecoveryPoints) }
+
+// testRecoveryPoints follows a recovery point through a key's life: recorded by the
+// holder, shown by lookup, refused to a stale token, handed to the holder that takes
+// the key over and to the one that claims it after a release, and dropped when the key
+// completes.
+func testRecoveryPoints(t *testing.T, d *daemon) {
+	key := freshKey("point")
+	first := d.acquire(key, "lease_ms", 100)
+	point := func(tok, name string, data []byte) answer {
+		return d.post("/v1/recovery-point", map[string]any{"key": key, "lease_token": tok, "name": name,
+			"data": base64.StdEncoding.EncodeToString(data)})
+	}
+	wantPoint := func(what string, body map[string]any, name string, data []byte, attempt int64) {
+		t.Helper()
+		p, _ := body["recovery_point"].(map[string]any)
+		got, _ := base64.StdEncoding.DecodeString(fmt.Sprint(p["data"]))
+		if p == nil || p["name"] != name || !bytes.Equal(got, data) || p["attempt"] != float64(attempt) || p["recorded_at"] == nil {
+			t.Fatalf("%s: recovery point %v, want %q with %q by attempt %d", what, body["recovery_point"], name, data, attempt)
+		}
+	}
+	if a := point(first, "charged", []byte("ch_1\x00")); a.status != 200 {
+		t.Fatalf("recording a recovery point: %d %s", a.status, a.raw)
+	} else {
+		wantPoint("its answer", a.body, "charged", []byte("ch_1\x00"), 1)
+	}
+	wantPoint("lookup", d.lookup(key).body, "charged", []byte("ch_1\x00"), 1)
+
+	var second answer
+	wait.For(t, 10*time.Second, "a claim to take the expired lease over", func() bool {
+		second = d.claim(map[string]any{"key": key, "lease_ms": 60000})
+		return second.status != 409
+	})
+	if second.status != 201 || second.body["recovered"] != true {
+		t.Fatalf("takeover: %d %s", second.status, second.raw)
+	}
+	wantPoint("the takeover's answer", second.body, "charged", []byte("ch_1\x00"), 1)
+	before := d.lookup(key).raw
+	wantProblem(t, point(first, "stale", nil), 409, "lease_lost")
+	if after := d.lookup(key).raw; !bytes.Equal(after, before) {
+		t.Fatalf("a stale token's recovery point changed the record:\nbefore %s\nafter  %s", before, after)
+	}
+
+	tok := second.str("lease_token")
+	if a := point(tok, "published", nil); a.status != 200 {
+		t.Fatalf("recording a second recovery point: %d %s", a.status, a.raw)
+	}
+	if a := d.post("/v1/release", map[string]any{"key": key, "lease_token": tok, "mode": "retry"}); a.status != 200 {
+		t.Fatalf("release: %d %s", a.status, a.raw)
+	}
+	third := d.claim(map[string]any{"key": key})
+	if third.status != 201 || third.body["recovered"] != false || third.num("attempt") != 3 {
+		t.Fatalf("claim after the release: %d %s", third.status, third.raw)
+	}
+	wantPoint("the claim after a release", third.body, "published", nil, 2)
+	if c := d.complete(key, third.str("lease_token"), 200, nil); c.status != 200 {
+		t.Fatalf("complete: %d %s", c.status, c.raw)
+	}
+	if l := d.lookup(key); l.body["recovery_point"] != nil {
+		t.Fatalf("a completed key keeps its recovery point: %s", l.raw)
+	}
+	wantProblem(t, point(third.str("lease_token"), "late", nil), 409, "lease_lost")
 }
 
 func TestWaitForCompletion(t *testing.T) { forEachStore(t, testWaitForCompletion) }

@@ -125,6 +125,9 @@ type ClaimAcquired struct {
 
 	// Recovered True when this claim took over from a holder whose lease had expired.
 	Recovered bool `json:"recovered"`
+
+	// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
+	RecoveryPoint *RecoveryPoint `json:"recovery_point,omitempty"`
 }
 
 // ClaimAcquiredOutcome defines model for ClaimAcquired.Outcome.
@@ -225,8 +228,11 @@ type KeyRecord struct {
 	LeaseExpiresAt *time.Time `json:"lease_expires_at,omitempty"`
 
 	// Owner The label the current or last claim gave; it grants nothing.
-	Owner    *string         `json:"owner,omitempty"`
-	Response *StoredResponse `json:"response,omitempty"`
+	Owner *string `json:"owner,omitempty"`
+
+	// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
+	RecoveryPoint *RecoveryPoint  `json:"recovery_point,omitempty"`
+	Response      *StoredResponse `json:"response,omitempty"`
 
 	// State pending, released, completed or failed (an open set: accept others).
 	// released means the key was given back for a retry and is free to claim.
@@ -261,6 +267,31 @@ type Problem struct {
 	Status       int    `json:"status"`
 	Title        string `json:"title"`
 	Type         string `json:"type"`
+}
+
+// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
+type RecoveryPoint struct {
+	// Attempt The attempt whose holder recorded it.
+	Attempt int64 `json:"attempt"`
+
+	// Data The payload as recorded, base64-encoded; absent when empty.
+	Data       *[]byte   `json:"data,omitempty"`
+	Name       string    `json:"name"`
+	RecordedAt time.Time `json:"recorded_at"`
+}
+
+// RecoveryPointRequest defines model for RecoveryPointRequest.
+type RecoveryPointRequest struct {
+	// Data What the next holder needs to resume, base64-encoded; at most the daemon's
+	// --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.
+	Data *[]byte `json:"data,omitempty"`
+
+	// Key The idempotency key, 1 to 255 bytes of UTF-8.
+	Key        string `json:"key"`
+	LeaseToken string `json:"lease_token"`
+
+	// Name The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
+	Name string `json:"name"`
 }
 
 // ReleaseRequest defines model for ReleaseRequest.
@@ -318,6 +349,9 @@ type CompleteJSONRequestBody = CompleteRequest
 
 // ExtendJSONRequestBody defines body for Extend for application/json ContentType.
 type ExtendJSONRequestBody = ExtendRequest
+
+// RecordRecoveryPointJSONRequestBody defines body for RecordRecoveryPoint for application/json ContentType.
+type RecordRecoveryPointJSONRequestBody = RecoveryPointRequest
 
 // ReleaseJSONRequestBody defines body for Release for application/json ContentType.
 type ReleaseJSONRequestBody = ReleaseRequest
@@ -601,6 +635,40 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/records/{key} (the `Lookup` operationId).
 	Lookup(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// RecordRecoveryPointWithBody Record how far the holder of a key got.
+	//
+	// The holder of the lease records a named point of its work and a small payload
+	// (for example the id of a charge it made), replacing the one recorded before. The
+	// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+	// release for a retry) receives the last recovery point in its answer, so that it
+	// resumes from there instead of starting over. Completing the key or recording a
+	// terminal failure drops it. A token that is not the key's current lease, or a key
+	// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+	// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+	// A recovery point is not part of a batch.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+	RecordRecoveryPointWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// RecordRecoveryPoint Record how far the holder of a key got.
+	//
+	// The holder of the lease records a named point of its work and a small payload
+	// (for example the id of a charge it made), replacing the one recorded before. The
+	// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+	// release for a retry) receives the last recovery point in its answer, so that it
+	// resumes from there instead of starting over. Completing the key or recording a
+	// terminal failure drops it. A token that is not the key's current lease, or a key
+	// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+	// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+	// A recovery point is not part of a batch.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+	RecordRecoveryPoint(ctx context.Context, body RecordRecoveryPointJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ReleaseWithBody Give a claimed key back, for a retry or as a terminal failure.
 	//
 	// Takes any type of body and a specified content type.
@@ -844,6 +912,60 @@ func (c *Client) Purge(ctx context.Context, key string, reqEditors ...RequestEdi
 // Corresponds with GET /v1/records/{key} (the `Lookup` operationId).
 func (c *Client) Lookup(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewLookupRequest(c.Server, key)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RecordRecoveryPointWithBody Record how far the holder of a key got.
+//
+// The holder of the lease records a named point of its work and a small payload
+// (for example the id of a charge it made), replacing the one recorded before. The
+// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+// release for a retry) receives the last recovery point in its answer, so that it
+// resumes from there instead of starting over. Completing the key or recording a
+// terminal failure drops it. A token that is not the key's current lease, or a key
+// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+// A recovery point is not part of a batch.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+func (c *Client) RecordRecoveryPointWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRecordRecoveryPointRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// RecordRecoveryPoint Record how far the holder of a key got.
+//
+// The holder of the lease records a named point of its work and a small payload
+// (for example the id of a charge it made), replacing the one recorded before. The
+// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+// release for a retry) receives the last recovery point in its answer, so that it
+// resumes from there instead of starting over. Completing the key or recording a
+// terminal failure drops it. A token that is not the key's current lease, or a key
+// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+// A recovery point is not part of a batch.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+func (c *Client) RecordRecoveryPoint(ctx context.Context, body RecordRecoveryPointJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewRecordRecoveryPointRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1170,6 +1292,46 @@ func NewLookupRequest(server string, key string) (*http.Request, error) {
 	return req, nil
 }
 
+// NewRecordRecoveryPointRequest calls the generic RecordRecoveryPoint builder with application/json body
+func NewRecordRecoveryPointRequest(server string, body RecordRecoveryPointJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewRecordRecoveryPointRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewRecordRecoveryPointRequestWithBody constructs an http.Request for the RecordRecoveryPoint method, with any body, and a specified content type
+func NewRecordRecoveryPointRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/recovery-point")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewReleaseRequest calls the generic Release builder with application/json body
 func NewReleaseRequest(server string, body ReleaseJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -1379,6 +1541,40 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/records/{key} (the `Lookup` operationId).
 	LookupWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*LookupResponse, error)
+
+	// RecordRecoveryPointWithBodyWithResponse Record how far the holder of a key got.
+	//
+	// The holder of the lease records a named point of its work and a small payload
+	// (for example the id of a charge it made), replacing the one recorded before. The
+	// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+	// release for a retry) receives the last recovery point in its answer, so that it
+	// resumes from there instead of starting over. Completing the key or recording a
+	// terminal failure drops it. A token that is not the key's current lease, or a key
+	// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+	// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+	// A recovery point is not part of a batch.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+	RecordRecoveryPointWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RecordRecoveryPointResponse, error)
+
+	// RecordRecoveryPointWithResponse Record how far the holder of a key got.
+	//
+	// The holder of the lease records a named point of its work and a small payload
+	// (for example the id of a charge it made), replacing the one recorded before. The
+	// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+	// release for a retry) receives the last recovery point in its answer, so that it
+	// resumes from there instead of starting over. Completing the key or recording a
+	// terminal failure drops it. A token that is not the key's current lease, or a key
+	// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+	// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+	// A recovery point is not part of a batch.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+	RecordRecoveryPointWithResponse(ctx context.Context, body RecordRecoveryPointJSONRequestBody, reqEditors ...RequestEditorFn) (*RecordRecoveryPointResponse, error)
 
 	// ReleaseWithBodyWithResponse Give a claimed key back, for a retry or as a terminal failure.
 	//
@@ -2199,6 +2395,138 @@ func (r LookupResponse) ContentType() string {
 	return ""
 }
 
+// RecordRecoveryPointResponse401Headers the declared response headers of an HTTP 401 response for RecordRecoveryPoint
+type RecordRecoveryPointResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// RecordRecoveryPointResponse429Headers the declared response headers of an HTTP 429 response for RecordRecoveryPoint
+type RecordRecoveryPointResponse429Headers struct {
+	RetryAfter *int
+}
+
+// RecordRecoveryPointResponse503Headers the declared response headers of an HTTP 503 response for RecordRecoveryPoint
+type RecordRecoveryPointResponse503Headers struct {
+	RetryAfter *int
+}
+
+type RecordRecoveryPointResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *KeyRecord
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *RecordRecoveryPointResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *RecordRecoveryPointResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *RecordRecoveryPointResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r RecordRecoveryPointResponse) GetJSON200() *KeyRecord {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON409() *Problem {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r RecordRecoveryPointResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r RecordRecoveryPointResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r RecordRecoveryPointResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r RecordRecoveryPointResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r RecordRecoveryPointResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ReleaseResponse401Headers the declared response headers of an HTTP 401 response for Release
 type ReleaseResponse401Headers struct {
 	WWWAuthenticate *string
@@ -2527,6 +2855,52 @@ func (c *ClientWithResponses) LookupWithResponse(ctx context.Context, key string
 		return nil, err
 	}
 	return ParseLookupResponse(rsp)
+}
+
+// RecordRecoveryPointWithBodyWithResponse Record how far the holder of a key got.
+//
+// The holder of the lease records a named point of its work and a small payload
+// (for example the id of a charge it made), replacing the one recorded before. The
+// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+// release for a retry) receives the last recovery point in its answer, so that it
+// resumes from there instead of starting over. Completing the key or recording a
+// terminal failure drops it. A token that is not the key's current lease, or a key
+// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+// A recovery point is not part of a batch.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+func (c *ClientWithResponses) RecordRecoveryPointWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*RecordRecoveryPointResponse, error) {
+	rsp, err := c.RecordRecoveryPointWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRecordRecoveryPointResponse(rsp)
+}
+
+// RecordRecoveryPointWithResponse Record how far the holder of a key got.
+//
+// The holder of the lease records a named point of its work and a small payload
+// (for example the id of a charge it made), replacing the one recorded before. The
+// next acquisition of the key (a takeover with `recovered` true, or a claim after a
+// release for a retry) receives the last recovery point in its answer, so that it
+// resumes from there instead of starting over. Completing the key or recording a
+// terminal failure drops it. A token that is not the key's current lease, or a key
+// that is no longer pending, answers 409 lease_lost and records nothing; a payload
+// over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+// A recovery point is not part of a batch.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/recovery-point (the `RecordRecoveryPoint` operationId).
+func (c *ClientWithResponses) RecordRecoveryPointWithResponse(ctx context.Context, body RecordRecoveryPointJSONRequestBody, reqEditors ...RequestEditorFn) (*RecordRecoveryPointResponse, error) {
+	rsp, err := c.RecordRecoveryPoint(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseRecordRecoveryPointResponse(rsp)
 }
 
 // ReleaseWithBodyWithResponse Give a claimed key back, for a retry or as a terminal failure.
@@ -3304,6 +3678,135 @@ func ParseLookupResponse(rsp *http.Response) (*LookupResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers LookupResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseRecordRecoveryPointResponse parses an HTTP response from a RecordRecoveryPointWithResponse call
+func ParseRecordRecoveryPointResponse(rsp *http.Response) (*RecordRecoveryPointResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &RecordRecoveryPointResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest KeyRecord
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers RecordRecoveryPointResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers RecordRecoveryPointResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers RecordRecoveryPointResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

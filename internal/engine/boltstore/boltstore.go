@@ -162,6 +162,11 @@ type stored struct {
 	Headers     map[string][]string `json:"rh,omitempty"`
 	Body        []byte              `json:"rb,omitempty"`
 	HasResponse bool                `json:"r,omitempty"`
+	// The recovery point: pt (when it was recorded) is set whenever there is one.
+	PointName    string `json:"pn,omitempty"`
+	PointData    []byte `json:"pd,omitempty"`
+	PointAttempt int64  `json:"pa,omitempty"`
+	PointAt      int64  `json:"pt,omitempty"`
 }
 
 func msTime(ms int64) time.Time {
@@ -192,6 +197,9 @@ func (r *stored) record(withResponse bool) engine.Record {
 	if withResponse && r.HasResponse {
 		rec.Response = &engine.Response{Status: r.Status, Headers: r.Headers, Body: r.Body}
 	}
+	if r.PointAt != 0 {
+		rec.RecoveryPoint = &engine.RecoveryPoint{Name: r.PointName, Data: r.PointData, Attempt: r.PointAttempt, RecordedAt: msTime(r.PointAt)}
+	}
 	return rec
 }
 
@@ -213,6 +221,9 @@ func encode(e engine.Entry) *stored {
 	if resp := e.Response; resp != nil {
 		r.HasResponse = true
 		r.Status, r.Headers, r.Body = resp.Status, resp.Headers, resp.Body
+	}
+	if p := e.RecoveryPoint; p != nil {
+		r.PointName, r.PointData, r.PointAttempt, r.PointAt = p.Name, p.Data, p.Attempt, unixMs(p.RecordedAt)
 	}
 	return r
 }
@@ -412,6 +423,15 @@ func (s *Store) Release(ctx context.Context, rel engine.Release) (engine.Record,
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
 	step, err := s.transition(ctx, e.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.ExtendStep(cur, e, now) })
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return step.Result()
+}
+
+// Mark implements engine.Store.
+func (s *Store) Mark(ctx context.Context, m engine.Mark) (engine.Record, error) {
+	step, err := s.transition(ctx, m.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.MarkStep(cur, m, now) })
 	if err != nil {
 		return engine.Record{}, err
 	}

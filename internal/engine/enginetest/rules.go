@@ -26,6 +26,7 @@ var Rules = []Rule{
 	{"release on an absent key is not found", Absent, Do{ReleaseRetry, Other, None, ""}, Want{Err: engine.ErrNotFound}},
 	{"release as failed on an absent key is not found", Absent, Do{ReleaseFail, Other, None, ""}, Want{Err: engine.ErrNotFound}},
 	{"extend on an absent key is not found", Absent, Do{Extend, Other, None, ""}, Want{Err: engine.ErrNotFound}},
+	{"a recovery point on an absent key is not found", Absent, Do{Mark, Other, None, ""}, Want{Err: engine.ErrNotFound}},
 
 	{"a claim resent with the holder's token acquires again, unchanged", Held, Do{Claim, Holder, Holder, "fp"},
 		Want{Outcome: engine.OutcomeAcquired, State: engine.StatePending, Attempt: 1, Token: Holder}},
@@ -55,6 +56,10 @@ var Rules = []Rule{
 		Want{State: engine.StatePending, Attempt: 1, Token: Holder}},
 	{"extend with another token is lease lost", Held, Do{Extend, Other, None, ""},
 		Want{Err: engine.ErrLeaseLost, State: engine.StatePending, Attempt: 1, Token: Holder}},
+	{"the holder records a recovery point over its last one", Held, Do{Mark, Holder, None, ""},
+		Want{State: engine.StatePending, Attempt: 1, Token: Holder, Point: SecondPoint}},
+	{"a recovery point with another token is lease lost", Held, Do{Mark, Other, None, ""},
+		Want{Err: engine.ErrLeaseLost, State: engine.StatePending, Attempt: 1, Token: Holder}},
 
 	{"a claim takes over a lease that ran out, as a recovered attempt 2", LeaseRanOut, Do{Claim, Other, None, "fp"},
 		Want{Outcome: engine.OutcomeAcquired, State: engine.StatePending, Attempt: 2, Token: Other, Recovered: true}},
@@ -68,6 +73,8 @@ var Rules = []Rule{
 		Want{State: engine.StatePending, Attempt: 1, Token: Holder}},
 	{"the holder still releases after its lease ran out, while nobody took over", LeaseRanOut, Do{ReleaseRetry, Holder, None, ""},
 		Want{State: engine.StateReleased, Attempt: 1, Token: Holder}},
+	{"the holder still records a recovery point after its lease ran out, while nobody took over", LeaseRanOut, Do{Mark, Holder, None, ""},
+		Want{State: engine.StatePending, Attempt: 1, Token: Holder, Point: SecondPoint}},
 
 	{"a claim after a retry release acquires attempt 2, not recovered", Released, Do{Claim, Other, None, "fp"},
 		Want{Outcome: engine.OutcomeAcquired, State: engine.StatePending, Attempt: 2, Token: Other}},
@@ -80,6 +87,8 @@ var Rules = []Rule{
 	{"complete after a release is lease lost", Released, Do{Complete, Holder, None, ""},
 		Want{Err: engine.ErrLeaseLost, State: engine.StateReleased, Attempt: 1, Token: Holder}},
 	{"extend after a release is lease lost", Released, Do{Extend, Holder, None, ""},
+		Want{Err: engine.ErrLeaseLost, State: engine.StateReleased, Attempt: 1, Token: Holder}},
+	{"a recovery point after a release is lease lost", Released, Do{Mark, Holder, None, ""},
 		Want{Err: engine.ErrLeaseLost, State: engine.StateReleased, Attempt: 1, Token: Holder}},
 
 	{"a claim on a completed key replays its response", Completed, Do{Claim, Other, None, "fp"},
@@ -96,6 +105,8 @@ var Rules = []Rule{
 		Want{Err: engine.ErrLeaseLost, State: engine.StateCompleted, Attempt: 1, Token: Holder, Response: "first result"}},
 	{"extend after complete is lease lost", Completed, Do{Extend, Holder, None, ""},
 		Want{Err: engine.ErrLeaseLost, State: engine.StateCompleted, Attempt: 1, Token: Holder, Response: "first result"}},
+	{"a recovery point after complete is lease lost", Completed, Do{Mark, Holder, None, ""},
+		Want{Err: engine.ErrLeaseLost, State: engine.StateCompleted, Attempt: 1, Token: Holder, Response: "first result"}},
 
 	{"a claim on a failed key replays the failure", Failed, Do{Claim, Other, None, "fp"},
 		Want{Outcome: engine.OutcomeFailed, State: engine.StateFailed, Attempt: 1, Token: Holder, Response: "first failure", Replays: true}},
@@ -106,6 +117,8 @@ var Rules = []Rule{
 	{"a retry release after a failure is lease lost", Failed, Do{ReleaseRetry, Holder, None, ""},
 		Want{Err: engine.ErrLeaseLost, State: engine.StateFailed, Attempt: 1, Token: Holder, Response: "first failure"}},
 	{"complete after a failure is lease lost", Failed, Do{Complete, Holder, None, ""},
+		Want{Err: engine.ErrLeaseLost, State: engine.StateFailed, Attempt: 1, Token: Holder, Response: "first failure"}},
+	{"a recovery point after a failure is lease lost", Failed, Do{Mark, Holder, None, ""},
 		Want{Err: engine.ErrLeaseLost, State: engine.StateFailed, Attempt: 1, Token: Holder, Response: "first failure"}},
 }
 
@@ -119,7 +132,8 @@ type Rule struct {
 
 // Given is where the holder left the key before the rule's transition. The holder
 // claimed with fingerprint "fp", owner "holder", its own claim secret and a 30 s lease
-// (100 ms for LeaseRanOut), keeping records for an hour.
+// (100 ms for LeaseRanOut), keeping records for an hour, and recorded the recovery point
+// HolderPoint before it released or completed.
 type Given int
 
 // The starting points.
@@ -136,13 +150,14 @@ const (
 type Transition int
 
 // The transitions. A complete sends the response "second result"; a release as failed
-// sends "second failure".
+// sends "second failure"; a recovery point is SecondPoint.
 const (
 	Claim Transition = iota
 	Complete
 	ReleaseRetry
 	ReleaseFail
 	Extend
+	Mark
 )
 
 // Who says whose lease token or claim secret a transition carries: the holder's, a new
@@ -167,9 +182,11 @@ type Do struct {
 // Want is what must come of a rule: the error (matched with errors.Is), a claim's
 // outcome, and the record afterwards. Token says whose lease the record carries after;
 // its owner label is that party's. Response names the stored response's body, "" for
-// none; Replays says that the claim's answer carries it. A refused transition must leave
-// the record exactly as it was, and every answer that is not a replay carries no
-// response.
+// none; Replays says that the claim's answer carries it. Point names the recovery point
+// the record keeps after; "" means HolderPoint while the key is pending or released
+// (a point outlives a lease, for the next holder), and none once it is finished. A
+// refused transition must leave the record exactly as it was, and every answer that is
+// not a replay carries no response.
 type Want struct {
 	Err       error
 	Outcome   engine.Outcome
@@ -179,6 +196,7 @@ type Want struct {
 	Recovered bool
 	Response  string
 	Replays   bool
+	Point     string
 }
 
 // The parties' owner labels, and the leases and retention of the table: claims take
@@ -192,6 +210,19 @@ const (
 	ExtendedLease = time.Minute
 	Retention     = time.Hour
 )
+
+// The recovery points of the table, by name: the holder records HolderPoint after its
+// claim, and a rule's transition records SecondPoint.
+const (
+	HolderPoint = "charged"
+	SecondPoint = "published"
+)
+
+// Points are the recovery points' data, by name: binary, as a payload may be.
+var Points = map[string][]byte{
+	HolderPoint: []byte("\x00\xffch_1"),
+	SecondPoint: []byte("msg-2\r\n"),
+}
 
 // Secrets are the claim secrets (as hashes) of the parties.
 var Secrets = map[Who]string{
@@ -222,6 +253,7 @@ type Call struct {
 	Completion engine.Completion
 	Release    engine.Release
 	Extension  engine.Extension
+	Mark       engine.Mark
 }
 
 // Setup is what the holder does to bring the key id to given, with its lease token:
@@ -235,7 +267,8 @@ func Setup(id engine.ID, holderToken string, given Given) []Call {
 	if given == LeaseRanOut {
 		claim.Lease = ShortLease
 	}
-	calls := []Call{{Transition: Claim, Claim: claim}}
+	calls := []Call{{Transition: Claim, Claim: claim},
+		{Transition: Mark, Mark: engine.Mark{ID: id, LeaseToken: holderToken, Name: HolderPoint, Data: Points[HolderPoint]}}}
 	switch given {
 	case Released:
 		calls = append(calls, Call{Transition: ReleaseRetry, Release: engine.Release{ID: id, LeaseToken: holderToken, Mode: engine.ReleaseRetry, Retention: Retention}})
@@ -266,6 +299,8 @@ func (d Do) Call(id engine.ID, tokens map[Who]string) Call {
 	case ReleaseFail:
 		resp := Responses["second failure"]
 		return Call{Transition: ReleaseFail, Release: engine.Release{ID: id, LeaseToken: tok, Mode: engine.ReleaseFail, Response: &resp, Retention: Retention}}
+	case Mark:
+		return Call{Transition: Mark, Mark: engine.Mark{ID: id, LeaseToken: tok, Name: SecondPoint, Data: Points[SecondPoint]}}
 	}
 	return Call{Transition: Extend, Extension: engine.Extension{ID: id, LeaseToken: tok, Lease: ExtendedLease}}
 }
@@ -281,6 +316,8 @@ func (c Call) On(ctx context.Context, s engine.Store) (res engine.ClaimResult, r
 		rec, err = s.Release(ctx, c.Release)
 	case Extend:
 		rec, err = s.Extend(ctx, c.Extension)
+	case Mark:
+		rec, err = s.Mark(ctx, c.Mark)
 	}
 	return res, rec, err
 }
@@ -334,7 +371,7 @@ func (r Rule) Check(t testing.TB, tokens map[Who]string, res engine.ClaimResult,
 	} else if !after.LeaseExpiresAt.IsZero() {
 		t.Errorf("%s record shows a lease until %s", after.State, after.LeaseExpiresAt)
 	}
-	if w.Err != nil && !reflect.DeepEqual(before, after) {
+	if w.Err != nil && !reflect.DeepEqual(withoutPoint(before), withoutPoint(after)) {
 		t.Errorf("a refused transition changed the record:\nbefore %+v\nafter  %+v", before, after)
 	}
 	if errors.Is(w.Err, engine.ErrInProgress) {
@@ -353,10 +390,54 @@ func (r Rule) Check(t testing.TB, tokens map[Who]string, res engine.ClaimResult,
 	} else if answer.Response != nil {
 		t.Errorf("the answer carries a response %+v; only a replay does", *answer.Response)
 	}
-	answer.Response, after.Response = nil, nil
-	if !reflect.DeepEqual(answer, *after) {
+	// CheckPoint compares the recovery points.
+	answer.Response, answer.RecoveryPoint = nil, nil
+	rest := *after
+	rest.Response, rest.RecoveryPoint = nil, nil
+	if !reflect.DeepEqual(answer, rest) {
 		t.Errorf("the answer is not the record after the transition:\nanswer %+v\nafter  %+v", answer, *after)
 	}
+}
+
+// CheckPoint compares the recovery point the record keeps after the transition with the
+// rule's, and with the one the transition answered (res for claims, rec for the others).
+// Every point of the table is the holder's, made at attempt 1.
+func (r Rule) CheckPoint(t testing.TB, res engine.ClaimResult, rec engine.Record, err error, after *engine.Record) {
+	t.Helper()
+	if after == nil {
+		return
+	}
+	answer := rec
+	if r.Do.Transition == Claim {
+		answer = res.Record
+	}
+	if err == nil && !reflect.DeepEqual(answer.RecoveryPoint, after.RecoveryPoint) {
+		t.Errorf("the answer carries the recovery point %+v, the record %+v", answer.RecoveryPoint, after.RecoveryPoint)
+	}
+	want := r.Want.Point
+	if want == "" && r.Given != Absent && (after.State == engine.StatePending || after.State == engine.StateReleased) {
+		want = HolderPoint
+	}
+	got := after.RecoveryPoint
+	switch {
+	case want == "" && got != nil:
+		t.Errorf("the %s record keeps the recovery point %+v, want none", after.State, *got)
+	case want == "":
+	case got == nil:
+		t.Errorf("the record keeps no recovery point, want %q", want)
+	case got.Name != want || !bytes.Equal(got.Data, Points[want]) || got.Attempt != 1 || got.RecordedAt.IsZero():
+		t.Errorf("the record keeps the recovery point %+v, want %q with %q, recorded by attempt 1", *got, want, Points[want])
+	}
+}
+
+// withoutPoint is rec without its recovery point, which CheckPoint compares.
+func withoutPoint(rec *engine.Record) *engine.Record {
+	if rec == nil {
+		return nil
+	}
+	r := *rec
+	r.RecoveryPoint = nil
+	return &r
 }
 
 func sameResponse(a, b *engine.Response) bool {
@@ -366,10 +447,19 @@ func sameResponse(a, b *engine.Response) bool {
 	return a.Status == b.Status && bytes.Equal(a.Body, b.Body) && maps.EqualFunc(a.Headers, b.Headers, slices.Equal)
 }
 
+// PartialPoints is a store that may not keep recovery points as the rules say: daemons
+// of a release before recovery points, sharing a Redis with this one's, rewrite records
+// without them. RunRules skips the rules' recovery points on such a store.
+type PartialPoints interface {
+	PartialPoints() bool
+}
+
 // RunRules holds a store to the table: for each rule it brings a fresh key to the
 // rule's starting point through s, does the rule's transition, and checks the answer
 // and the record as Lookup shows it before and after. The rules run in parallel.
 func RunRules(t *testing.T, s engine.Store) {
+	partial, _ := s.(PartialPoints)
+	points := partial == nil || !partial.PartialPoints()
 	for _, r := range Rules {
 		t.Run(r.Name, func(t *testing.T) {
 			t.Parallel()
@@ -389,7 +479,11 @@ func RunRules(t *testing.T, s engine.Store) {
 			}
 			before := lookup(t, s, id)
 			res, rec, err := r.Do.Call(id, tokens).On(ctx(t), s)
-			r.Check(t, tokens, res, rec, err, before, lookup(t, s, id))
+			after := lookup(t, s, id)
+			if points {
+				r.CheckPoint(t, res, rec, err, after)
+			}
+			r.Check(t, tokens, res, rec, err, before, after)
 		})
 	}
 }

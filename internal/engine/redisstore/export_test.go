@@ -1,6 +1,8 @@
 package redisstore
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -32,6 +34,10 @@ func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
 	}
 	read := func(transition string, writes bool) (script, error) {
 		body, err := os.ReadFile(filepath.Join(dir, transition+".lua"))
+		if errors.Is(err, fs.ErrNotExist) && transition == "mark" {
+			// Releases before recovery points have no such script, nor a route to it.
+			return script{}, nil
+		}
 		if err != nil {
 			return script{}, err
 		}
@@ -50,7 +56,7 @@ func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
 	}{
 		{&set.claim, "claim", true}, {&set.complete, "complete", true}, {&set.release, "release", true},
 		{&set.extend, "extend", true}, {&set.lookup, "lookup", false}, {&set.purge, "purge", true},
-		{&set.watch, "watch", true},
+		{&set.mark, "mark", true}, {&set.watch, "watch", true},
 	} {
 		if *x.s, err = read(x.name, x.writes); err != nil {
 			_ = s.Close()

@@ -79,7 +79,7 @@ func (c clusterClient) ReloadSlots(ctx context.Context) { c.ReloadState(ctx) }
 // scripts are the transitions' scripts in one layout, loaded once; the store sends
 // EVALSHA and falls back to EVAL when the server does not know a script yet.
 type scripts struct {
-	claim, complete, release, extend, lookup, purge, watch script
+	claim, complete, release, extend, mark, lookup, purge, watch script
 }
 
 var (
@@ -96,6 +96,7 @@ func loadScripts(layout lua.Layout, readOther bool) *scripts {
 		complete: load("complete", layout, readOther, true),
 		release:  load("release", layout, readOther, true),
 		extend:   load("extend", layout, readOther, true),
+		mark:     load("mark", layout, readOther, true),
 		lookup:   load("lookup", layout, readOther, false),
 		purge:    load("purge", layout, readOther, true),
 		watch:    load("watch", layout, readOther, true),
@@ -250,6 +251,15 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
 	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), s.compact(e.LeaseToken))
+	if err != nil {
+		return engine.Record{}, err
+	}
+	return rep.record, rep.transitionErr()
+}
+
+// Mark implements engine.Store.
+func (s *Store) Mark(ctx context.Context, m engine.Mark) (engine.Record, error) {
+	rep, err := s.run(ctx, s.scripts.mark, m.ID, m.LeaseToken, m.Name, m.Data, s.compact(m.LeaseToken))
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -431,13 +441,19 @@ func parseReply(v any, id engine.ID) (reply, error) {
 	if rec.State == engine.StatePending {
 		rec.LeaseExpiresAt = msTime(f[fLeaseExpiry])
 	}
-	if resp := f[metaFields:]; len(resp) == 3 && integer(resp[0]) != 0 {
+	if resp := f[metaFields:]; len(resp) >= 3 && integer(resp[0]) != 0 {
 		status := int(integer(resp[0]))
 		headers, err := unpackHeaders(str(resp[1]))
 		if err != nil {
 			return reply{}, err
 		}
 		rec.Response = &engine.Response{Status: status, Headers: headers, Body: []byte(str(resp[2]))}
+	}
+	if point := f[metaFields:]; len(point) == 7 {
+		rec.RecoveryPoint = &engine.RecoveryPoint{Name: str(point[3]), Attempt: integer(point[5]), RecordedAt: msTime(point[6])}
+		if data := str(point[4]); data != "" {
+			rec.RecoveryPoint.Data = []byte(data)
+		}
 	}
 	rep.record = rec
 	return rep, nil

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import type { Client, Options as Options2, TDataShape } from './client/index.js';
-import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
+import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -68,6 +68,30 @@ export const release = <ThrowOnError extends boolean = false>(options: Options<R
 export const extend = <ThrowOnError extends boolean = false>(options: Options<ExtendData, ThrowOnError>) => (options.client ?? client).post<ExtendResponses, ExtendErrors, ThrowOnError>({
     security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/extend',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
+
+/**
+ * Record how far the holder of a key got.
+ *
+ * The holder of the lease records a named point of its work and a small payload
+ * (for example the id of a charge it made), replacing the one recorded before. The
+ * next acquisition of the key (a takeover with `recovered` true, or a claim after a
+ * release for a retry) receives the last recovery point in its answer, so that it
+ * resumes from there instead of starting over. Completing the key or recording a
+ * terminal failure drops it. A token that is not the key's current lease, or a key
+ * that is no longer pending, answers 409 lease_lost and records nothing; a payload
+ * over the daemon's limit (--max-recovery-point-bytes, 4096 by default) answers 413.
+ * A recovery point is not part of a batch.
+ *
+ */
+export const recordRecoveryPoint = <ThrowOnError extends boolean = false>(options: Options<RecordRecoveryPointData, ThrowOnError>) => (options.client ?? client).post<RecordRecoveryPointResponses, RecordRecoveryPointErrors, ThrowOnError>({
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/recovery-point',
     ...options,
     headers: {
         'Content-Type': 'application/json',

@@ -85,6 +85,7 @@ export type ClaimAcquired = {
      * When the record is forgotten if nobody completes or releases it.
      */
     expires_at: string;
+    recovery_point?: RecoveryPoint;
 };
 
 /**
@@ -195,6 +196,41 @@ export type KeyRecord = {
      */
     expires_at: string;
     response?: StoredResponse;
+    recovery_point?: RecoveryPoint;
+};
+
+export type RecoveryPointRequest = {
+    /**
+     * The idempotency key, 1 to 255 bytes of UTF-8.
+     */
+    key: string;
+    lease_token: string;
+    /**
+     * The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
+     */
+    name: string;
+    /**
+     * What the next holder needs to resume, base64-encoded; at most the daemon's
+     * --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.
+     *
+     */
+    data?: string;
+};
+
+/**
+ * The last point a holder of the key recorded, while the key is not finished.
+ */
+export type RecoveryPoint = {
+    name: string;
+    /**
+     * The payload as recorded, base64-encoded; absent when empty.
+     */
+    data?: string;
+    /**
+     * The attempt whose holder recorded it.
+     */
+    attempt: number;
+    recorded_at: string;
 };
 
 export type BatchRequest = {
@@ -517,6 +553,67 @@ export type ExtendResponses = {
 };
 
 export type ExtendResponse = ExtendResponses[keyof ExtendResponses];
+
+export type RecordRecoveryPointData = {
+    body: RecoveryPointRequest;
+    path?: never;
+    query?: never;
+    url: '/v1/recovery-point';
+};
+
+export type RecordRecoveryPointErrors = {
+    /**
+     * An RFC 9457 problem.
+     */
+    400: Problem;
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs (code forbidden).
+     */
+    403: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    404: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    409: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    413: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    415: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited).
+     */
+    429: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type RecordRecoveryPointError = RecordRecoveryPointErrors[keyof RecordRecoveryPointErrors];
+
+export type RecordRecoveryPointResponses = {
+    /**
+     * The recovery point is recorded; the record as it is now.
+     */
+    200: KeyRecord;
+};
+
+export type RecordRecoveryPointResponse = RecordRecoveryPointResponses[keyof RecordRecoveryPointResponses];
 
 export type BatchData = {
     body: BatchRequest;

@@ -15,6 +15,8 @@ from .health import Health
 from .key_record import KeyRecord
 from .lease_extended import LeaseExtended
 from .problem import Problem
+from .recovery_point import RecoveryPoint
+from .recovery_point_request import RecoveryPointRequest
 from .release_request import ReleaseRequest
 from .release_request_mode import ReleaseRequestMode
 from .stored_response import StoredResponse
@@ -36,6 +38,8 @@ __all__ = (
     "KeyRecord",
     "LeaseExtended",
     "Problem",
+    "RecoveryPoint",
+    "RecoveryPointRequest",
     "ReleaseRequest",
     "ReleaseRequestMode",
     "StoredResponse",

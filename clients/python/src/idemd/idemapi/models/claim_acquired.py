@@ -2,12 +2,17 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..models.claim_acquired_outcome import ClaimAcquiredOutcome, check_claim_acquired_outcome
+from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.recovery_point import RecoveryPoint
+
 
 T = TypeVar("T", bound="ClaimAcquired")
 
@@ -23,6 +28,8 @@ class ClaimAcquired:
         attempt (int): How many times the key has been acquired, this time included.
         recovered (bool): True when this claim took over from a holder whose lease had expired.
         expires_at (datetime.datetime): When the record is forgotten if nobody completes or releases it.
+        recovery_point (RecoveryPoint | Unset): The last point a holder of the key recorded, while the key is not
+            finished.
     """
 
     outcome: ClaimAcquiredOutcome
@@ -31,6 +38,7 @@ class ClaimAcquired:
     attempt: int
     recovered: bool
     expires_at: datetime.datetime
+    recovery_point: RecoveryPoint | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -46,6 +54,10 @@ class ClaimAcquired:
 
         expires_at = self.expires_at.isoformat()
 
+        recovery_point: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.recovery_point, Unset):
+            recovery_point = self.recovery_point.to_dict()
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -58,11 +70,15 @@ class ClaimAcquired:
                 "expires_at": expires_at,
             }
         )
+        if recovery_point is not UNSET:
+            field_dict["recovery_point"] = recovery_point
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.recovery_point import RecoveryPoint
+
         d = dict(src_dict)
         outcome = check_claim_acquired_outcome(d.pop("outcome"))
 
@@ -76,6 +92,13 @@ class ClaimAcquired:
 
         expires_at = datetime.datetime.fromisoformat(d.pop("expires_at"))
 
+        _recovery_point = d.pop("recovery_point", UNSET)
+        recovery_point: RecoveryPoint | Unset
+        if isinstance(_recovery_point, Unset):
+            recovery_point = UNSET
+        else:
+            recovery_point = RecoveryPoint.from_dict(_recovery_point)
+
         claim_acquired = cls(
             outcome=outcome,
             lease_token=lease_token,
@@ -83,6 +106,7 @@ class ClaimAcquired:
             attempt=attempt,
             recovered=recovered,
             expires_at=expires_at,
+            recovery_point=recovery_point,
         )
 
         claim_acquired.additional_properties = d

@@ -10,6 +10,7 @@ from attrs import field as _attrs_field
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
+    from ..models.recovery_point import RecoveryPoint
     from ..models.stored_response import StoredResponse
 
 
@@ -31,6 +32,8 @@ class KeyRecord:
         owner (str | Unset): The label the current or last claim gave; it grants nothing.
         lease_expires_at (datetime.datetime | Unset):
         response (StoredResponse | Unset):
+        recovery_point (RecoveryPoint | Unset): The last point a holder of the key recorded, while the key is not
+            finished.
     """
 
     key: str
@@ -43,6 +46,7 @@ class KeyRecord:
     owner: str | Unset = UNSET
     lease_expires_at: datetime.datetime | Unset = UNSET
     response: StoredResponse | Unset = UNSET
+    recovery_point: RecoveryPoint | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -70,6 +74,10 @@ class KeyRecord:
         if not isinstance(self.response, Unset):
             response = self.response.to_dict()
 
+        recovery_point: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.recovery_point, Unset):
+            recovery_point = self.recovery_point.to_dict()
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -90,11 +98,14 @@ class KeyRecord:
             field_dict["lease_expires_at"] = lease_expires_at
         if response is not UNSET:
             field_dict["response"] = response
+        if recovery_point is not UNSET:
+            field_dict["recovery_point"] = recovery_point
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.recovery_point import RecoveryPoint
         from ..models.stored_response import StoredResponse
 
         d = dict(src_dict)
@@ -128,6 +139,13 @@ class KeyRecord:
         else:
             response = StoredResponse.from_dict(_response)
 
+        _recovery_point = d.pop("recovery_point", UNSET)
+        recovery_point: RecoveryPoint | Unset
+        if isinstance(_recovery_point, Unset):
+            recovery_point = UNSET
+        else:
+            recovery_point = RecoveryPoint.from_dict(_recovery_point)
+
         key_record = cls(
             key=key,
             state=state,
@@ -139,6 +157,7 @@ class KeyRecord:
             owner=owner,
             lease_expires_at=lease_expires_at,
             response=response,
+            recovery_point=recovery_point,
         )
 
         key_record.additional_properties = d
