@@ -473,7 +473,22 @@ var (
 	// ErrUnavailable is a failure of idemd, its store, or the network to it. The call
 	// may or may not have taken effect; resending it is safe.
 	ErrUnavailable = errors.New("idem: idemd is unavailable")
+	// ErrLeaseExpired is why a lease was lost when its local deadline passed with no
+	// renewal answered (see Lease.Deadline): idemd could not be reached, so it may have
+	// let another caller take the key over. It matches ErrLeaseLost too; match it
+	// first to tell the holder's own reckoning from idemd's answer.
+	ErrLeaseExpired error = leaseExpired{}
 )
+
+// leaseExpired is ErrLeaseExpired's type, which also matches ErrLeaseLost: a lease
+// that ran out is lost, whoever noticed first.
+type leaseExpired struct{}
+
+func (leaseExpired) Error() string {
+	return "idem: the lease ran out before idemd answered a renewal"
+}
+
+func (leaseExpired) Is(target error) bool { return target == ErrLeaseLost }
 
 // Problem is an RFC 9457 problem answered by idemd (or, with no Code, an error page
 // from something in front of it).

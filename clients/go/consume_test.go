@@ -108,6 +108,28 @@ func TestConsumeRequeuesAnUnstoredOutcome(t *testing.T) {
 	}
 }
 
+// TestConsumeRequeuesWhenTheLeaseRunsOut: the consumer's link to idemd is cut while
+// its work runs; the lease's deadline passes, the work's context ends, and the message
+// is requeued, even though the work, which went on, reports success.
+func TestConsumeRequeuesWhenTheLeaseRunsOut(t *testing.T) {
+	c, link := stalledHolder(t)
+	key := idem.StepKey(freshKey("req"), "charge")
+	var cause error
+	v := c.Consume(t.Context(), key, func(ctx context.Context) error {
+		link.cut.Store(true)
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+		case <-time.After(30 * time.Second):
+			return errors.New("the lease went on with its link cut")
+		}
+		return nil
+	}, idem.DoOptions{Lease: 300 * time.Millisecond})
+	if v.Action != idem.Requeue || !v.Ran || !errors.Is(v.Err, idem.ErrLeaseExpired) || !errors.Is(cause, idem.ErrLeaseExpired) {
+		t.Fatalf("delivery whose lease ran out: %+v (the work's context ended with %v), want a requeue for ErrLeaseExpired", v, cause)
+	}
+}
+
 func TestConsumeHandsTheLease(t *testing.T) {
 	c := newClient(t)
 	key := idem.StepKey(freshKey("req"), "charge")

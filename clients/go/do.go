@@ -55,9 +55,12 @@ func (o DoOptions) lease() time.Duration {
 // If fn returns an error the key is released so that a later call runs fn again; if
 // the error is a PermanentError, its response is stored as a terminal failure
 // instead, and later calls get it back with ErrFailed. If fn panics the key is
-// released and the panic goes on. If the lease is lost while fn runs (another caller
-// took the key over after a renewal failed), fn's context is cancelled and Do returns
-// ErrLeaseLost.
+// released and the panic goes on. If the lease is lost while fn runs (idemd answers a
+// renewal that the key was taken over, or the lease's deadline passes with no renewal
+// answered, see Lease.Deadline), fn's context is cancelled and Do returns an error that
+// matches ErrLeaseLost (and ErrLeaseExpired in the second case), and fn's own error if
+// it returned one; nothing is stored, and the key is not released. A result fn returns
+// after its lease's deadline is never stored as a success.
 //
 // Another caller holding the key is ErrInProgress (wait with DoOptions.Wait); a key
 // used with another fingerprint is ErrFingerprintMismatch.
@@ -66,6 +69,9 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx co
 	if len(opts) > 0 {
 		o = opts[0]
 	}
+	// The lease is reckoned from the claim's send, which is no later than idemd's start
+	// of it.
+	sent := time.Now()
 	cl, err := c.Claim(ctx, key, ClaimOptions{Fingerprint: fingerprint, Lease: o.lease(), Wait: o.Wait})
 	if err != nil {
 		return Result{}, err
@@ -80,7 +86,7 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx co
 	case Failed:
 		return Result{Response: stored, Replayed: true}, ErrFailed
 	}
-	return c.run(ctx, leaseOf(key, cl), cl.Token, o.lease(), fn)
+	return c.run(ctx, leaseOf(key, cl, newLeaseClock(o.lease(), sent)), cl.Token, fn)
 }
 
 // Result is what Do returns: the response, and whether it was replayed from an
@@ -91,14 +97,14 @@ type Result struct {
 }
 
 // run runs fn under the lease and finishes the key according to how fn ended.
-func (c *Client) run(ctx context.Context, held Lease, token string, lease time.Duration, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
+func (c *Client) run(ctx context.Context, held Lease, token string, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
 	key := held.Key
 	fnCtx, cancel := context.WithCancelCause(withLease(ctx, held))
 	defer cancel(nil)
 	// Renewals go on until fn returns, even after ctx ends: fn may still be finishing
 	// work it cannot stop, and a lease that runs out meanwhile lets another caller run
 	// it again.
-	stop := c.keepAlive(context.WithoutCancel(ctx), cancel, key, token, lease)
+	stop := c.keepAlive(context.WithoutCancel(ctx), cancel, key, token, held.clock)
 
 	finished := false
 	defer func() {
@@ -111,10 +117,21 @@ func (c *Client) run(ctx context.Context, held Lease, token string, lease time.D
 		defer rcancel()
 		_ = c.Release(rctx, key, token, Retry, nil)
 	}()
-	r, fnErr := fn(fnCtx)
+	var r Response
+	var fnErr error
+	// A lease whose deadline passed before fn could start (a claim that waited that
+	// long) runs nothing.
+	if !errors.Is(context.Cause(fnCtx), ErrLeaseLost) {
+		r, fnErr = fn(fnCtx)
+	}
 	finished = true
 	stop()
 	if cause := context.Cause(fnCtx); errors.Is(cause, ErrLeaseLost) {
+		if fnErr != nil {
+			// fn's own error still says what happened to the work (a fence that refused
+			// a stale write, for one), though nothing about it is stored.
+			return Result{}, fmt.Errorf("%w (the operation returned: %w)", cause, fnErr)
+		}
 		return Result{}, cause
 	}
 
@@ -179,54 +196,152 @@ func recordFingerprint(rec *finishedRecord) string {
 	return *rec.Fingerprint
 }
 
-// keepAlive renews the lease every lease/3 until stop is called. When the daemon says
-// the lease is lost it cancels the function's context with ErrLeaseLost; transport
-// failures are tried again at the next tick. Renewals run on a timer rather than a
-// goroutine of their own, which most calls, finished well before the first renewal,
-// would start and stop for nothing. stop returns once no renewal is under way, so
-// that what it decided is known.
-func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, key, token string, lease time.Duration) (stop func()) {
-	every := max(lease/3, 10*time.Millisecond)
-	k := &keeper{}
-	// Held until the timer is set, which the first renewal reads.
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.timer = time.AfterFunc(every, func() {
-		k.mu.Lock()
-		if k.stopped || ctx.Err() != nil {
-			k.mu.Unlock()
-			return
-		}
-		k.renewing.Add(1)
-		k.mu.Unlock()
-		defer k.renewing.Done()
-		if _, err := c.Extend(ctx, key, token, lease); errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
-			cancel(fmt.Errorf("%w: %q was taken over while the operation ran", ErrLeaseLost, key))
-			return
-		}
-		k.mu.Lock()
-		defer k.mu.Unlock()
-		if !k.stopped {
-			k.timer.Reset(every)
-		}
-	})
+// keepAlive renews the lease every lease/3 until stop is called, and ends it at its
+// local deadline (Lease.Deadline) unless a renewal was answered before. When idemd
+// says the lease is lost it cancels the function's context with a cause matching
+// ErrLeaseLost; when the deadline passes first, with one matching ErrLeaseExpired too.
+// A renewal that fails without that answer is tried again at the next tick. Renewals
+// and the deadline run on timers rather than a goroutine of their own, which most
+// calls, finished well before the first renewal, would start and stop for nothing. stop returns once no renewal is under way, so that
+// what it decided is known; it also ends a lease whose deadline passed before the
+// timer's callback could run, so that a result returned after the deadline is never
+// taken for one made under the lease.
+func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, key, token string, clock *leaseClock) (stop func()) {
+	k := &keeper{c: c, ctx: ctx, cancel: cancel, key: key, token: token, clock: clock,
+		every: max(clock.lease/3, 10*time.Millisecond)}
+	// Held until the timers are set, which their callbacks read.
+	clock.mu.Lock()
+	defer clock.mu.Unlock()
+	now := time.Now()
+	left := clock.deadline.Sub(now)
+	if left <= 0 {
+		k.expire()
+		k.stopped = true
+		return k.stop
+	}
+	k.expiry = time.AfterFunc(left, k.onDeadline)
+	k.renewal = time.AfterFunc(max(0, clock.deadline.Add(k.every-reckoned(clock.lease)).Sub(now)), k.renew)
 	return k.stop
 }
 
-// keeper is the state of one keepAlive.
+// keeper is the state of one keepAlive. Its clock's mutex guards the fields below
+// the clock.
 type keeper struct {
-	timer    *time.Timer
-	mu       sync.Mutex
+	c          *Client
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	key, token string
+	every      time.Duration
+	clock      *leaseClock
+
+	renewal  *time.Timer
+	expiry   *time.Timer
 	stopped  bool
 	renewing sync.WaitGroup
+	stopOnce sync.Once
+}
+
+// renew is the renewal timer's callback: one renewal, and the timer set for the next.
+func (k *keeper) renew() {
+	lc := k.clock
+	lc.mu.Lock()
+	if k.stopped || lc.ended {
+		lc.mu.Unlock()
+		return
+	}
+	k.renewing.Add(1)
+	deadline := lc.deadline
+	lc.mu.Unlock()
+	defer k.renewing.Done()
+
+	// An answer after the deadline comes too late to keep the lease, so the renewal
+	// waits for none; the sent time is taken before any batch queue, which makes it no
+	// later than the real send.
+	ctx, cancel := context.WithDeadline(k.ctx, deadline)
+	sent := time.Now()
+	_, err := k.c.Extend(ctx, k.key, k.token, lc.lease)
+	cancel()
+
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.ended {
+		// The deadline passed while the renewal was under way: its answer changes
+		// nothing.
+		return
+	}
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
+		k.lose(fmt.Errorf("%w: %q was taken over while the operation ran", ErrLeaseLost, k.key))
+		return
+	}
+	now := time.Now()
+	if !now.Before(lc.deadline) {
+		k.expire()
+		return
+	}
+	var next time.Duration
+	if err == nil {
+		lc.deadline = sent.Add(reckoned(lc.lease))
+		next = max(0, sent.Add(k.every).Sub(now))
+		if !k.stopped {
+			k.expiry.Reset(lc.deadline.Sub(now))
+		}
+	} else {
+		next = k.every
+	}
+	if !k.stopped {
+		k.renewal.Reset(next)
+	}
+}
+
+// onDeadline is the deadline timer's callback. A renewal answered since the timer was
+// set may have moved the deadline on; then the timer is set again.
+func (k *keeper) onDeadline() {
+	lc := k.clock
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if k.stopped || lc.ended {
+		return
+	}
+	if left := lc.deadline.Sub(time.Now()); left > 0 {
+		k.expiry.Reset(left)
+		return
+	}
+	k.expire()
+}
+
+// expire ends the lease at its deadline. The caller holds the clock's mutex.
+func (k *keeper) expire() {
+	k.lose(fmt.Errorf("%w: another caller may take %q over", ErrLeaseExpired, k.key))
+}
+
+// lose ends the lease and cancels the function's context with cause. The caller holds
+// the clock's mutex, so that stop finds the context cancelled whenever the lease is
+// ended.
+func (k *keeper) lose(cause error) {
+	k.clock.ended = true
+	k.cancel(cause)
+	if k.renewal != nil {
+		k.renewal.Stop()
+	}
 }
 
 func (k *keeper) stop() {
-	k.mu.Lock()
-	k.stopped = true
-	k.mu.Unlock()
-	k.timer.Stop()
-	k.renewing.Wait()
+	k.stopOnce.Do(func() {
+		lc := k.clock
+		lc.mu.Lock()
+		k.stopped = true
+		lc.mu.Unlock()
+		if k.renewal != nil {
+			k.renewal.Stop()
+			k.expiry.Stop()
+		}
+		k.renewing.Wait()
+		lc.mu.Lock()
+		defer lc.mu.Unlock()
+		if !lc.ended && !time.Now().Before(lc.deadline) {
+			k.expire()
+		}
+	})
 }
 
 // Once runs fn at most once per message key, for consumers of brokers that deliver

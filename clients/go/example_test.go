@@ -170,3 +170,30 @@ func ExampleLeaseFrom() {
 	// attempt 1 recovered false
 	// 201
 }
+
+func ExampleLease_Remaining() {
+	ctx := context.Background()
+	client, _ := idem.New(daemonURL)
+	key := freshKey("export-report")
+
+	res, err := client.Do(ctx, key, "", func(ctx context.Context) (idem.Response, error) {
+		lease, _ := idem.LeaseFrom(ctx)
+		// A provider that takes a deadline of its own gets the time the lease is known
+		// to last, less a margin to store the result: its work then ends while this call
+		// still holds the key, rather than after another caller took it over. The
+		// context ends at the lease's deadline anyway; the provider cannot see that.
+		budget := lease.Remaining() - time.Second
+		if budget <= 0 {
+			return idem.Response{}, errors.New("too little of the lease left to start")
+		}
+		fmt.Println("the provider may take at most the lease:", budget < 30*time.Second)
+		return idem.Response{Status: 200}, nil
+	}, idem.DoOptions{Lease: 30 * time.Second})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Status)
+	// Output:
+	// the provider may take at most the lease: true
+	// 200
+}

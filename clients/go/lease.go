@@ -1,10 +1,18 @@
 package idem
 
-import "context"
+import (
+	"context"
+	"sync"
+	"time"
+)
 
 // Lease is the lease that the code run by Do, Once or Middleware runs under. Attempt
 // and Recovered let that code make its effects happen once, not only start once:
-// see docs/effects.md.
+// see docs/effects.md. Remaining and Deadline tell how long the lease is known to
+// last, so that the code can bound what it calls by it.
+//
+// A Lease is a value; copies of it share the reckoning of its deadline, so compare
+// leases by their fields rather than with ==.
 type Lease struct {
 	// Key is the idemd key the lease is on: Do's and Once's key, or for Middleware the
 	// key it derived from the request's scope and Idempotency-Key (MiddlewareKey).
@@ -17,6 +25,64 @@ type Lease struct {
 	// out: that holder may have done part of the work, or all of it without storing
 	// the result, so look the effect up before doing it again.
 	Recovered bool
+
+	clock *leaseClock
+}
+
+// Remaining is how long the lease is still known to be held: the time to its local
+// deadline, which every answered renewal moves on. It is 0 once the lease is lost or
+// its deadline has passed, and for a Lease that no call handed out.
+func (l Lease) Remaining() time.Duration {
+	if l.clock == nil {
+		return 0
+	}
+	return l.clock.remaining(time.Now())
+}
+
+// Deadline is the lease's local deadline as it stands now: the send time of the claim,
+// or of the last renewal idemd answered, plus 95 % of the lease. The 5 % are kept for
+// the holder's clock and idemd's running at different rates. Renewals move it later,
+// so bound a call by Remaining, or by Deadline read just before the call. It carries
+// the monotonic clock reading of time.Now. It is the zero time for a Lease that no
+// call handed out.
+func (l Lease) Deadline() time.Time {
+	if l.clock == nil {
+		return time.Time{}
+	}
+	l.clock.mu.Lock()
+	defer l.clock.mu.Unlock()
+	return l.clock.deadline
+}
+
+// leaseClock is the holder's reckoning of one lease, shared by the copies of its Lease
+// and by the keeper that renews it.
+type leaseClock struct {
+	mu       sync.Mutex
+	lease    time.Duration
+	deadline time.Time
+	// ended is set when the lease is lost: idemd said so, or its deadline passed with
+	// no renewal answered.
+	ended bool
+}
+
+// reckoned is the part of a lease the holder counts on. idemd starts the lease when it
+// receives the claim or the renewal, after the holder sent it, so reckoning from the
+// send covers the network; the 5 % left out cover the two clocks running at different
+// rates, which NTP keeps within 500 ppm and an unsynchronised crystal within about
+// 100 ppm, with room to spare for a virtual machine whose clock stalls.
+func reckoned(lease time.Duration) time.Duration { return lease - lease/20 }
+
+func newLeaseClock(lease time.Duration, sent time.Time) *leaseClock {
+	return &leaseClock{lease: lease, deadline: sent.Add(reckoned(lease))}
+}
+
+func (lc *leaseClock) remaining(now time.Time) time.Duration {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.ended {
+		return 0
+	}
+	return max(0, lc.deadline.Sub(now))
 }
 
 type leaseKey struct{}
@@ -27,7 +93,8 @@ type leaseKey struct{}
 // through (a method it does not guard, no Idempotency-Key) or ran unprotected because
 // idemd could not be reached (WithFailOpen). The context itself tells whether the lease
 // is still live: it is cancelled, with a cause that matches ErrLeaseLost, once the lease
-// is lost.
+// is lost, and one that also matches ErrLeaseExpired when its deadline passed with no
+// renewal answered.
 func LeaseFrom(ctx context.Context) (Lease, bool) {
 	l, ok := ctx.Value(leaseKey{}).(Lease)
 	return l, ok
@@ -37,6 +104,6 @@ func withLease(ctx context.Context, l Lease) context.Context {
 	return context.WithValue(ctx, leaseKey{}, l)
 }
 
-func leaseOf(key string, cl *Claim) Lease {
-	return Lease{Key: key, Attempt: cl.Attempt, Recovered: cl.Recovered}
+func leaseOf(key string, cl *Claim, clock *leaseClock) Lease {
+	return Lease{Key: key, Attempt: cl.Attempt, Recovered: cl.Recovered, clock: clock}
 }

@@ -15,14 +15,31 @@ import (
 
 // cutTransport sends requests to idemd until it is cut; from then on every request
 // fails as if the network were gone, so a holder's renewals stop reaching idemd while
-// the holder goes on.
-type cutTransport struct{ cut atomic.Bool }
+// the holder goes on. It counts the renewals it refused and those idemd answered.
+type cutTransport struct {
+	cut              atomic.Bool
+	refusedRenewals  atomic.Int32
+	answeredRenewals atomic.Int32
+}
 
 func (c *cutTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	renewal := r.URL.Path == "/v1/extend"
 	if c.cut.Load() {
+		if renewal {
+			c.refusedRenewals.Add(1)
+		}
 		return nil, errors.New("link to idemd cut by the test")
 	}
-	return http.DefaultTransport.RoundTrip(r)
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if renewal && err == nil && resp.StatusCode == http.StatusOK {
+		c.answeredRenewals.Add(1)
+	}
+	return resp, err
+}
+
+// fields is a lease's key, attempt and recovered, which tests compare.
+func fields(l idem.Lease) idem.Lease {
+	return idem.Lease{Key: l.Key, Attempt: l.Attempt, Recovered: l.Recovered}
 }
 
 // stalledHolder is a client whose link to idemd the test cuts once it holds a lease:
@@ -34,13 +51,15 @@ func stalledHolder(t *testing.T) (*idem.Client, *cutTransport) {
 }
 
 // takeOver runs Do for key until it gets the lease, which it can only once the
-// holder's lease has run out; it returns the lease fn ran under.
-func takeOver(t *testing.T, c *idem.Client, key string) idem.Lease {
+// holder's lease has run out; it returns the lease fn ran under and when fn started.
+func takeOver(t *testing.T, c *idem.Client, key string) (idem.Lease, time.Time) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var got idem.Lease
+		var at time.Time
 		_, err := c.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {
+			at = time.Now()
 			l, ok := idem.LeaseFrom(ctx)
 			if !ok {
 				return idem.Response{}, errors.New("fn's context carries no lease")
@@ -50,7 +69,7 @@ func takeOver(t *testing.T, c *idem.Client, key string) idem.Lease {
 		}, idem.DoOptions{Wait: time.Second})
 		switch {
 		case err == nil:
-			return got
+			return got, at
 		case !errors.Is(err, idem.ErrInProgress):
 			t.Fatalf("taking %q over: %v", key, err)
 		case time.Now().After(deadline):
@@ -65,19 +84,35 @@ func TestDoHandsTheLease(t *testing.T) {
 	if _, ok := idem.LeaseFrom(t.Context()); ok {
 		t.Fatal("a context outside Do carries a lease")
 	}
+	var none idem.Lease
+	if none.Remaining() != 0 || !none.Deadline().IsZero() {
+		t.Fatalf("a Lease no call handed out: remaining %s, deadline %s; want 0 and the zero time", none.Remaining(), none.Deadline())
+	}
 	var got idem.Lease
+	var deadline, read time.Time
+	var remaining time.Duration
+	sent := time.Now()
 	res, err := c.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {
 		var ok bool
 		if got, ok = idem.LeaseFrom(ctx); !ok {
 			return idem.Response{}, errors.New("fn's context carries no lease")
 		}
+		deadline, remaining = got.Deadline(), got.Remaining()
+		read = time.Now()
 		return idem.Response{Status: 200}, nil
 	})
 	if err != nil || res.Replayed {
 		t.Fatalf("Do: %+v %v", res, err)
 	}
-	if want := (idem.Lease{Key: key, Attempt: 1}); got != want {
+	if want := (idem.Lease{Key: key, Attempt: 1}); fields(got) != want {
 		t.Fatalf("lease of a first claim: %+v, want %+v", got, want)
+	}
+	// The default lease is 30 s, of which the holder counts on 95 % from the claim's
+	// send, which came between sent and read.
+	const reckoned = 28500 * time.Millisecond
+	if deadline.Before(sent.Add(reckoned)) || deadline.After(read.Add(reckoned)) || remaining <= 0 || remaining > reckoned {
+		t.Fatalf("deadline %s (%s after the call) and %s remaining, want 28.5 s after the claim's send",
+			deadline, deadline.Sub(sent), remaining)
 	}
 
 	// A key released by an error is acquired again with the next attempt, and that is
@@ -87,7 +122,7 @@ func TestDoHandsTheLease(t *testing.T) {
 	for range 2 {
 		_ = c.Once(t.Context(), key, func(ctx context.Context) error {
 			l, _ := idem.LeaseFrom(ctx)
-			leases = append(leases, l)
+			leases = append(leases, fields(l))
 			return errors.New("transient")
 		})
 	}
@@ -99,7 +134,7 @@ func TestDoHandsTheLease(t *testing.T) {
 
 // TestDoRecoveredLease: a holder stalls past its lease; the caller that takes the key
 // over runs with the next attempt and Recovered set, and the stalled holder's context
-// ends with ErrLeaseLost once it hears of it.
+// ends with ErrLeaseLost.
 func TestDoRecoveredLease(t *testing.T) {
 	holder, link := stalledHolder(t)
 	key := freshKey("do-recovered")
@@ -115,7 +150,7 @@ func TestDoRecoveredLease(t *testing.T) {
 			close(holding)
 			<-taken
 			link.cut.Store(false)
-			// Renewals reach idemd again and hear that the lease is gone.
+			// The lease's deadline passed before idemd let the key go.
 			<-ctx.Done()
 			firstCause = context.Cause(ctx)
 			return idem.Response{Status: 200}, nil
@@ -127,13 +162,13 @@ func TestDoRecoveredLease(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("the first holder ended before it held the key: %v", err)
 	}
-	second := takeOver(t, newClient(t), key)
+	second, _ := takeOver(t, newClient(t), key)
 	taken <- second
 	err := <-done
-	if want := (idem.Lease{Key: key, Attempt: 1}); first != want {
+	if want := (idem.Lease{Key: key, Attempt: 1}); fields(first) != want {
 		t.Fatalf("the first holder's lease: %+v, want %+v", first, want)
 	}
-	if want := (idem.Lease{Key: key, Attempt: 2, Recovered: true}); second != want {
+	if want := (idem.Lease{Key: key, Attempt: 2, Recovered: true}); fields(second) != want {
 		t.Fatalf("the lease of the caller that took over: %+v, want %+v", second, want)
 	}
 	if !errors.Is(firstCause, idem.ErrLeaseLost) || !errors.Is(err, idem.ErrLeaseLost) {
@@ -153,7 +188,7 @@ func (h *leaseSeen) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	l, ok := idem.LeaseFrom(r.Context())
 	h.mu.Lock()
 	if ok {
-		h.leases = append(h.leases, l)
+		h.leases = append(h.leases, fields(l))
 	} else {
 		h.none++
 	}

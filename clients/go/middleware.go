@@ -50,9 +50,13 @@ const (
 	// IncidentReleaseFailed: the key could not be freed after a failure; retries get
 	// 409 until the lease runs out.
 	IncidentReleaseFailed IncidentKind = "release_failed"
-	// IncidentLeaseLost: the lease was lost while the handler ran, so another request
-	// may have run the same operation.
+	// IncidentLeaseLost: idemd answered that the lease was lost while the handler ran,
+	// so another request may have run the same operation.
 	IncidentLeaseLost IncidentKind = "lease_lost"
+	// IncidentLeaseExpired: the lease's local deadline passed while the handler ran,
+	// with no renewal answered (idemd could not be reached), so another request may
+	// have run the same operation.
+	IncidentLeaseExpired IncidentKind = "lease_expired"
 	// IncidentReplayInvalid: a stored answer could not be replayed.
 	IncidentReplayInvalid IncidentKind = "replay_invalid"
 )
@@ -115,7 +119,9 @@ const (
 func WithWait(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.wait = d } }
 
 // WithLease sets the lease held while the handler runs, renewed every lease/3
-// (default 30 s; 100 ms to 1 h).
+// (default 30 s; 100 ms to 1 h). Once 95 % of the
+// lease has passed since the claim or the last renewal idemd answered was sent, the
+// handler's context is cancelled as if the lease were lost (incident lease_expired).
 func WithLease(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.lease = d } }
 
 // WithStoredHeaders sets the response headers stored and replayed (default
@@ -314,6 +320,9 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if m.s.wait > 0 {
 		claimCtx = r.Context()
 	}
+	// The lease is reckoned from the claim's send, which is no later than idemd's start
+	// of it.
+	sent := time.Now()
 	cl, err := m.c.claim(claimCtx, idemdKey,
 		ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait}, true)
 	if err != nil {
@@ -335,7 +344,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.release(r, idemdKey, cl.Token)
 		return
 	}
-	m.run(w, r, leaseOf(idemdKey, cl), cl.Token)
+	m.run(w, r, leaseOf(idemdKey, cl, newLeaseClock(m.s.lease, sent)), cl.Token)
 }
 
 // refuse answers a claim that did not acquire.
@@ -379,7 +388,7 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, held Lease, tok
 	ctx, cancel := context.WithCancelCause(withLease(r.Context(), held))
 	defer cancel(nil)
 	// Renewals go on while the handler runs, even after its client has gone.
-	stop := m.c.keepAlive(context.WithoutCancel(r.Context()), cancel, key, token, m.s.lease)
+	stop := m.c.keepAlive(context.WithoutCancel(r.Context()), cancel, key, token, held.clock)
 	finished := false
 	defer func() {
 		stop()
@@ -388,16 +397,25 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, held Lease, tok
 			m.cutShort(r, key, token, rec)
 		}
 	}()
-	m.next.ServeHTTP(rec, r.WithContext(ctx))
+	// A lease whose deadline passed before the handler could start (a claim that
+	// waited that long) runs nothing.
+	if !errors.Is(context.Cause(ctx), ErrLeaseLost) {
+		m.next.ServeHTTP(rec, r.WithContext(ctx))
+	}
 	finished = true
 	stop()
 
 	if cause := context.Cause(ctx); errors.Is(cause, ErrLeaseLost) {
-		if !rec.wrote && !rec.hijacked {
-			writeProblem(w, http.StatusConflict, "lease_lost", "Request taken over",
-				"another request with this Idempotency-Key took over while this one ran", time.Second)
+		// The key may belong to another request now: nothing is stored, and it is not
+		// released.
+		kind, detail := IncidentLeaseLost, "another request with this Idempotency-Key took over while this one ran"
+		if errors.Is(cause, ErrLeaseExpired) {
+			kind, detail = IncidentLeaseExpired, "idemd could not be reached to keep this request's hold on its Idempotency-Key; another request may take over"
 		}
-		m.incident(r, IncidentLeaseLost, key, cause)
+		if !rec.wrote && !rec.hijacked {
+			writeProblem(w, http.StatusConflict, "lease_lost", "Request taken over", detail, time.Second)
+		}
+		m.incident(r, kind, key, cause)
 		return
 	}
 	if !rec.wrote && !rec.hijacked && r.Context().Err() == nil {

@@ -969,18 +969,48 @@ func TestMiddlewareIncidents(t *testing.T) {
 		var inc incidents
 		key := freshKey("mw-lease")
 		url := serveWith(t, c, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			// An operator purges the key; the next renewal finds the lease gone.
+			// An operator purges the key; the next renewal finds the lease gone. The lease
+			// is long enough for that renewal to be answered before the lease's deadline,
+			// even on a busy machine: this row is idemd's answer, not the expiry.
 			if err := c.Purge(context.WithoutCancel(r.Context()), idem.MiddlewareKey("alice", key)); err != nil {
 				http.Error(w, err.Error(), http.StatusTeapot)
 				return
 			}
 			<-r.Context().Done()
-		}), idem.WithLease(300*time.Millisecond), inc.option())
+		}), idem.WithLease(time.Second), inc.option())
 		r := call{key: key, body: `{}`}.do(t, url)
 		if r.status != 409 || r.problemCode() != "lease_lost" || r.header.Get("Retry-After") == "" {
 			t.Fatalf("answer: %+v", r)
 		}
 		testenv.WaitFor(t, 10*time.Second, "the lease_lost incident", func() bool { return inc.count(idem.IncidentLeaseLost) == 1 })
+	})
+
+	t.Run("the lease runs out while idemd cannot be reached", func(t *testing.T) {
+		c, link := stalledHolder(t)
+		var inc incidents
+		causes := make(chan error, 1)
+		url := serveWith(t, c, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			// The link to idemd is cut: no renewal is answered, and the lease's
+			// deadline passes with the handler still running.
+			link.cut.Store(true)
+			select {
+			case <-r.Context().Done():
+				causes <- context.Cause(r.Context())
+			case <-time.After(30 * time.Second):
+				causes <- errors.New("the handler's context was not cancelled")
+			}
+		}), idem.WithLease(300*time.Millisecond), inc.option())
+		r := call{key: freshKey("mw-expired"), body: `{}`}.do(t, url)
+		if r.status != 409 || r.problemCode() != "lease_lost" || r.header.Get("Retry-After") != "1" {
+			t.Fatalf("answer: %+v", r)
+		}
+		if cause := <-causes; !errors.Is(cause, idem.ErrLeaseExpired) || !errors.Is(cause, idem.ErrLeaseLost) {
+			t.Fatalf("the handler's context ended with %v, want ErrLeaseExpired", cause)
+		}
+		testenv.WaitFor(t, 10*time.Second, "the lease_expired incident", func() bool { return inc.count(idem.IncidentLeaseExpired) == 1 })
+		if n := inc.count(idem.IncidentLeaseLost); n != 0 {
+			t.Fatalf("%d lease_lost incidents for a lease that ran out unanswered", n)
+		}
 	})
 }
 

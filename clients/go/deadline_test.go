@@ -1,0 +1,187 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemd/idemd/clients/go"
+)
+
+// The tests below check the holder's own reckoning of its lease: the local deadline
+// that ends a lease whose renewals get no answer, and leases that must not end early.
+
+// relay is a proxy in front of idemd. delay, when set, is how long it holds each
+// request before passing it on (a slow link or a slow idemd); answered, when set, sees
+// each answer before the caller does. claims counts the claims it passed on.
+type relay struct {
+	delay    func() time.Duration
+	answered func(*http.Response)
+	claims   atomic.Int32
+}
+
+func (rl *relay) start(t *testing.T, target string) string {
+	t.Helper()
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(u)
+	if rl.answered != nil {
+		proxy.ModifyResponse = func(resp *http.Response) error {
+			rl.answered(resp)
+			return nil
+		}
+	}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if rl.delay != nil {
+			// The slowness this relay stands for, not a wait for anything.
+			time.Sleep(rl.delay())
+		}
+		if r.URL.Path == "/v1/claim" {
+			rl.claims.Add(1)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(hs.Close)
+	return hs.URL
+}
+
+// TestDoLeaseExpiresWhenTheLinkIsCut: a holder's link to idemd is cut right after its
+// claim. It hears nothing from idemd, yet its lease ends, by its own deadline, before
+// idemd lets another caller take the key over; the caller that does stores its
+// result, which the holder's late one does not replace.
+func TestDoLeaseExpiresWhenTheLinkIsCut(t *testing.T) {
+	holder, link := stalledHolder(t)
+	key := freshKey("do-expired")
+	const lease = 500 * time.Millisecond
+	type end struct {
+		cause     error
+		deadline  time.Time
+		remaining time.Duration
+	}
+	holding := make(chan struct{})
+	ended := make(chan end, 1)
+	done := make(chan error, 1)
+	sent := time.Now()
+	go func() {
+		_, err := holder.Do(context.Background(), key, "", func(ctx context.Context) (idem.Response, error) {
+			l, _ := idem.LeaseFrom(ctx)
+			link.cut.Store(true)
+			close(holding)
+			select {
+			case <-ctx.Done():
+			case <-time.After(30 * time.Second):
+				return idem.Response{}, errors.New("the lease went on with its link cut")
+			}
+			ended <- end{context.Cause(ctx), l.Deadline(), l.Remaining()}
+			// The holder finishes its work anyway: its result must not be stored.
+			return idem.Response{Status: 202, Body: []byte("stale")}, nil
+		}, idem.DoOptions{Lease: lease})
+		done <- err
+	}()
+	select {
+	case <-holding:
+	case err := <-done:
+		t.Fatalf("the holder ended before it held the key: %v", err)
+	}
+	second, takenAt := takeOver(t, newClient(t), key)
+	err := <-done
+	var e end
+	select {
+	case e = <-ended:
+	default:
+		t.Fatalf("the holder's work did not see its lease end; Do returned %v", err)
+	}
+
+	if !errors.Is(e.cause, idem.ErrLeaseExpired) || !errors.Is(e.cause, idem.ErrLeaseLost) {
+		t.Fatalf("the holder's context ended with %v, want a cause matching ErrLeaseExpired and ErrLeaseLost", e.cause)
+	}
+	if !errors.Is(err, idem.ErrLeaseExpired) || !errors.Is(err, idem.ErrLeaseLost) {
+		t.Fatalf("the holder's Do returned %v, want ErrLeaseExpired, which matches ErrLeaseLost", err)
+	}
+	if e.deadline.After(sent.Add(lease)) || e.remaining != 0 {
+		t.Fatalf("the holder's deadline %s after its call, %s remaining; want at most the lease (%s), and 0 left",
+			e.deadline.Sub(sent), e.remaining, lease)
+	}
+	// idemd gave the key up a lease after it received the claim, which was after the
+	// holder sent it: so after the holder's deadline.
+	if takenAt.Before(e.deadline) {
+		t.Fatalf("the key was taken over %s before the holder's deadline", e.deadline.Sub(takenAt))
+	}
+	// Recovered: the holder did not release the key.
+	if want := (idem.Lease{Key: key, Attempt: 2, Recovered: true}); fields(second) != want {
+		t.Fatalf("the lease of the caller that took over: %+v, want %+v", second, want)
+	}
+	rec, err := newClient(t).Lookup(t.Context(), key)
+	if err != nil || rec.State != "completed" || rec.Attempt != 2 || rec.Response == nil || rec.Response.Status != 200 {
+		t.Fatalf("the record after the takeover: %+v %v, want the result of attempt 2", rec, err)
+	}
+	res, err := newClient(t).Do(t.Context(), key, "", func(context.Context) (idem.Response, error) {
+		return idem.Response{}, errors.New("ran again after the key was done")
+	})
+	if err != nil || !res.Replayed || res.Status != 200 {
+		t.Fatalf("a later Do: %+v %v, want the takeover's result replayed", res, err)
+	}
+}
+
+// TestNoFalseExpiries: many holders, with leases of several lengths, run work for two
+// and a half leases each through a relay that makes idemd slow (20 to 50 ms a
+// request); their renewals are answered late but in time, many of them in batches,
+// and no lease may end. A renewal has 62 % of the lease to be answered in; a batching
+// client's renewal may wait for the batch in flight and then go in the next, which
+// doubles its round trip, so the shortest lease here leaves room for two round trips
+// of 150 ms on a busy machine.
+func TestNoFalseExpiries(t *testing.T) {
+	rl := &relay{delay: func() time.Duration { return 20*time.Millisecond + rand.N(30*time.Millisecond) }}
+	url := rl.start(t, daemonURL)
+	const holders = 25
+	var wg sync.WaitGroup
+	var keys sync.Map
+	for _, lease := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+		// One client per lease, so that its holders' calls share batches.
+		c, err := idem.New(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range holders {
+			key := freshKey(fmt.Sprintf("healthy-%s-%d", lease, i))
+			keys.Store(key, true)
+			wg.Go(func() {
+				_, err := c.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {
+					select {
+					case <-ctx.Done():
+						return idem.Response{}, context.Cause(ctx)
+					case <-time.After(5 * lease / 2):
+					}
+					return idem.Response{Status: 200, Body: []byte(key)}, nil
+				}, idem.DoOptions{Lease: lease})
+				if err != nil {
+					t.Errorf("a holder with a %s lease: %v", lease, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	c := newClient(t)
+	keys.Range(func(k, _ any) bool {
+		key := k.(string)
+		rec, err := c.Lookup(t.Context(), key)
+		if err != nil || rec.State != "completed" || rec.Attempt != 1 || rec.Response == nil || string(rec.Response.Body) != key {
+			t.Errorf("%s: %+v %v, want the holder's result", key, rec, err)
+		}
+		return true
+	})
+}
