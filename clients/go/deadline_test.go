@@ -18,7 +18,25 @@ import (
 )
 
 // The tests below check the holder's own reckoning of its lease: the local deadline
-// that ends a lease whose renewals get no answer, and leases that must not end early.
+// that ends a lease whose renewals get no answer, the renewals tried sooner as it
+// nears, and leases that must not end early.
+
+// holdUntil waits, in work run under a lease, until cond holds. It gives up when the
+// lease ends first (with the lease's cause), or after timeout.
+func holdUntil(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for pause := time.Millisecond; !cond(); pause = min(2*pause, 20*time.Millisecond) {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not within %s: %s", timeout, what)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the lease ended while waiting for %s: %w", what, context.Cause(ctx))
+		case <-time.After(pause):
+		}
+	}
+	return nil
+}
 
 // relay is a proxy in front of idemd. delay, when set, is how long it holds each
 // request before passing it on (a slow link or a slow idemd); answered, when set, sees
@@ -134,6 +152,45 @@ func TestDoLeaseExpiresWhenTheLinkIsCut(t *testing.T) {
 	}
 }
 
+// TestDoLeaseOutlivesABriefCut: the link is cut for a while shorter than the lease;
+// renewals fail meanwhile and are tried again sooner, one gets through once the link
+// is back, and the lease lasts past the deadline its claim gave it.
+func TestDoLeaseOutlivesABriefCut(t *testing.T) {
+	holder, link := stalledHolder(t)
+	key := freshKey("do-blip")
+	const lease = 2 * time.Second
+	res, err := holder.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {
+		l, _ := idem.LeaseFrom(ctx)
+		first := l.Deadline()
+		link.cut.Store(true)
+		if err := holdUntil(ctx, 30*time.Second, "two renewals refused", func() bool { return link.refusedRenewals.Load() >= 2 }); err != nil {
+			return idem.Response{}, err
+		}
+		link.cut.Store(false)
+		if err := holdUntil(ctx, 30*time.Second, "a renewal answered", func() bool { return l.Deadline().After(first) }); err != nil {
+			return idem.Response{}, err
+		}
+		// The work goes on past the deadline the claim alone gave.
+		if err := holdUntil(ctx, 30*time.Second, "the claim's deadline", func() bool { return time.Now().After(first) }); err != nil {
+			return idem.Response{}, err
+		}
+		if l.Remaining() <= 0 {
+			return idem.Response{}, fmt.Errorf("the renewed lease has %s left", l.Remaining())
+		}
+		return idem.Response{Status: 201, Body: []byte("kept")}, nil
+	}, idem.DoOptions{Lease: lease})
+	if err != nil || res.Status != 201 {
+		t.Fatalf("Do through a brief cut: %+v %v", res, err)
+	}
+	if n := link.answeredRenewals.Load(); n < 1 {
+		t.Fatalf("%d renewals answered after the cut", n)
+	}
+	rec, err := newClient(t).Lookup(t.Context(), key)
+	if err != nil || rec.State != "completed" || rec.Attempt != 1 || rec.Response == nil || string(rec.Response.Body) != "kept" {
+		t.Fatalf("the record: %+v %v, want the holder's result", rec, err)
+	}
+}
+
 // TestNoFalseExpiries: many holders, with leases of several lengths, run work for two
 // and a half leases each through a relay that makes idemd slow (20 to 50 ms a
 // request); their renewals are answered late but in time, many of them in batches,
@@ -184,4 +241,33 @@ func TestNoFalseExpiries(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestRenewalRetry: a failed renewal is tried again after a delay drawn from [d/2, d],
+// where d is the lease/6, or a third of the time left once that is shorter, and at
+// least 10 ms; the draws spread over the range.
+func TestRenewalRetry(t *testing.T) {
+	for _, tc := range []struct {
+		lease, left, d time.Duration
+	}{
+		{30 * time.Second, 20 * time.Second, 5 * time.Second},
+		{30 * time.Second, 6 * time.Second, 2 * time.Second},
+		{time.Second, 600 * time.Millisecond, 166666666},
+		{time.Second, 90 * time.Millisecond, 30 * time.Millisecond},
+		{time.Second, 0, 10 * time.Millisecond},
+		{time.Second, -time.Second, 10 * time.Millisecond},
+		{30 * time.Millisecond, time.Second, 10 * time.Millisecond},
+	} {
+		lo, hi := tc.d, time.Duration(0)
+		for range 2000 {
+			got := idem.RenewalRetry(tc.lease, tc.left)
+			if got < tc.d/2 || got > tc.d {
+				t.Fatalf("lease %s with %s left: a retry after %s, want within [%s, %s]", tc.lease, tc.left, got, tc.d/2, tc.d)
+			}
+			lo, hi = min(lo, got), max(hi, got)
+		}
+		if lo > tc.d/2+tc.d/8 || hi < tc.d-tc.d/8 {
+			t.Fatalf("lease %s with %s left: 2000 draws within [%s, %s], want them spread over [%s, %s]", tc.lease, tc.left, lo, hi, tc.d/2, tc.d)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -32,7 +33,8 @@ func Permanent(err error, r Response) error { return &PermanentError{Err: err, R
 // DoOptions tune Do and Once; the zero value uses a 30 s lease, extended while the
 // function runs, and answers at once with ErrInProgress when the key is held.
 type DoOptions struct {
-	// Lease is the lease to claim and to renew every Lease/3 while the function runs.
+	// Lease is the lease to claim and to renew every Lease/3 while the function runs
+	// (sooner after a renewal that failed).
 	Lease time.Duration
 	// Wait is how long to wait for another holder to finish.
 	Wait time.Duration
@@ -200,9 +202,10 @@ func recordFingerprint(rec *finishedRecord) string {
 // local deadline (Lease.Deadline) unless a renewal was answered before. When idemd
 // says the lease is lost it cancels the function's context with a cause matching
 // ErrLeaseLost; when the deadline passes first, with one matching ErrLeaseExpired too.
-// A renewal that fails without that answer is tried again at the next tick. Renewals
-// and the deadline run on timers rather than a goroutine of their own, which most
-// calls, finished well before the first renewal, would start and stop for nothing. stop returns once no renewal is under way, so that
+// A renewal that fails without that answer is tried again sooner and sooner as the
+// deadline nears (renewalRetry). Renewals and the deadline run on timers rather than a
+// goroutine of their own, which most calls, finished well before the first renewal,
+// would start and stop for nothing. stop returns once no renewal is under way, so that
 // what it decided is known; it also ends a lease whose deadline passed before the
 // timer's callback could run, so that a result returned after the deadline is never
 // taken for one made under the lease.
@@ -286,7 +289,7 @@ func (k *keeper) renew() {
 			k.expiry.Reset(lc.deadline.Sub(now))
 		}
 	} else {
-		next = k.every
+		next = renewalRetry(lc.lease, lc.deadline.Sub(now))
 	}
 	if !k.stopped {
 		k.renewal.Reset(next)
@@ -342,6 +345,17 @@ func (k *keeper) stop() {
 			k.expire()
 		}
 	})
+}
+
+// renewalRetry is how long to wait before trying again a renewal that failed without
+// an answer about the lease: a delay drawn from [d/2, d], where d is a sixth of the
+// lease, or a third of the time left to the deadline once that is shorter, and at
+// least 10 ms. Tries come closer together as the deadline nears, so that a link back
+// in time is found in time; the draw spreads the tries of many holders cut off at
+// once.
+func renewalRetry(lease, left time.Duration) time.Duration {
+	d := max(10*time.Millisecond, min(lease/6, left/3))
+	return d/2 + rand.N(d-d/2+1)
 }
 
 // Once runs fn at most once per message key, for consumers of brokers that deliver

@@ -3,6 +3,7 @@ package idem
 import (
 	"encoding/json"
 	"reflect"
+	"time"
 )
 
 // QueuedCalls is how many calls of c wait for the batch in flight to return.
@@ -23,3 +24,7 @@ func ReadsBatchAnswer(body []byte) (fast, same bool) {
 	err := json.Unmarshal(body, &want)
 	return fast, err == nil && reflect.DeepEqual(got, want)
 }
+
+// RenewalRetry is the delay before a failed renewal is tried again, for a lease with
+// left to its deadline.
+func RenewalRetry(lease, left time.Duration) time.Duration { return renewalRetry(lease, left) }

@@ -118,8 +118,8 @@ const (
 // client leaves stops waiting at once.
 func WithWait(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.wait = d } }
 
-// WithLease sets the lease held while the handler runs, renewed every lease/3
-// (default 30 s; 100 ms to 1 h). Once 95 % of the
+// WithLease sets the lease held while the handler runs, renewed every lease/3, and
+// sooner after a renewal that failed (default 30 s; 100 ms to 1 h). Once 95 % of the
 // lease has passed since the claim or the last renewal idemd answered was sent, the
 // handler's context is cancelled as if the lease were lost (incident lease_expired).
 func WithLease(d time.Duration) MiddlewareOption { return func(s *middlewareSettings) { s.lease = d } }
