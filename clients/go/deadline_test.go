@@ -15,11 +15,15 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
 // The tests below check the holder's own reckoning of its lease: the local deadline
 // that ends a lease whose renewals get no answer, the renewals tried sooner as it
 // nears, and leases that must not end early.
+
+// reckoned is the part of a lease the holder counts on: 95 % of it.
+func reckoned(lease time.Duration) time.Duration { return lease - lease/20 }
 
 // holdUntil waits, in work run under a lease, until cond holds. It gives up when the
 // lease ends first (with the lease's cause), or after timeout.
@@ -270,4 +274,143 @@ func TestRenewalRetry(t *testing.T) {
 			t.Fatalf("lease %s with %s left: 2000 draws within [%s, %s], want them spread over [%s, %s]", tc.lease, tc.left, lo, hi, tc.d/2, tc.d)
 		}
 	}
+}
+
+// otherHolder takes key, with fingerprint, for 20 s, so that a claim made after it
+// waits. Its letGo
+// gives the key back once that claim, sent at sent through rl, has waited more than a
+// third of lease, so that the claim acquires late; it returns when it let go.
+func otherHolder(t *testing.T, key, fingerprint string) (letGo func(rl *relay, lease time.Duration, sent time.Time) time.Time) {
+	t.Helper()
+	c := newClient(t)
+	cl, err := c.Claim(t.Context(), key, idem.ClaimOptions{Fingerprint: fingerprint, Lease: 20 * time.Second})
+	if err != nil || cl.Outcome != idem.Acquired {
+		t.Fatalf("the other holder's claim: %+v %v", cl, err)
+	}
+	return func(rl *relay, lease time.Duration, sent time.Time) time.Time {
+		t.Helper()
+		testenv.WaitFor(t, 20*time.Second, "the claim to wait a third of its lease", func() bool {
+			return rl.claims.Load() >= 1 && time.Since(sent) > lease/3
+		})
+		released := time.Now()
+		if err := c.Release(t.Context(), key, cl.Token, idem.Retry, nil); err != nil {
+			t.Fatal(err)
+		}
+		return released
+	}
+}
+
+// TestDoRenewsALateClaimFirst: a claim that waited longer than a third of its lease
+// for another holder is renewed before the work starts, so that the work gets a
+// deadline reckoned from that renewal rather than one already near.
+func TestDoRenewsALateClaimFirst(t *testing.T) {
+	rl := &relay{}
+	c, err := idem.New(rl.start(t, daemonURL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := freshKey("do-waited")
+	const lease = 900 * time.Millisecond
+	letGo := otherHolder(t, key, "")
+	deadlines := make(chan time.Time, 1)
+	done := make(chan error, 1)
+	sent := time.Now()
+	go func() {
+		_, err := c.Do(context.Background(), key, "", func(ctx context.Context) (idem.Response, error) {
+			l, _ := idem.LeaseFrom(ctx)
+			deadlines <- l.Deadline()
+			return idem.Response{Status: 200}, nil
+		}, idem.DoOptions{Lease: lease, Wait: 20 * time.Second})
+		done <- err
+	}()
+	released := letGo(rl, lease, sent)
+	if err := <-done; err != nil {
+		t.Fatalf("Do after a wait: %v", err)
+	}
+	// The claim was answered after the release; the renewal was sent after that.
+	if d := <-deadlines; d.Before(released.Add(reckoned(lease))) {
+		t.Fatalf("the work's deadline is %s after the other holder let go, want at least %s: reckoned from the claim, not from a renewal after it",
+			d.Sub(released), reckoned(lease))
+	}
+}
+
+// TestALateClaimFindsItsLeaseGone: a claim that waited is answered, and the key is
+// purged before the renewal made before the work starts: the work does not run, the
+// call fails with a lease lost by idemd's answer (not by expiry), and nothing is
+// stored.
+func TestALateClaimFindsItsLeaseGone(t *testing.T) {
+	const lease = 900 * time.Millisecond
+	purger := newClient(t)
+	// purgeOnAcquire is a relay that purges the key as its claim is answered acquired.
+	purgeOnAcquire := func(key string) *relay {
+		return &relay{answered: func(resp *http.Response) {
+			if resp.Request.URL.Path == "/v1/claim" && resp.StatusCode == http.StatusCreated {
+				if err := purger.Purge(context.Background(), key); err != nil {
+					t.Error(err)
+				}
+			}
+		}}
+	}
+
+	t.Run("Do", func(t *testing.T) {
+		key := freshKey("do-waited-lost")
+		rl := purgeOnAcquire(key)
+		c, err := idem.New(rl.start(t, daemonURL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		letGo := otherHolder(t, key, "")
+		var ran atomic.Bool
+		done := make(chan error, 1)
+		sent := time.Now()
+		go func() {
+			_, err := c.Do(context.Background(), key, "", func(ctx context.Context) (idem.Response, error) {
+				ran.Store(true)
+				return idem.Response{Status: 200}, nil
+			}, idem.DoOptions{Lease: lease, Wait: 20 * time.Second})
+			done <- err
+		}()
+		letGo(rl, lease, sent)
+		err = <-done
+		if !errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrLeaseExpired) || ran.Load() {
+			t.Fatalf("Do whose lease was gone before the work: %v (ran %t), want ErrLeaseLost from idemd's answer and no run", err, ran.Load())
+		}
+		if _, err := purger.Lookup(t.Context(), key); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("a record after the lease was lost: %v", err)
+		}
+	})
+
+	t.Run("Middleware", func(t *testing.T) {
+		key := freshKey("mw-waited-lost")
+		rl := purgeOnAcquire(idem.MiddlewareKey("alice", key))
+		c, err := idem.New(rl.start(t, daemonURL))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var inc incidents
+		h := &orders{}
+		url := serveWith(t, c, h, idem.WithLease(lease), idem.WithWait(20*time.Second), inc.option())
+		// The other holder is a request like the one sent below.
+		req := httptest.NewRequest(http.MethodPost, "/orders", nil)
+		req.Header.Set("Content-Type", "application/json")
+		letGo := otherHolder(t, idem.MiddlewareKey("alice", key), idem.Fingerprint(req, []byte(`{}`)))
+		answers := make(chan reply, 1)
+		sent := time.Now()
+		go func() {
+			r, err := call{key: key, body: `{}`}.send(t, context.Background(), url)
+			if err != nil {
+				t.Error(err)
+			}
+			answers <- r
+		}()
+		letGo(rl, lease, sent)
+		r := <-answers
+		if r.status != 409 || r.problemCode() != "lease_lost" || r.header.Get("Retry-After") != "1" || h.runs.Load() != 0 {
+			t.Fatalf("answer: %+v; the handler ran %d times; want 409 lease_lost, Retry-After 1, and no run", r, h.runs.Load())
+		}
+		testenv.WaitFor(t, 10*time.Second, "the lease_lost incident", func() bool { return inc.count(idem.IncidentLeaseLost) == 1 })
+		if n := inc.count(idem.IncidentLeaseExpired); n != 0 {
+			t.Fatalf("%d lease_expired incidents for a lease idemd said was gone", n)
+		}
+	})
 }

@@ -88,7 +88,35 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx co
 	case Failed:
 		return Result{Response: stored, Replayed: true}, ErrFailed
 	}
-	return c.run(ctx, leaseOf(key, cl, newLeaseClock(o.lease(), sent)), cl.Token, fn)
+	held, err := c.hold(ctx, key, cl, o.lease(), sent)
+	if err != nil {
+		return Result{}, err
+	}
+	return c.run(ctx, held, cl.Token, fn)
+}
+
+// hold starts the holder's reckoning of the lease that cl, a claim sent at sent,
+// acquired. A claim answered more than lease/3 after its send (it waited for another
+// holder) would start the work with its deadline near or already past, so the lease
+// is renewed once first and reckoned from that renewal's send. A renewal that gets no
+// answer leaves the claim's deadline; one answered lease_lost or not_found means that
+// the lease is gone before anything ran, and hold returns an error that matches
+// ErrLeaseLost.
+func (c *Client) hold(ctx context.Context, key string, cl *Claim, lease time.Duration, sent time.Time) (Lease, error) {
+	if time.Since(sent) > lease/3 {
+		// An answer that comes later than the lease after its send is of no use.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reckoned(lease))
+		defer cancel()
+		renewed := time.Now()
+		_, err := c.Extend(rctx, key, cl.Token, lease)
+		switch {
+		case err == nil:
+			sent = renewed
+		case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotFound):
+			return Lease{}, fmt.Errorf("%w: %q was lost before the operation ran: %w", ErrLeaseLost, key, err)
+		}
+	}
+	return leaseOf(key, cl, newLeaseClock(lease, sent)), nil
 }
 
 // Result is what Do returns: the response, and whether it was replayed from an
@@ -121,8 +149,8 @@ func (c *Client) run(ctx context.Context, held Lease, token string, fn func(ctx 
 	}()
 	var r Response
 	var fnErr error
-	// A lease whose deadline passed before fn could start (a claim that waited that
-	// long) runs nothing.
+	// A lease whose deadline passed before fn could start (a claim that waited, whose
+	// renewal got no answer) runs nothing.
 	if !errors.Is(context.Cause(fnCtx), ErrLeaseLost) {
 		r, fnErr = fn(fnCtx)
 	}

@@ -344,7 +344,16 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		m.release(r, idemdKey, cl.Token)
 		return
 	}
-	m.run(w, r, leaseOf(idemdKey, cl, newLeaseClock(m.s.lease, sent)), cl.Token)
+	held, err := m.c.hold(r.Context(), idemdKey, cl, m.s.lease, sent)
+	if err != nil {
+		// The claim waited, and idemd answered the renewal made before the handler
+		// starts that the lease is gone: nothing ran, and the key is another's.
+		writeProblem(w, http.StatusConflict, "lease_lost", "Request taken over",
+			"another request with this Idempotency-Key took over before this one ran", time.Second)
+		m.incident(r, IncidentLeaseLost, idemdKey, err)
+		return
+	}
+	m.run(w, r, held, cl.Token)
 }
 
 // refuse answers a claim that did not acquire.
@@ -398,7 +407,7 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, held Lease, tok
 		}
 	}()
 	// A lease whose deadline passed before the handler could start (a claim that
-	// waited that long) runs nothing.
+	// waited, whose renewal got no answer) runs nothing.
 	if !errors.Is(context.Cause(ctx), ErrLeaseLost) {
 		m.next.ServeHTTP(rec, r.WithContext(ctx))
 	}
