@@ -3,6 +3,7 @@
 -- ARGV[1] lease token   ARGV[2] response status   ARGV[3] response headers, JSON
 -- ARGV[4] response body   ARGV[5] retention, ms
 -- ARGV[6], ARGV[7] the token and the headers as the lean layout keeps them
+-- ARGV[8] the client's key
 -- Answers ok, not_found or lease_lost. Completing again with the same token is ok and
 -- keeps the first result.
 local token = ARGV[1]
@@ -28,5 +29,6 @@ r.st, r.rs, r.rh, r.rb, r.ua, r.xa, r.cs = 'c', ARGV[2], form(ARGV[3], ARGV[7]),
 -- A finished key needs its recovery point no more.
 r.pn, r.pd, r.pa, r.pt = nil, nil, nil, nil
 save(r)
+index(r, ARGV[8])
 notify(r, 'c')
 return answer('ok', now, r, false)

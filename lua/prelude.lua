@@ -5,9 +5,13 @@
 -- Redis cannot run; enginetest.Rules holds both to the same table. Change a rule in
 -- both places.
 --
--- Every script gets two keys: KEYS[1] the record's key in the layouts of earlier
+-- Every script gets three keys: KEYS[1] the record's key in the layouts of earlier
 -- releases (idem:<tenant>:<hex SHA-256 of the client's key>), which is also the name of
--- its change channel, and KEYS[2] its key in the lean layout, in the same Cluster slot.
+-- its change channel, KEYS[2] its key in the lean layout, and KEYS[3] the tenant's
+-- pending index of that Cluster slot, all three in the same slot. The index is a sorted
+-- set of the client's keys of the slot's pending records, scored by lease expiry (ms),
+-- which the abandoned-keys feed reads: a record is in it exactly while it is pending
+-- (index keeps it so), and the feed removes what a record's expiry left behind.
 -- load reads the key WRITE_LAYOUT writes, then (when READ_OTHER is set) the other one;
 -- save writes the record in WRITE_LAYOUT at that layout's key and deletes it at the
 -- other, so a record is in one place. lua.go sets both globals.
@@ -47,7 +51,7 @@
 local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
 local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
   'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt'}
-local LEGACY, LEAN = KEYS[1], KEYS[2]
+local LEGACY, LEAN, INDEX = KEYS[1], KEYS[2], KEYS[3]
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
 
 -- Time comes from Redis, never from a daemon, so that daemons with skewed clocks agree.
@@ -185,6 +189,16 @@ local function save(r)
   end
   redis.call('SET', LEGACY, cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
     r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt), 'PXAT', r.xa)
+end
+
+-- index keeps the record's entry in the pending index, under the client's key: its
+-- lease's expiry while it is pending, none otherwise.
+local function index(r, key)
+  if r.st == 'p' then
+    redis.call('ZADD', INDEX, r.lx, key)
+  else
+    redis.call('ZREM', INDEX, key)
+  end
 end
 
 local function answer(status, now, r, with_response)

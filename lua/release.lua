@@ -4,6 +4,7 @@
 -- ARGV[3] response status ('' for none)   ARGV[4] response headers, JSON
 -- ARGV[5] response body   ARGV[6] retention, ms
 -- ARGV[7], ARGV[8] the token and the headers as the lean layout keeps them
+-- ARGV[9] the client's key
 -- Answers ok, not_found or lease_lost. The same release repeated is ok.
 local token, mode = ARGV[1], ARGV[2]
 local now = now_ms()
@@ -33,5 +34,6 @@ else
   r.pn, r.pd, r.pa, r.pt = nil, nil, nil, nil
 end
 save(r)
+index(r, ARGV[9])
 notify(r, st)
 return answer('ok', now, r, false)

@@ -65,6 +65,28 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// AbandonedKey defines model for AbandonedKey.
+type AbandonedKey struct {
+	// Attempt The attempt of the holder that left it; a claim now is the next.
+	Attempt        int64     `json:"attempt"`
+	Key            string    `json:"key"`
+	LeaseExpiredAt time.Time `json:"lease_expired_at"`
+
+	// Owner The label that holder's claim gave.
+	Owner *string `json:"owner,omitempty"`
+
+	// RecoveryPoint The name of the last recovery point; absent when none was recorded.
+	RecoveryPoint *string `json:"recovery_point,omitempty"`
+}
+
+// AbandonedKeys defines model for AbandonedKeys.
+type AbandonedKeys struct {
+	Keys []AbandonedKey `json:"keys"`
+
+	// NextCursor The cursor of the next page; absent at the end.
+	NextCursor *string `json:"next_cursor,omitempty"`
+}
+
 // BatchItem One operation, under exactly one of its members.
 type BatchItem struct {
 	Claim    *ClaimRequest    `json:"claim,omitempty"`
@@ -334,6 +356,21 @@ type Unauthenticated = Problem
 // Unavailable An RFC 9457 problem detail.
 type Unavailable = Problem
 
+// ListAbandonedParams defines parameters for ListAbandoned.
+type ListAbandonedParams struct {
+	// Prefix Only keys that begin with this, at most 255 bytes. Absent means every key.
+	Prefix *string `form:"prefix,omitempty" json:"prefix,omitempty"`
+
+	// OlderThanMs Only leases that ran out at least this long ago, in milliseconds. Absent means 0.
+	OlderThanMs *int64 `form:"older_than_ms,omitempty" json:"older_than_ms,omitempty"`
+
+	// Limit At most this many keys. Absent means 100.
+	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The `next_cursor` of the page before, with the same prefix; absent for the first page.
+	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
 // BatchJSONRequestBody defines body for Batch for application/json ContentType.
 type BatchJSONRequestBody = BatchRequest
 
@@ -450,6 +487,9 @@ type ServerInterface interface {
 	// Readyz The store is reachable and writable.
 	// (GET /readyz)
 	Readyz(ctx echo.Context) error
+	// ListAbandoned List the keys whose holder left them pending.
+	// (GET /v1/abandoned)
+	ListAbandoned(ctx echo.Context, params ListAbandonedParams) error
 	// Batch Claim, complete, release and extend several keys in one request.
 	// (POST /v1/batch)
 	Batch(ctx echo.Context) error
@@ -505,6 +545,45 @@ func (w *ServerInterfaceWrapper) Readyz(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.Readyz(ctx)
+	return err
+}
+
+// ListAbandoned converts echo context to params.
+func (w *ServerInterfaceWrapper) ListAbandoned(ctx echo.Context) error {
+	var err error
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListAbandonedParams
+	// ------------- Optional query parameter "prefix" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "prefix", ctx.QueryParams(), &params.Prefix, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter prefix: %s", err))
+	}
+
+	// ------------- Optional query parameter "older_than_ms" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "older_than_ms", ctx.QueryParams(), &params.OlderThanMs, runtime.BindQueryParameterOptions{Type: "integer", Format: "int64"})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter older_than_ms: %s", err))
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", ctx.QueryParams(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter limit: %s", err))
+	}
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", ctx.QueryParams(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter cursor: %s", err))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.ListAbandoned(ctx, params)
 	return err
 }
 
@@ -649,6 +728,7 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.POST(options.BaseURL+"/v1/batch", wrapper.Batch, options.OperationMiddlewares["batch"]...)
 	router.DELETE(options.BaseURL+"/v1/records/:key", wrapper.Purge, options.OperationMiddlewares["purge"]...)
 	router.GET(options.BaseURL+"/v1/records/:key", wrapper.Lookup, options.OperationMiddlewares["lookup"]...)
+	router.GET(options.BaseURL+"/v1/abandoned", wrapper.ListAbandoned, options.OperationMiddlewares["listAbandoned"]...)
 	router.GET(options.BaseURL+"/healthz", wrapper.Healthz, options.OperationMiddlewares["healthz"]...)
 	router.GET(options.BaseURL+"/readyz", wrapper.Readyz, options.OperationMiddlewares["readyz"]...)
 	router.GET(options.BaseURL+"/openapi.yaml", wrapper.Openapi, options.OperationMiddlewares["openapi"]...)

@@ -250,6 +250,43 @@ type Extension struct {
 	Lease      time.Duration
 }
 
+// AbandonedQuery asks for a tenant's abandoned keys: pending, under a lease that ran
+// out at or before Before, and beginning with Prefix.
+type AbandonedQuery struct {
+	Tenant string
+	Prefix string
+	Before time.Time
+	// Cursor is where the previous page stopped (its Next), "" for the first page. It
+	// is the store's own and opaque above it.
+	Cursor string
+	// Limit bounds the keys of a page, at most MaxAbandonedLimit.
+	Limit int
+}
+
+// AbandonedKey is an abandoned key as the feed shows it.
+type AbandonedKey struct {
+	Key            string
+	Attempt        int64
+	Owner          string
+	LeaseExpiredAt time.Time
+	// Point is the name of the last recovery point, "" for none.
+	Point string
+}
+
+// AbandonedPage is one page of the feed: Next is the cursor of the next page, "" at
+// the end. A page may hold fewer than Limit keys (even none) and still have a Next:
+// a store bounds the pending keys it reads for one page.
+type AbandonedPage struct {
+	Keys []AbandonedKey
+	Next string
+}
+
+// Limits of the abandoned-keys feed.
+const (
+	DefaultAbandonedLimit = 100
+	MaxAbandonedLimit     = 1000
+)
+
 // Errors that callers branch on with errors.Is.
 var (
 	ErrNotFound            = errors.New("no record for this key")
@@ -258,6 +295,7 @@ var (
 	ErrInProgress          = errors.New("another caller holds a live lease on the key")
 	ErrUnavailable         = errors.New("the store is unavailable")
 	ErrNotReplicated       = errors.New("the write was not confirmed by enough replicas in time")
+	ErrBadCursor           = errors.New("the cursor is not one the feed gave")
 )
 
 // InProgressError reports a live lease held by someone else, and when it runs out.

@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -74,6 +76,32 @@ func (m *memStore) Release(_ context.Context, r engine.Release) (engine.Record, 
 
 func (m *memStore) Extend(_ context.Context, e engine.Extension) (engine.Record, error) {
 	return m.run(e.ID, func(cur *engine.Entry, now time.Time) engine.Step { return engine.ExtendStep(cur, e, now) }).Result()
+}
+
+// Abandoned lists in key order, past the cursor (the last key of the page before).
+func (m *memStore) Abandoned(_ context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error) {
+	if q.Cursor != "" && !strings.HasPrefix(q.Cursor, q.Prefix) {
+		return engine.AbandonedPage{}, engine.ErrBadCursor
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var keys []engine.AbandonedKey
+	now := time.Now()
+	for id, e := range m.records {
+		if id.Tenant == q.Tenant && strings.HasPrefix(id.Key, q.Prefix) && id.Key > q.Cursor && e.State == engine.StatePending &&
+			!e.LeaseExpiresAt.After(q.Before) && !engine.Expired(e.ExpiresAt, now) {
+			k := engine.AbandonedKey{Key: id.Key, Attempt: e.Attempt, Owner: e.Owner, LeaseExpiredAt: e.LeaseExpiresAt}
+			if e.RecoveryPoint != nil {
+				k.Point = e.RecoveryPoint.Name
+			}
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b engine.AbandonedKey) int { return strings.Compare(a.Key, b.Key) })
+	if len(keys) > q.Limit {
+		return engine.AbandonedPage{Keys: keys[:q.Limit], Next: keys[q.Limit-1].Key}, nil
+	}
+	return engine.AbandonedPage{Keys: keys}, nil
 }
 
 func (m *memStore) Mark(_ context.Context, mk engine.Mark) (engine.Record, error) {

@@ -28,6 +28,11 @@ type Store interface {
 	Mark(ctx context.Context, m Mark) (Record, error)
 	// Lookup returns the record, or ErrNotFound.
 	Lookup(ctx context.Context, id ID) (Record, error)
+	// Abandoned lists a page of abandoned keys in an order of the store's choosing that
+	// a cursor continues; a key's lease may have been renewed or taken over since, so
+	// the caller's claim decides. A malformed cursor is ErrBadCursor. Its cost grows with
+	// the pending keys it reads, never with all the records.
+	Abandoned(ctx context.Context, q AbandonedQuery) (AbandonedPage, error)
 	// Purge deletes the record, or returns ErrNotFound.
 	Purge(ctx context.Context, id ID) error
 	// Watch reports changes to a record, made through any daemon sharing the store, from
@@ -257,6 +262,14 @@ func (s *Service) Extend(ctx context.Context, e Extension) (Record, error) {
 // Mark records a recovery point under a held lease.
 func (s *Service) Mark(ctx context.Context, m Mark) (Record, error) {
 	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Mark(ctx, m) })
+}
+
+// Abandoned lists a page of a tenant's abandoned keys.
+func (s *Service) Abandoned(ctx context.Context, q AbandonedQuery) (AbandonedPage, error) {
+	if q.Limit <= 0 || q.Limit > MaxAbandonedLimit {
+		q.Limit = DefaultAbandonedLimit
+	}
+	return bounded(s, ctx, func(ctx context.Context) (AbandonedPage, error) { return s.store.Abandoned(ctx, q) })
 }
 
 // Lookup returns a record.

@@ -35,6 +35,7 @@ var routeScopes = map[string]auth.Scope{
 	"POST /v1/release":        auth.ScopeUse,
 	"POST /v1/extend":         auth.ScopeUse,
 	"POST /v1/recovery-point": auth.ScopeUse,
+	"GET /v1/abandoned":       auth.ScopeUse,
 	batchEndpoint:             auth.ScopeUse,
 	"GET /v1/records/:key":    auth.ScopeUse,
 	"DELETE /v1/records/:key": auth.ScopeAdmin,

@@ -328,6 +328,39 @@ func (s *Server) mark(tenant string, r api.RecoveryPointRequest) (engine.Mark, e
 	return m, nil
 }
 
+// abandonedQuery is the feed's query of a tenant at now.
+func abandonedQuery(tenant string, p api.ListAbandonedParams, now time.Time) (engine.AbandonedQuery, error) {
+	q := engine.AbandonedQuery{Tenant: tenant, Limit: engine.DefaultAbandonedLimit}
+	if p.Prefix != nil {
+		if len(*p.Prefix) > engine.MaxKeyBytes {
+			return q, invalid("prefix is %d bytes, over the limit of %d", len(*p.Prefix), engine.MaxKeyBytes)
+		}
+		if !utf8.ValidString(*p.Prefix) {
+			return q, invalid("prefix is not valid UTF-8")
+		}
+		q.Prefix = *p.Prefix
+	}
+	olderThan, err := millis("older_than_ms", p.OlderThanMs, 0, engine.MaxRetention, 0)
+	if err != nil {
+		return q, err
+	}
+	q.Before = now.Add(-olderThan)
+	if p.Limit != nil {
+		if *p.Limit < 1 || *p.Limit > engine.MaxAbandonedLimit {
+			return q, invalid("limit is %d; it must be between 1 and %d", *p.Limit, engine.MaxAbandonedLimit)
+		}
+		q.Limit = *p.Limit
+	}
+	if p.Cursor != nil {
+		raw, err := base64.RawURLEncoding.DecodeString(*p.Cursor)
+		if err != nil || len(raw) == 0 {
+			return q, invalid("cursor is not a next_cursor of this feed")
+		}
+		q.Cursor = string(raw)
+	}
+	return q, nil
+}
+
 func (s *Server) extension(tenant string, r api.ExtendRequest) (engine.Extension, error) {
 	var e engine.Extension
 	var err error

@@ -113,6 +113,8 @@ func toProblem(err error) *problem {
 	case errors.Is(err, engine.ErrLeaseLost):
 		return &problem{status: http.StatusConflict, code: codeLeaseLost,
 			detail: "lease_token: not the key's current lease (released, finished, or taken over after expiry)"}
+	case errors.Is(err, engine.ErrBadCursor):
+		return invalid("cursor is not a next_cursor of this feed for this prefix")
 	case errors.Is(err, engine.ErrNotFound):
 		return &problem{status: http.StatusNotFound, code: codeNotFound, detail: "key: no record for this key"}
 	case errors.Is(err, engine.ErrNotReplicated):

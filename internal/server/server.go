@@ -6,6 +6,7 @@ package server
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -30,6 +31,7 @@ type Engine interface {
 	Extend(ctx context.Context, e engine.Extension) (engine.Record, error)
 	Mark(ctx context.Context, m engine.Mark) (engine.Record, error)
 	Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
+	Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error)
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
 }
@@ -306,6 +308,35 @@ func (s *Server) RecordRecoveryPoint(c echo.Context) error {
 		return err
 	}
 	return s.reply(c, answer{http.StatusOK, "ok", apiRecord(rec)})
+}
+
+// ListAbandoned implements GET /v1/abandoned. The store's cursor travels base64url
+// encoded, so that it is a plain token in a query string whatever the store puts in it.
+func (s *Server) ListAbandoned(c echo.Context, params api.ListAbandonedParams) error {
+	q, err := abandonedQuery(tenant(c), params, time.Now())
+	if err != nil {
+		return err
+	}
+	page, err := s.engine.Abandoned(c.Request().Context(), q)
+	if err != nil {
+		return err
+	}
+	out := api.AbandonedKeys{Keys: make([]api.AbandonedKey, 0, len(page.Keys))}
+	for _, k := range page.Keys {
+		a := api.AbandonedKey{Key: k.Key, Attempt: k.Attempt, LeaseExpiredAt: k.LeaseExpiredAt}
+		if k.Owner != "" {
+			a.Owner = &k.Owner
+		}
+		if k.Point != "" {
+			a.RecoveryPoint = &k.Point
+		}
+		out.Keys = append(out.Keys, a)
+	}
+	if page.Next != "" {
+		next := base64.RawURLEncoding.EncodeToString([]byte(page.Next))
+		out.NextCursor = &next
+	}
+	return s.reply(c, answer{http.StatusOK, "ok", out})
 }
 
 // Lookup implements GET /v1/records/{key}.

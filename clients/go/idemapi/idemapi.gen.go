@@ -69,6 +69,28 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// AbandonedKey defines model for AbandonedKey.
+type AbandonedKey struct {
+	// Attempt The attempt of the holder that left it; a claim now is the next.
+	Attempt        int64     `json:"attempt"`
+	Key            string    `json:"key"`
+	LeaseExpiredAt time.Time `json:"lease_expired_at"`
+
+	// Owner The label that holder's claim gave.
+	Owner *string `json:"owner,omitempty"`
+
+	// RecoveryPoint The name of the last recovery point; absent when none was recorded.
+	RecoveryPoint *string `json:"recovery_point,omitempty"`
+}
+
+// AbandonedKeys defines model for AbandonedKeys.
+type AbandonedKeys struct {
+	Keys []AbandonedKey `json:"keys"`
+
+	// NextCursor The cursor of the next page; absent at the end.
+	NextCursor *string `json:"next_cursor,omitempty"`
+}
+
 // BatchItem One operation, under exactly one of its members.
 type BatchItem struct {
 	Claim    *ClaimRequest    `json:"claim,omitempty"`
@@ -338,6 +360,21 @@ type Unauthenticated = Problem
 // Unavailable An RFC 9457 problem detail.
 type Unavailable = Problem
 
+// ListAbandonedParams defines parameters for ListAbandoned.
+type ListAbandonedParams struct {
+	// Prefix Only keys that begin with this, at most 255 bytes. Absent means every key.
+	Prefix *string `form:"prefix,omitempty" json:"prefix,omitempty"`
+
+	// OlderThanMs Only leases that ran out at least this long ago, in milliseconds. Absent means 0.
+	OlderThanMs *int64 `form:"older_than_ms,omitempty" json:"older_than_ms,omitempty"`
+
+	// Limit At most this many keys. Absent means 100.
+	Limit *int `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The `next_cursor` of the page before, with the same prefix; absent for the first page.
+	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+}
+
 // BatchJSONRequestBody defines body for Batch for application/json ContentType.
 type BatchJSONRequestBody = BatchRequest
 
@@ -527,6 +564,20 @@ type ClientInterface interface {
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ListAbandoned List the keys whose holder left them pending.
+	//
+	// A key is abandoned when it is pending and its lease ran out (more than
+	// `older_than_ms` ago): its holder died or was cut off, and nobody has claimed it
+	// since. A completer lists them, claims each (the claim decides who finishes it:
+	// a lease may have been renewed or taken over since the page was read, and the
+	// claim answers in_progress then), and finishes the work from the recovery
+	// point. The keys of the caller's tenant only, in an order the cursor continues;
+	// a page may hold fewer than `limit` keys, even none, and still have a
+	// `next_cursor`: read until there is none.
+	//
+	// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
+	ListAbandoned(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// BatchWithBody Claim, complete, release and extend several keys in one request.
 	//
 	// Each item is one claim, complete, release or extend, answered on its own exactly
@@ -704,6 +755,30 @@ func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // Corresponds with GET /readyz (the `Readyz` operationId).
 func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewReadyzRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListAbandoned List the keys whose holder left them pending.
+//
+// A key is abandoned when it is pending and its lease ran out (more than
+// `older_than_ms` ago): its holder died or was cut off, and nobody has claimed it
+// since. A completer lists them, claims each (the claim decides who finishes it:
+// a lease may have been renewed or taken over since the page was read, and the
+// claim answers in_progress then), and finishes the work from the recovery
+// point. The keys of the caller's tenant only, in an order the cursor continues;
+// a page may hold fewer than `limit` keys, even none, and still have a
+// `next_cursor`: read until there is none.
+//
+// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
+func (c *Client) ListAbandoned(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListAbandonedRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1054,6 +1129,96 @@ func NewReadyzRequest(server string) (*http.Request, error) {
 	queryURL, err := serverURL.Parse(operationPath)
 	if err != nil {
 		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewListAbandonedRequest constructs an http.Request for the ListAbandoned method
+func NewListAbandonedRequest(server string, params *ListAbandonedParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/abandoned")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Prefix != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "prefix", *params.Prefix, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.OlderThanMs != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "older_than_ms", *params.OlderThanMs, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int64"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
 	}
 
 	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
@@ -1430,6 +1595,22 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	ReadyzWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ReadyzResponse, error)
 
+	// ListAbandonedWithResponse List the keys whose holder left them pending.
+	//
+	// A key is abandoned when it is pending and its lease ran out (more than
+	// `older_than_ms` ago): its holder died or was cut off, and nobody has claimed it
+	// since. A completer lists them, claims each (the claim decides who finishes it:
+	// a lease may have been renewed or taken over since the page was read, and the
+	// claim answers in_progress then), and finishes the work from the recovery
+	// point. The keys of the caller's tenant only, in an order the cursor continues;
+	// a page may hold fewer than `limit` keys, even none, and still have a
+	// `next_cursor`: read until there is none.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
+	ListAbandonedWithResponse(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*ListAbandonedResponse, error)
+
 	// BatchWithBodyWithResponse Claim, complete, release and extend several keys in one request.
 	//
 	// Each item is one claim, complete, release or extend, answered on its own exactly
@@ -1681,6 +1862,110 @@ func (r ReadyzResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ReadyzResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ListAbandonedResponse401Headers the declared response headers of an HTTP 401 response for ListAbandoned
+type ListAbandonedResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ListAbandonedResponse429Headers the declared response headers of an HTTP 429 response for ListAbandoned
+type ListAbandonedResponse429Headers struct {
+	RetryAfter *int
+}
+
+// ListAbandonedResponse503Headers the declared response headers of an HTTP 503 response for ListAbandoned
+type ListAbandonedResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ListAbandonedResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *AbandonedKeys
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListAbandonedResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ListAbandonedResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListAbandonedResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListAbandonedResponse) GetJSON200() *AbandonedKeys {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListAbandonedResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListAbandonedResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListAbandonedResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ListAbandonedResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListAbandonedResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ListAbandonedResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ListAbandonedResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListAbandonedResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListAbandonedResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListAbandonedResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2685,6 +2970,28 @@ func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors
 	return ParseReadyzResponse(rsp)
 }
 
+// ListAbandonedWithResponse List the keys whose holder left them pending.
+//
+// A key is abandoned when it is pending and its lease ran out (more than
+// `older_than_ms` ago): its holder died or was cut off, and nobody has claimed it
+// since. A completer lists them, claims each (the claim decides who finishes it:
+// a lease may have been renewed or taken over since the page was read, and the
+// claim answers in_progress then), and finishes the work from the recovery
+// point. The keys of the caller's tenant only, in an order the cursor continues;
+// a page may hold fewer than `limit` keys, even none, and still have a
+// `next_cursor`: read until there is none.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
+func (c *ClientWithResponses) ListAbandonedWithResponse(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*ListAbandonedResponse, error) {
+	rsp, err := c.ListAbandoned(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListAbandonedResponse(rsp)
+}
+
 // BatchWithBodyWithResponse Claim, complete, release and extend several keys in one request.
 //
 // Each item is one claim, complete, release or extend, answered on its own exactly
@@ -2988,6 +3295,107 @@ func ParseReadyzResponse(rsp *http.Response) (*ReadyzResponse, error) {
 	switch {
 	case rsp.StatusCode == 503:
 		var headers ReadyzResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListAbandonedResponse parses an HTTP response from a ListAbandonedWithResponse call
+func ParseListAbandonedResponse(rsp *http.Response) (*ListAbandonedResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListAbandonedResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest AbandonedKeys
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListAbandonedResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ListAbandonedResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListAbandonedResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

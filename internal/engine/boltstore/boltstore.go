@@ -101,6 +101,9 @@ func Open(path string, opts Options) (*Store, error) {
 				return err
 			}
 		}
+		if err := indexPending(tx); err != nil {
+			return err
+		}
 		return s.counts.load(tx)
 	})
 	if err != nil {
@@ -270,6 +273,9 @@ func (t *txn) put(rk []byte, r *stored, oldExpires int64) error {
 	if err := t.tx.Bucket(bucketRecords).Put(rk, v); err != nil {
 		return err
 	}
+	if err := t.index(r); err != nil {
+		return err
+	}
 	exp := t.tx.Bucket(bucketExpiry)
 	if oldExpires != 0 && oldExpires != r.Expires {
 		if err := exp.Delete(expiryKey(oldExpires, rk)); err != nil {
@@ -282,6 +288,9 @@ func (t *txn) put(rk []byte, r *stored, oldExpires int64) error {
 // remove deletes a record and its expiry entry; the counts learn of it after commit.
 func (t *txn) remove(rk []byte, r *stored) error {
 	if err := t.tx.Bucket(bucketRecords).Delete(rk); err != nil {
+		return err
+	}
+	if err := t.tx.Bucket(bucketPending).Delete(pendingKey(r.Tenant, r.Key)); err != nil {
 		return err
 	}
 	if t.from == "" {

@@ -31,3 +31,24 @@ func Corrupt(s *Store, id engine.ID) error {
 		return tx.Bucket(bucketRecords).Put(recordKey(id), []byte("{not json"))
 	})
 }
+
+// DropPendingIndex removes the index of pending records, as a database written by a
+// release before the abandoned-keys feed has none. The store must be closed.
+func DropPendingIndex(path string) error {
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.Update(func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketPending) })
+}
+
+// PendingEntries counts the entries of the pending index.
+func PendingEntries(s *Store) (int, error) {
+	n := 0
+	err := s.db.View(func(tx *bolt.Tx) error {
+		n = tx.Bucket(bucketPending).Stats().KeyN
+		return nil
+	})
+	return n, err
+}

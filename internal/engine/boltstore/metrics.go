@@ -53,13 +53,23 @@ func (c *stateCounts) get(st engine.State) int64 {
 }
 
 func decodeState(v []byte) (engine.State, error) {
-	var r struct {
-		State engine.State `json:"st"`
-	}
+	r, err := decodeHead(v)
+	return r.State, err
+}
+
+// head is the part of a stored record that the counts and the sweeper read.
+type head struct {
+	Key    string       `json:"k"`
+	Tenant string       `json:"t"`
+	State  engine.State `json:"st"`
+}
+
+func decodeHead(v []byte) (head, error) {
+	var r head
 	if err := json.Unmarshal(v, &r); err != nil {
-		return "", fmt.Errorf("record is corrupt: %w", err)
+		return head{}, fmt.Errorf("record is corrupt: %w", err)
 	}
-	return r.State, nil
+	return r, nil
 }
 
 // collector exports the database's size, its records by state and the sweeper's work.

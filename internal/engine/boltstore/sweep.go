@@ -50,7 +50,7 @@ func (s *Store) sweepBatch() (removed int, more bool, err error) {
 	err = s.db.Update(func(tx *bolt.Tx) error {
 		removed, more, states = 0, false, states[:0]
 		now := s.now().UnixMilli()
-		records, expiry := tx.Bucket(bucketRecords), tx.Bucket(bucketExpiry)
+		records, expiry, pending := tx.Bucket(bucketRecords), tx.Bucket(bucketExpiry), tx.Bucket(bucketPending)
 		// Collect first, delete after: a bbolt cursor may skip a key after deleting.
 		var due [][]byte
 		c := expiry.Cursor()
@@ -67,12 +67,18 @@ func (s *Store) sweepBatch() (removed int, more bool, err error) {
 		for _, k := range due {
 			rk := k[8:]
 			if v := records.Get(rk); v != nil {
-				st, err := decodeState(v)
+				r, err := decodeHead(v)
 				if err != nil {
 					return err
 				}
+				st := r.State
 				if err := records.Delete(rk); err != nil {
 					return err
+				}
+				if st == engine.StatePending {
+					if err := pending.Delete(pendingKey(r.Tenant, r.Key)); err != nil {
+						return err
+					}
 				}
 				states = append(states, st)
 			}

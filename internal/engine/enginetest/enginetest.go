@@ -39,6 +39,7 @@ func Run(t *testing.T, newStore NewStore) {
 		{"records expire after their retention", testRetention},
 		{"watch fires on complete, release and purge", testWatch},
 		{"concurrent claimers acquire once", testStorm},
+		{feedTest, testAbandoned},
 	}
 	t.Run("the rules", func(t *testing.T) {
 		s := newStore(t)
@@ -49,10 +50,15 @@ func Run(t *testing.T, newStore NewStore) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newStore(t)
 			t.Cleanup(func() { _ = s.Close() })
+			if mixed(s) && tc.name == feedTest {
+				t.Skip("daemons of a release before the feed do not index what they write")
+			}
 			tc.run(t, s)
 		})
 	}
 }
+
+const feedTest = "abandoned keys are listed by tenant and prefix, page by page"
 
 var seq atomic.Int64
 

@@ -198,15 +198,23 @@ func waitLeaseOut(t *testing.T, s engine.Store, id engine.ID) {
 
 // rotating sends each call to the next of its stores in turn, as a load balancer in
 // front of several daemons does. When earlier is set the first store runs the scripts
-// of a release before recovery points: such a daemon has no route for them, so they go
-// to the last store, and its writes may drop them (enginetest.PartialPoints).
+// of a release before recovery points and the abandoned-keys feed: such a daemon has
+// no route for them, so they go to the last store, and its writes may drop recovery
+// points and leave the feed's index as it was (enginetest.Mixed).
 type rotating struct {
 	stores  []engine.Store
 	n       atomic.Uint64
 	earlier bool
 }
 
-func (r *rotating) PartialPoints() bool { return r.earlier }
+func (r *rotating) WithEarlierRelease() bool { return r.earlier }
+
+func (r *rotating) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error) {
+	if r.earlier {
+		return r.stores[len(r.stores)-1].Abandoned(ctx, q)
+	}
+	return r.next().Abandoned(ctx, q)
+}
 
 func (r *rotating) next() engine.Store {
 	return r.stores[r.n.Add(1)%uint64(len(r.stores))]

@@ -23,11 +23,12 @@ import (
 func LeanKey(id engine.ID) string { return recordKeys(id)[1] }
 
 // recordKeys are a record's keys as the scripts take them: RecordKey, then LeanKey, from
-// one digest of the client's key.
+// one digest of the client's key, then the pending index of its slot (indexKey).
 func recordKeys(id engine.ID) []string {
 	sum := sha256.Sum256([]byte(id.Key))
 	legacy := "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
-	tag := slotTags[slot(legacy)]
+	s := slot(legacy)
+	tag := slotTags[s]
 	var b strings.Builder
 	b.Grow(5 + len(id.Tenant) + len(sum))
 	b.WriteByte('{')
@@ -36,7 +37,18 @@ func recordKeys(id engine.ID) []string {
 	b.WriteString(id.Tenant)
 	b.WriteByte(':')
 	b.Write(sum[:])
-	return []string{legacy, b.String()}
+	return []string{legacy, b.String(), indexKey(id.Tenant, s)}
+}
+
+// indexKey is the pending index of a tenant's records in one Cluster slot (see
+// lua/prelude.lua). Every deployment has one per slot, a Cluster's scripts being
+// unable to reach another slot: a standalone Redis could do with one, but then a
+// store would have to know which kind of deployment it writes to before its first
+// script. The NUL after the tag keeps it apart from every record key, whose tenant
+// names never hold one.
+func indexKey(tenant string, slot uint16) string {
+	tag := slotTags[slot]
+	return "{" + string(tag[:]) + "}\x00pending:" + tenant
 }
 
 // slotTags holds, for each of Redis Cluster's 16384 slots, two bytes that hash to it. A

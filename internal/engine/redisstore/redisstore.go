@@ -188,7 +188,7 @@ func (s *Store) packHeaders(h map[string][]string) (string, error) {
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	rep, err := s.run(ctx, s.scripts.claim, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
-		s.compact(c.Token), s.compact(c.Fingerprint), s.compact(c.Secret))
+		s.compact(c.Token), s.compact(c.Fingerprint), s.compact(c.Secret), oldestLive())
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
@@ -220,7 +220,7 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 	}
 	rep, err := s.run(ctx, s.scripts.complete, c.ID,
 		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention),
-		s.compact(c.LeaseToken), packed)
+		s.compact(c.LeaseToken), packed, c.ID.Key)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -241,7 +241,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 		status, body = strconv.Itoa(r.Response.Status), r.Response.Body
 	}
 	rep, err := s.run(ctx, s.scripts.release, r.ID,
-		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), s.compact(r.LeaseToken), packed)
+		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), s.compact(r.LeaseToken), packed, r.ID.Key)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -250,7 +250,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
-	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), s.compact(e.LeaseToken))
+	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), s.compact(e.LeaseToken), e.ID.Key)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -277,7 +277,7 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 
 // Purge implements engine.Store.
 func (s *Store) Purge(ctx context.Context, id engine.ID) error {
-	rep, err := s.run(ctx, s.scripts.purge, id)
+	rep, err := s.run(ctx, s.scripts.purge, id, id.Key)
 	if err != nil {
 		return err
 	}

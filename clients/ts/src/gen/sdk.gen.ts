@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import type { Client, Options as Options2, TDataShape } from './client/index.js';
-import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
+import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -145,6 +145,25 @@ export const purge = <ThrowOnError extends boolean = false>(options: Options<Pur
 export const lookup = <ThrowOnError extends boolean = false>(options: Options<LookupData, ThrowOnError>) => (options.client ?? client).get<LookupResponses, LookupErrors, ThrowOnError>({
     security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/records/{key}',
+    ...options
+});
+
+/**
+ * List the keys whose holder left them pending.
+ *
+ * A key is abandoned when it is pending and its lease ran out (more than
+ * `older_than_ms` ago): its holder died or was cut off, and nobody has claimed it
+ * since. A completer lists them, claims each (the claim decides who finishes it:
+ * a lease may have been renewed or taken over since the page was read, and the
+ * claim answers in_progress then), and finishes the work from the recovery
+ * point. The keys of the caller's tenant only, in an order the cursor continues;
+ * a page may hold fewer than `limit` keys, even none, and still have a
+ * `next_cursor`: read until there is none.
+ *
+ */
+export const listAbandoned = <ThrowOnError extends boolean = false>(options?: Options<ListAbandonedData, ThrowOnError>) => (options?.client ?? client).get<ListAbandonedResponses, ListAbandonedErrors, ThrowOnError>({
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/abandoned',
     ...options
 });
 

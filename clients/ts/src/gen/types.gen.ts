@@ -199,6 +199,31 @@ export type KeyRecord = {
     recovery_point?: RecoveryPoint;
 };
 
+export type AbandonedKeys = {
+    keys: Array<AbandonedKey>;
+    /**
+     * The cursor of the next page; absent at the end.
+     */
+    next_cursor?: string;
+};
+
+export type AbandonedKey = {
+    key: string;
+    /**
+     * The attempt of the holder that left it; a claim now is the next.
+     */
+    attempt: number;
+    /**
+     * The label that holder's claim gave.
+     */
+    owner?: string;
+    lease_expired_at: string;
+    /**
+     * The name of the last recovery point; absent when none was recorded.
+     */
+    recovery_point?: string;
+};
+
 export type RecoveryPointRequest = {
     /**
      * The idempotency key, 1 to 255 bytes of UTF-8.
@@ -767,6 +792,68 @@ export type LookupResponses = {
 };
 
 export type LookupResponse = LookupResponses[keyof LookupResponses];
+
+export type ListAbandonedData = {
+    body?: never;
+    path?: never;
+    query?: {
+        /**
+         * Only keys that begin with this, at most 255 bytes. Absent means every key.
+         */
+        prefix?: string;
+        /**
+         * Only leases that ran out at least this long ago, in milliseconds. Absent means 0.
+         */
+        older_than_ms?: number;
+        /**
+         * At most this many keys. Absent means 100.
+         */
+        limit?: number;
+        /**
+         * The `next_cursor` of the page before, with the same prefix; absent for the first page.
+         */
+        cursor?: string;
+    };
+    url: '/v1/abandoned';
+};
+
+export type ListAbandonedErrors = {
+    /**
+     * An RFC 9457 problem.
+     */
+    400: Problem;
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs (code forbidden).
+     */
+    403: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited).
+     */
+    429: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type ListAbandonedError = ListAbandonedErrors[keyof ListAbandonedErrors];
+
+export type ListAbandonedResponses = {
+    /**
+     * A page of abandoned keys.
+     */
+    200: AbandonedKeys;
+};
+
+export type ListAbandonedResponse = ListAbandonedResponses[keyof ListAbandonedResponses];
 
 export type HealthzData = {
     body?: never;

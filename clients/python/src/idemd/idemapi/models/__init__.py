@@ -1,5 +1,7 @@
 """Contains all the data models used in inputs/outputs"""
 
+from .abandoned_key import AbandonedKey
+from .abandoned_keys import AbandonedKeys
 from .batch_item import BatchItem
 from .batch_item_result import BatchItemResult
 from .batch_request import BatchRequest
@@ -23,6 +25,8 @@ from .stored_response import StoredResponse
 from .stored_response_headers import StoredResponseHeaders
 
 __all__ = (
+    "AbandonedKey",
+    "AbandonedKeys",
     "BatchItem",
     "BatchItemResult",
     "BatchRequest",

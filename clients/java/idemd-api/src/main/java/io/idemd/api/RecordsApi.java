@@ -1,6 +1,6 @@
 /*
  * idemd
- * Idempotency as a service. A caller claims an idempotency key before running an operation; exactly one caller holds the lease at a time, later callers get the stored result replayed, and a key reused with a different payload is refused.  Every error is an RFC 9457 `application/problem+json` document with a machine-readable `code` member.  When the daemon runs with an auth file, every `/v1` request carries `Authorization: Bearer <token>`; the token decides the tenant (the key space the request works in) and the scopes: `use` for claim, complete, release, extend, recovery points and lookup, `admin` for purge. `/healthz`, `/readyz`, `/metrics` and `/openapi.yaml` are open. Without an auth file the daemon is open and every request works in the `default` tenant.  Lengths are counted in bytes of UTF-8 wherever a description says bytes; the `maxLength` of a string is the same number, which is never smaller than its length in characters.  Clients must accept values they do not know in the members documented as open (`Problem.code`, `KeyRecord.state`): new values may be added without a new major version. A request member that is absent takes the default its description gives. 
+ * Idempotency as a service. A caller claims an idempotency key before running an operation; exactly one caller holds the lease at a time, later callers get the stored result replayed, and a key reused with a different payload is refused.  Every error is an RFC 9457 `application/problem+json` document with a machine-readable `code` member.  When the daemon runs with an auth file, every `/v1` request carries `Authorization: Bearer <token>`; the token decides the tenant (the key space the request works in) and the scopes: `use` for claim, complete, release, extend, recovery points, lookup and the abandoned-keys feed, `admin` for purge. `/healthz`, `/readyz`, `/metrics` and `/openapi.yaml` are open. Without an auth file the daemon is open and every request works in the `default` tenant.  Lengths are counted in bytes of UTF-8 wherever a description says bytes; the `maxLength` of a string is the same number, which is never smaller than its length in characters.  Clients must accept values they do not know in the members documented as open (`Problem.code`, `KeyRecord.state`): new values may be added without a new major version. A request member that is absent takes the default its description gives. 
  *
  * The version of the OpenAPI document: 1.4.0
  * 
@@ -18,6 +18,7 @@ import io.idemd.api.ApiResponse;
 import io.idemd.api.Configuration;
 import io.idemd.api.Pair;
 
+import io.idemd.api.model.AbandonedKeys;
 import io.idemd.api.model.KeyRecord;
 import io.idemd.api.model.Problem;
 
@@ -161,6 +162,152 @@ public class RecordsApi {
       file.deleteOnExit(); // best effort cleanup
     }
     return file;
+  }
+
+  /**
+   * List the keys whose holder left them pending.
+   * A key is abandoned when it is pending and its lease ran out (more than &#x60;older_than_ms&#x60; ago): its holder died or was cut off, and nobody has claimed it since. A completer lists them, claims each (the claim decides who finishes it: a lease may have been renewed or taken over since the page was read, and the claim answers in_progress then), and finishes the work from the recovery point. The keys of the caller&#39;s tenant only, in an order the cursor continues; a page may hold fewer than &#x60;limit&#x60; keys, even none, and still have a &#x60;next_cursor&#x60;: read until there is none. 
+   * @param prefix Only keys that begin with this, at most 255 bytes. Absent means every key. (optional)
+   * @param olderThanMs Only leases that ran out at least this long ago, in milliseconds. Absent means 0. (optional)
+   * @param limit At most this many keys. Absent means 100. (optional)
+   * @param cursor The &#x60;next_cursor&#x60; of the page before, with the same prefix; absent for the first page. (optional)
+   * @return AbandonedKeys
+   * @throws ApiException if fails to make API call
+   */
+  public AbandonedKeys listAbandoned(@jakarta.annotation.Nullable String prefix, @jakarta.annotation.Nullable Long olderThanMs, @jakarta.annotation.Nullable Integer limit, @jakarta.annotation.Nullable String cursor) throws ApiException {
+    return listAbandoned(prefix, olderThanMs, limit, cursor, null);
+  }
+
+  /**
+   * List the keys whose holder left them pending.
+   * A key is abandoned when it is pending and its lease ran out (more than &#x60;older_than_ms&#x60; ago): its holder died or was cut off, and nobody has claimed it since. A completer lists them, claims each (the claim decides who finishes it: a lease may have been renewed or taken over since the page was read, and the claim answers in_progress then), and finishes the work from the recovery point. The keys of the caller&#39;s tenant only, in an order the cursor continues; a page may hold fewer than &#x60;limit&#x60; keys, even none, and still have a &#x60;next_cursor&#x60;: read until there is none. 
+   * @param prefix Only keys that begin with this, at most 255 bytes. Absent means every key. (optional)
+   * @param olderThanMs Only leases that ran out at least this long ago, in milliseconds. Absent means 0. (optional)
+   * @param limit At most this many keys. Absent means 100. (optional)
+   * @param cursor The &#x60;next_cursor&#x60; of the page before, with the same prefix; absent for the first page. (optional)
+   * @param headers Optional headers to include in the request
+   * @return AbandonedKeys
+   * @throws ApiException if fails to make API call
+   */
+  public AbandonedKeys listAbandoned(@jakarta.annotation.Nullable String prefix, @jakarta.annotation.Nullable Long olderThanMs, @jakarta.annotation.Nullable Integer limit, @jakarta.annotation.Nullable String cursor, Map<String, String> headers) throws ApiException {
+    ApiResponse<AbandonedKeys> localVarResponse = listAbandonedWithHttpInfo(prefix, olderThanMs, limit, cursor, headers);
+    return localVarResponse.getData();
+  }
+
+  /**
+   * List the keys whose holder left them pending.
+   * A key is abandoned when it is pending and its lease ran out (more than &#x60;older_than_ms&#x60; ago): its holder died or was cut off, and nobody has claimed it since. A completer lists them, claims each (the claim decides who finishes it: a lease may have been renewed or taken over since the page was read, and the claim answers in_progress then), and finishes the work from the recovery point. The keys of the caller&#39;s tenant only, in an order the cursor continues; a page may hold fewer than &#x60;limit&#x60; keys, even none, and still have a &#x60;next_cursor&#x60;: read until there is none. 
+   * @param prefix Only keys that begin with this, at most 255 bytes. Absent means every key. (optional)
+   * @param olderThanMs Only leases that ran out at least this long ago, in milliseconds. Absent means 0. (optional)
+   * @param limit At most this many keys. Absent means 100. (optional)
+   * @param cursor The &#x60;next_cursor&#x60; of the page before, with the same prefix; absent for the first page. (optional)
+   * @return ApiResponse&lt;AbandonedKeys&gt;
+   * @throws ApiException if fails to make API call
+   */
+  public ApiResponse<AbandonedKeys> listAbandonedWithHttpInfo(@jakarta.annotation.Nullable String prefix, @jakarta.annotation.Nullable Long olderThanMs, @jakarta.annotation.Nullable Integer limit, @jakarta.annotation.Nullable String cursor) throws ApiException {
+    return listAbandonedWithHttpInfo(prefix, olderThanMs, limit, cursor, null);
+  }
+
+  /**
+   * List the keys whose holder left them pending.
+   * A key is abandoned when it is pending and its lease ran out (more than &#x60;older_than_ms&#x60; ago): its holder died or was cut off, and nobody has claimed it since. A completer lists them, claims each (the claim decides who finishes it: a lease may have been renewed or taken over since the page was read, and the claim answers in_progress then), and finishes the work from the recovery point. The keys of the caller&#39;s tenant only, in an order the cursor continues; a page may hold fewer than &#x60;limit&#x60; keys, even none, and still have a &#x60;next_cursor&#x60;: read until there is none. 
+   * @param prefix Only keys that begin with this, at most 255 bytes. Absent means every key. (optional)
+   * @param olderThanMs Only leases that ran out at least this long ago, in milliseconds. Absent means 0. (optional)
+   * @param limit At most this many keys. Absent means 100. (optional)
+   * @param cursor The &#x60;next_cursor&#x60; of the page before, with the same prefix; absent for the first page. (optional)
+   * @param headers Optional headers to include in the request
+   * @return ApiResponse&lt;AbandonedKeys&gt;
+   * @throws ApiException if fails to make API call
+   */
+  public ApiResponse<AbandonedKeys> listAbandonedWithHttpInfo(@jakarta.annotation.Nullable String prefix, @jakarta.annotation.Nullable Long olderThanMs, @jakarta.annotation.Nullable Integer limit, @jakarta.annotation.Nullable String cursor, Map<String, String> headers) throws ApiException {
+    HttpRequest.Builder localVarRequestBuilder = listAbandonedRequestBuilder(prefix, olderThanMs, limit, cursor, headers);
+    try {
+      HttpResponse<InputStream> localVarResponse = memberVarHttpClient.send(
+          localVarRequestBuilder.build(),
+          HttpResponse.BodyHandlers.ofInputStream());
+      if (memberVarResponseInterceptor != null) {
+        memberVarResponseInterceptor.accept(localVarResponse);
+      }
+      InputStream localVarResponseBody = null;
+      try {
+        if (localVarResponse.statusCode()/ 100 != 2) {
+          throw getApiException("listAbandoned", localVarResponse);
+        }
+        localVarResponseBody = ApiClient.getResponseBody(localVarResponse);
+        if (localVarResponseBody == null) {
+          return new ApiResponse<AbandonedKeys>(
+              localVarResponse.statusCode(),
+              localVarResponse.headers().map(),
+              null
+          );
+        }
+
+        
+        
+        String responseBody = new String(localVarResponseBody.readAllBytes());
+        AbandonedKeys responseValue = responseBody.isBlank()? null: memberVarObjectMapper.readValue(responseBody, new TypeReference<AbandonedKeys>() {});
+        
+
+        return new ApiResponse<AbandonedKeys>(
+            localVarResponse.statusCode(),
+            localVarResponse.headers().map(),
+            responseValue
+        );
+      } finally {
+        if (localVarResponseBody != null) {
+          localVarResponseBody.close();
+        }
+      }
+    } catch (IOException e) {
+      throw new ApiException(e);
+    }
+    catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new ApiException(e);
+    }
+  }
+
+  private HttpRequest.Builder listAbandonedRequestBuilder(@jakarta.annotation.Nullable String prefix, @jakarta.annotation.Nullable Long olderThanMs, @jakarta.annotation.Nullable Integer limit, @jakarta.annotation.Nullable String cursor, Map<String, String> headers) throws ApiException {
+
+    HttpRequest.Builder localVarRequestBuilder = HttpRequest.newBuilder();
+
+    String localVarPath = "/v1/abandoned";
+
+    List<Pair> localVarQueryParams = new ArrayList<>();
+    StringJoiner localVarQueryStringJoiner = new StringJoiner("&");
+    String localVarQueryParameterBaseName;
+    localVarQueryParameterBaseName = "prefix";
+    localVarQueryParams.addAll(ApiClient.parameterToPairs("prefix", prefix));
+    localVarQueryParameterBaseName = "older_than_ms";
+    localVarQueryParams.addAll(ApiClient.parameterToPairs("older_than_ms", olderThanMs));
+    localVarQueryParameterBaseName = "limit";
+    localVarQueryParams.addAll(ApiClient.parameterToPairs("limit", limit));
+    localVarQueryParameterBaseName = "cursor";
+    localVarQueryParams.addAll(ApiClient.parameterToPairs("cursor", cursor));
+
+    if (!localVarQueryParams.isEmpty() || localVarQueryStringJoiner.length() != 0) {
+      StringJoiner queryJoiner = new StringJoiner("&");
+      localVarQueryParams.forEach(p -> queryJoiner.add(p.getName() + '=' + p.getValue()));
+      if (localVarQueryStringJoiner.length() != 0) {
+        queryJoiner.add(localVarQueryStringJoiner.toString());
+      }
+      localVarRequestBuilder.uri(URI.create(memberVarBaseUri + localVarPath + '?' + queryJoiner.toString()));
+    } else {
+      localVarRequestBuilder.uri(URI.create(memberVarBaseUri + localVarPath));
+    }
+
+    localVarRequestBuilder.header("Accept", "application/json, application/problem+json");
+
+    localVarRequestBuilder.method("GET", HttpRequest.BodyPublishers.noBody());
+    if (memberVarReadTimeout != null) {
+      localVarRequestBuilder.timeout(memberVarReadTimeout);
+    }
+    // Add custom headers if provided
+    localVarRequestBuilder = HttpRequestBuilderExtensions.withAdditionalHeaders(localVarRequestBuilder, headers);
+    if (memberVarInterceptor != null) {
+      memberVarInterceptor.accept(localVarRequestBuilder);
+    }
+    return localVarRequestBuilder;
   }
 
   /**

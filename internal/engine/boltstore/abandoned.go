@@ -1,0 +1,124 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// bucketPending indexes the pending records for the abandoned-keys feed: one entry per
+// pending record, keyed by the tenant's length and name then the client's key (so that
+// a tenant's keys sort together, in key order, and a prefix is a range), holding the
+// lease's expiry (milliseconds, big-endian). A record leaves it when it stops being
+// pending, and the feed reads only it and the records it names.
+var bucketPending = []byte("pending")
+
+// maxPendingScan bounds the index entries one page of the feed reads, so that a tenant
+// with many live leases under a prefix answers in bounded time; the page then ends
+// early with a cursor.
+const maxPendingScan = 10000
+
+func pendingKey(tenant, key string) []byte {
+	k := make([]byte, 0, 1+len(tenant)+len(key))
+	k = append(k, byte(len(tenant)))
+	k = append(k, tenant...)
+	return append(k, key...)
+}
+
+// index keeps r's entry in the pending index as its state says.
+func (t *txn) index(r *stored) error {
+	b := t.tx.Bucket(bucketPending)
+	pk := pendingKey(r.Tenant, r.Key)
+	if r.State != engine.StatePending {
+		return b.Delete(pk)
+	}
+	var lx [8]byte
+	binary.BigEndian.PutUint64(lx[:], uint64(r.LeaseExpiry))
+	return b.Put(pk, lx[:])
+}
+
+// indexPending fills the pending index from the records, once, for a database written
+// before it existed.
+func indexPending(tx *bolt.Tx) error {
+	if tx.Bucket(bucketPending) != nil {
+		return nil
+	}
+	b, err := tx.CreateBucket(bucketPending)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketRecords).ForEach(func(_, v []byte) error {
+		var r stored
+		if err := json.Unmarshal(v, &r); err != nil {
+			return fmt.Errorf("record is corrupt: %w", err)
+		}
+		if r.State != engine.StatePending {
+			return nil
+		}
+		var lx [8]byte
+		binary.BigEndian.PutUint64(lx[:], uint64(r.LeaseExpiry))
+		return b.Put(pendingKey(r.Tenant, r.Key), lx[:])
+	})
+}
+
+// Abandoned implements engine.Store: the tenant's pending index in key order, from the
+// prefix or past the cursor (the last key of the previous page), each entry whose lease
+// ran out checked against its record.
+func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error) {
+	if err := ctx.Err(); err != nil {
+		return engine.AbandonedPage{}, err
+	}
+	if q.Cursor != "" && (len(q.Cursor) > engine.MaxKeyBytes || len(q.Cursor) < len(q.Prefix) || q.Cursor[:len(q.Prefix)] != q.Prefix) {
+		return engine.AbandonedPage{}, engine.ErrBadCursor
+	}
+	before := q.Before.UnixMilli()
+	from := pendingKey(q.Tenant, q.Prefix)
+	prefix := bytes.Clone(from)
+	if q.Cursor != "" {
+		// Just past the cursor's key.
+		from = append(pendingKey(q.Tenant, q.Cursor), 0)
+	}
+	var page engine.AbandonedPage
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketPending).Cursor()
+		scanned, last := 0, ""
+		for k, v := c.Seek(from); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			key := string(k[1+len(q.Tenant):])
+			if scanned++; scanned > maxPendingScan {
+				page.Next = last
+				return nil
+			}
+			last = key
+			if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) > before {
+				continue
+			}
+			r, err := readLive(tx, recordKey(engine.ID{Tenant: q.Tenant, Key: key}), s.now().UnixMilli())
+			if err != nil {
+				return err
+			}
+			if r == nil || r.State != engine.StatePending || r.LeaseExpiry > before {
+				continue
+			}
+			page.Keys = append(page.Keys, engine.AbandonedKey{Key: key, Attempt: r.Attempt, Owner: r.Owner,
+				LeaseExpiredAt: msTime(r.LeaseExpiry), Point: r.PointName})
+			if len(page.Keys) == q.Limit {
+				// The next page starts past this key, if there is one.
+				if k, _ := c.Next(); k != nil && bytes.HasPrefix(k, prefix) {
+					page.Next = key
+				}
+				return nil
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return engine.AbandonedPage{}, engine.Unavailable(err)
+	}
+	return page, nil
+}
