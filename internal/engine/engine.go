@@ -265,8 +265,10 @@ type AbandonedQuery struct {
 
 // AbandonedKey is an abandoned key as the feed shows it.
 type AbandonedKey struct {
-	Key            string
-	Attempt        int64
+	Key     string
+	Attempt int64
+	// Fingerprint is what a claim must carry to acquire the key.
+	Fingerprint    string
 	Owner          string
 	LeaseExpiredAt time.Time
 	// Point is the name of the last recovery point, "" for none.

@@ -90,7 +90,7 @@ func (m *memStore) Abandoned(_ context.Context, q engine.AbandonedQuery) (engine
 	for id, e := range m.records {
 		if id.Tenant == q.Tenant && strings.HasPrefix(id.Key, q.Prefix) && id.Key > q.Cursor && e.State == engine.StatePending &&
 			!e.LeaseExpiresAt.After(q.Before) && !engine.Expired(e.ExpiresAt, now) {
-			k := engine.AbandonedKey{Key: id.Key, Attempt: e.Attempt, Owner: e.Owner, LeaseExpiredAt: e.LeaseExpiresAt}
+			k := engine.AbandonedKey{Key: id.Key, Attempt: e.Attempt, Fingerprint: e.Fingerprint, Owner: e.Owner, LeaseExpiredAt: e.LeaseExpiresAt}
 			if e.RecoveryPoint != nil {
 				k.Point = e.RecoveryPoint.Name
 			}

@@ -327,6 +327,9 @@ func (s *Server) ListAbandoned(c echo.Context, params api.ListAbandonedParams) e
 		if k.Owner != "" {
 			a.Owner = &k.Owner
 		}
+		if k.Fingerprint != "" {
+			a.Fingerprint = &k.Fingerprint
+		}
 		if k.Point != "" {
 			a.RecoveryPoint = &k.Point
 		}

@@ -72,7 +72,11 @@ func (e ReleaseRequestMode) Valid() bool {
 // AbandonedKey defines model for AbandonedKey.
 type AbandonedKey struct {
 	// Attempt The attempt of the holder that left it; a claim now is the next.
-	Attempt        int64     `json:"attempt"`
+	Attempt int64 `json:"attempt"`
+
+	// Fingerprint The key's fingerprint, which a claim must carry to acquire it: a completer
+	// claims with it, having no payload of its own to digest. Absent when empty.
+	Fingerprint    *string   `json:"fingerprint,omitempty"`
 	Key            string    `json:"key"`
 	LeaseExpiredAt time.Time `json:"lease_expired_at"`
 

@@ -105,7 +105,7 @@ func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.
 			if r == nil || r.State != engine.StatePending || r.LeaseExpiry > before {
 				continue
 			}
-			page.Keys = append(page.Keys, engine.AbandonedKey{Key: key, Attempt: r.Attempt, Owner: r.Owner,
+			page.Keys = append(page.Keys, engine.AbandonedKey{Key: key, Attempt: r.Attempt, Fingerprint: r.Fingerprint, Owner: r.Owner,
 				LeaseExpiredAt: msTime(r.LeaseExpiry), Point: r.PointName})
 			if len(page.Keys) == q.Limit {
 				// The next page starts past this key, if there is one.

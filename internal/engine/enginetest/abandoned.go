@@ -18,7 +18,7 @@ import (
 func testAbandoned(t *testing.T, s engine.Store) {
 	tenant := fmt.Sprintf("feed%d", seq.Add(1))
 	id := func(key string) engine.ID { return engine.ID{Tenant: tenant, Key: key} }
-	short := func(c *engine.Claim) { c.Lease = 100 * time.Millisecond; c.Owner = "worker-1" }
+	short := func(c *engine.Claim) { c.Lease = 100 * time.Millisecond; c.Owner = "worker-1"; c.Fingerprint = "fp" }
 	var want []string
 	var last engine.Record
 	for i := range 5 {
@@ -75,8 +75,8 @@ func testAbandoned(t *testing.T, s engine.Store) {
 			if k.Key == "orders/2" {
 				point = "charged"
 			}
-			if k.Attempt != 1 || k.Owner != "worker-1" || k.Point != point || k.LeaseExpiredAt.After(time.Now()) || k.LeaseExpiredAt.IsZero() {
-				t.Errorf("limit %d: %+v, want attempt 1, owner worker-1, recovery point %q and a lease that ran out", limit, k, point)
+			if k.Attempt != 1 || k.Owner != "worker-1" || k.Fingerprint != "fp" || k.Point != point || k.LeaseExpiredAt.After(time.Now()) || k.LeaseExpiredAt.IsZero() {
+				t.Errorf("limit %d: %+v, want attempt 1, owner worker-1, fingerprint fp, recovery point %q and a lease that ran out", limit, k, point)
 			}
 		}
 		slices.Sort(got)
@@ -86,7 +86,7 @@ func testAbandoned(t *testing.T, s engine.Store) {
 	}
 
 	// A key taken over is held again, and no longer abandoned.
-	mustAcquire(t, s, claim(id("orders/0")))
+	mustAcquire(t, s, claim(id("orders/0"), func(c *engine.Claim) { c.Fingerprint = "fp" }))
 	keys := list(100)
 	if len(keys) != len(want)-1 || slices.ContainsFunc(keys, func(k engine.AbandonedKey) bool { return k.Key == "orders/0" }) {
 		t.Fatalf("after a takeover of orders/0: %+v", keys)

@@ -196,7 +196,8 @@ func (s *Store) confirm(ctx context.Context, q engine.AbandonedQuery, cands []ca
 			case err != nil:
 				errs[i] = err
 			case rec.State == engine.StatePending && rec.LeaseExpiresAt.UnixMilli() <= before:
-				k := &engine.AbandonedKey{Key: c.pos.member, Attempt: rec.Attempt, Owner: rec.Owner, LeaseExpiredAt: rec.LeaseExpiresAt}
+				k := &engine.AbandonedKey{Key: c.pos.member, Attempt: rec.Attempt, Fingerprint: rec.Fingerprint, Owner: rec.Owner,
+					LeaseExpiredAt: rec.LeaseExpiresAt}
 				if rec.RecoveryPoint != nil {
 					k.Point = rec.RecoveryPoint.Name
 				}

@@ -214,6 +214,12 @@ export type AbandonedKey = {
      */
     attempt: number;
     /**
+     * The key's fingerprint, which a claim must carry to acquire it: a completer
+     * claims with it, having no payload of its own to digest. Absent when empty.
+     *
+     */
+    fingerprint?: string;
+    /**
      * The label that holder's claim gave.
      */
     owner?: string;

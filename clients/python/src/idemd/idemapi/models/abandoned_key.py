@@ -19,6 +19,8 @@ class AbandonedKey:
         key (str):
         attempt (int): The attempt of the holder that left it; a claim now is the next.
         lease_expired_at (datetime.datetime):
+        fingerprint (str | Unset): The key's fingerprint, which a claim must carry to acquire it: a completer
+            claims with it, having no payload of its own to digest. Absent when empty.
         owner (str | Unset): The label that holder's claim gave.
         recovery_point (str | Unset): The name of the last recovery point; absent when none was recorded.
     """
@@ -26,6 +28,7 @@ class AbandonedKey:
     key: str
     attempt: int
     lease_expired_at: datetime.datetime
+    fingerprint: str | Unset = UNSET
     owner: str | Unset = UNSET
     recovery_point: str | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
@@ -36,6 +39,8 @@ class AbandonedKey:
         attempt = self.attempt
 
         lease_expired_at = self.lease_expired_at.isoformat()
+
+        fingerprint = self.fingerprint
 
         owner = self.owner
 
@@ -50,6 +55,8 @@ class AbandonedKey:
                 "lease_expired_at": lease_expired_at,
             }
         )
+        if fingerprint is not UNSET:
+            field_dict["fingerprint"] = fingerprint
         if owner is not UNSET:
             field_dict["owner"] = owner
         if recovery_point is not UNSET:
@@ -66,6 +73,8 @@ class AbandonedKey:
 
         lease_expired_at = datetime.datetime.fromisoformat(d.pop("lease_expired_at"))
 
+        fingerprint = d.pop("fingerprint", UNSET)
+
         owner = d.pop("owner", UNSET)
 
         recovery_point = d.pop("recovery_point", UNSET)
@@ -74,6 +83,7 @@ class AbandonedKey:
             key=key,
             attempt=attempt,
             lease_expired_at=lease_expired_at,
+            fingerprint=fingerprint,
             owner=owner,
             recovery_point=recovery_point,
         )

@@ -36,6 +36,7 @@ import io.idemd.api.ApiClient;
 @JsonPropertyOrder({
   AbandonedKey.JSON_PROPERTY_KEY,
   AbandonedKey.JSON_PROPERTY_ATTEMPT,
+  AbandonedKey.JSON_PROPERTY_FINGERPRINT,
   AbandonedKey.JSON_PROPERTY_OWNER,
   AbandonedKey.JSON_PROPERTY_LEASE_EXPIRED_AT,
   AbandonedKey.JSON_PROPERTY_RECOVERY_POINT
@@ -49,6 +50,10 @@ public class AbandonedKey {
   public static final String JSON_PROPERTY_ATTEMPT = "attempt";
   @jakarta.annotation.Nonnull
   private Long attempt;
+
+  public static final String JSON_PROPERTY_FINGERPRINT = "fingerprint";
+  @jakarta.annotation.Nullable
+  private String fingerprint;
 
   public static final String JSON_PROPERTY_OWNER = "owner";
   @jakarta.annotation.Nullable
@@ -110,6 +115,30 @@ public class AbandonedKey {
   @JsonInclude(value = JsonInclude.Include.ALWAYS)
   public void setAttempt(@jakarta.annotation.Nonnull Long attempt) {
     this.attempt = attempt;
+  }
+
+
+  public AbandonedKey fingerprint(@jakarta.annotation.Nullable String fingerprint) {
+    this.fingerprint = fingerprint;
+    return this;
+  }
+
+  /**
+   * The key&#39;s fingerprint, which a claim must carry to acquire it: a completer claims with it, having no payload of its own to digest. Absent when empty. 
+   * @return fingerprint
+   */
+  @jakarta.annotation.Nullable
+  @JsonProperty(value = JSON_PROPERTY_FINGERPRINT, required = false)
+  @JsonInclude(value = JsonInclude.Include.USE_DEFAULTS)
+  public String getFingerprint() {
+    return fingerprint;
+  }
+
+
+  @JsonProperty(value = JSON_PROPERTY_FINGERPRINT, required = false)
+  @JsonInclude(value = JsonInclude.Include.USE_DEFAULTS)
+  public void setFingerprint(@jakarta.annotation.Nullable String fingerprint) {
+    this.fingerprint = fingerprint;
   }
 
 
@@ -199,6 +228,7 @@ public class AbandonedKey {
     AbandonedKey abandonedKey = (AbandonedKey) o;
     return Objects.equals(this.key, abandonedKey.key) &&
         Objects.equals(this.attempt, abandonedKey.attempt) &&
+        Objects.equals(this.fingerprint, abandonedKey.fingerprint) &&
         Objects.equals(this.owner, abandonedKey.owner) &&
         Objects.equals(this.leaseExpiredAt, abandonedKey.leaseExpiredAt) &&
         Objects.equals(this.recoveryPoint, abandonedKey.recoveryPoint);
@@ -206,7 +236,7 @@ public class AbandonedKey {
 
   @Override
   public int hashCode() {
-    return Objects.hash(key, attempt, owner, leaseExpiredAt, recoveryPoint);
+    return Objects.hash(key, attempt, fingerprint, owner, leaseExpiredAt, recoveryPoint);
   }
 
   @Override
@@ -215,6 +245,7 @@ public class AbandonedKey {
     sb.append("class AbandonedKey {\n");
     sb.append("    key: ").append(toIndentedString(key)).append("\n");
     sb.append("    attempt: ").append(toIndentedString(attempt)).append("\n");
+    sb.append("    fingerprint: ").append(toIndentedString(fingerprint)).append("\n");
     sb.append("    owner: ").append(toIndentedString(owner)).append("\n");
     sb.append("    leaseExpiredAt: ").append(toIndentedString(leaseExpiredAt)).append("\n");
     sb.append("    recoveryPoint: ").append(toIndentedString(recoveryPoint)).append("\n");
@@ -270,6 +301,11 @@ public class AbandonedKey {
     // add `attempt` to the URL query string
     if (getAttempt() != null) {
       joiner.add(String.format(java.util.Locale.ROOT, "%sattempt%s=%s", prefix, suffix, ApiClient.urlEncode(ApiClient.valueToString(getAttempt()))));
+    }
+
+    // add `fingerprint` to the URL query string
+    if (getFingerprint() != null) {
+      joiner.add(String.format(java.util.Locale.ROOT, "%sfingerprint%s=%s", prefix, suffix, ApiClient.urlEncode(ApiClient.valueToString(getFingerprint()))));
     }
 
     // add `owner` to the URL query string
