@@ -220,6 +220,9 @@ func (k *Keyring) Reload() error {
 // Config returns the configuration in force.
 func (k *Keyring) Config() *Config { return k.current.Load() }
 
+// Tenants returns the names of the tenants configured now.
+func (k *Keyring) Tenants() []string { return k.current.Load().Tenants() }
+
 // Authenticate maps a bearer token to its principal under the configuration in force.
 func (k *Keyring) Authenticate(token string) (*Principal, error) {
 	return k.current.Load().Authenticate(token)

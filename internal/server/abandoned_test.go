@@ -112,3 +112,25 @@ func TestAbandonedFeedIsPerTenant(t *testing.T) {
 		t.Fatalf("beta's feed shows %v", k)
 	}
 }
+
+func TestAbandonedMetric(t *testing.T) { forEachStore(t, testAbandonedMetric) }
+
+// testAbandonedMetric: once two leases ran out, the first scrape counts them for the
+// tenant, and says how long ago the older ran out.
+func testAbandonedMetric(t *testing.T, d *daemon) {
+	for range 2 {
+		d.acquire(freshKey("metric"), "lease_ms", 100)
+	}
+	wait.For(t, 10*time.Second, "both leases to run out", func() bool {
+		a := d.do(http.MethodGet, "/v1/abandoned", "", nil)
+		keys, _ := a.body["keys"].([]any)
+		return len(keys) == 2
+	})
+	text := d.metricsText()
+	if !strings.Contains(text, "idemd_abandoned_keys{tenant=\"default\"} 2\n") {
+		t.Fatalf("metrics lack idemd_abandoned_keys{tenant=\"default\"} 2:\n%s", grepLines(text, "idemd_abandoned"))
+	}
+	if strings.Contains(text, "idemd_abandoned_oldest_seconds{tenant=\"default\"} 0\n") || !strings.Contains(text, "idemd_abandoned_oldest_seconds{tenant=\"default\"} ") {
+		t.Fatalf("the oldest abandoned key's age is missing or zero:\n%s", grepLines(text, "idemd_abandoned"))
+	}
+}

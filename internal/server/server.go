@@ -111,6 +111,11 @@ func New(eng Engine, cfg Config) *Server {
 	e.HTTPErrorHandler = s.handleError
 	e.Use(tracing(cfg.Tracing, s.endpointOf), s.instrument, s.deadlines, s.authenticate)
 	api.RegisterHandlers(e, s)
+	tenants := func() []string { return []string{engine.DefaultTenant} }
+	if t, ok := cfg.Auth.(interface{ Tenants() []string }); ok {
+		tenants = t.Tenants
+	}
+	cfg.Registry.MustRegister(newAbandonedCollector(eng, tenants))
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
 	s.endpoints = endpoints(e)

@@ -1,0 +1,108 @@
+package server
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// abandonedCollector exports, per tenant, how many keys are abandoned (pending under a
+// lease that ran out) and how long the oldest has been, for the alert on work that
+// nobody finishes. It counts through the feed when scraped, at most once per
+// abandonedEvery and up to abandonedCap keys a tenant, so that a scrape costs a bounded
+// read of the pending keys whatever the store holds; between counts it exports the last
+// one. The label is the tenant, a set the auth file bounds.
+type abandonedCollector struct {
+	engine  Engine
+	tenants func() []string
+	count   *prometheus.Desc
+	oldest  *prometheus.Desc
+
+	mu      sync.Mutex
+	counted time.Time
+	last    []prometheus.Metric
+}
+
+const (
+	abandonedEvery   = 30 * time.Second
+	abandonedCap     = 10000
+	abandonedTimeout = 5 * time.Second
+)
+
+func newAbandonedCollector(eng Engine, tenants func() []string) *abandonedCollector {
+	return &abandonedCollector{
+		engine:  eng,
+		tenants: tenants,
+		count: prometheus.NewDesc("idemd_abandoned_keys",
+			"Pending keys whose lease ran out and that nobody has claimed since, by tenant; counted when scraped, at most every 30 s, up to 10000.",
+			[]string{"tenant"}, nil),
+		oldest: prometheus.NewDesc("idemd_abandoned_oldest_seconds",
+			"How long ago the lease of the longest-abandoned key ran out, by tenant; 0 when none is abandoned.",
+			[]string{"tenant"}, nil),
+	}
+}
+
+func (c *abandonedCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.count
+	ch <- c.oldest
+}
+
+func (c *abandonedCollector) Collect(ch chan<- prometheus.Metric) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now(); now.Sub(c.counted) >= abandonedEvery {
+		if fresh, ok := c.measure(now); ok {
+			c.last, c.counted = fresh, now
+		}
+	}
+	for _, m := range c.last {
+		ch <- m
+	}
+}
+
+// measure counts every tenant's abandoned keys; a tenant the store could not answer
+// for fails the whole count, which keeps the previous one rather than report zero.
+func (c *abandonedCollector) measure(now time.Time) ([]prometheus.Metric, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), abandonedTimeout)
+	defer cancel()
+	tenants := c.tenants()
+	slices.Sort(tenants)
+	var out []prometheus.Metric
+	for _, tenant := range tenants {
+		n, oldest, err := c.countTenant(ctx, tenant, now)
+		if err != nil {
+			return nil, false
+		}
+		out = append(out,
+			prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(n), tenant),
+			prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest.Seconds(), tenant))
+	}
+	return out, true
+}
+
+func (c *abandonedCollector) countTenant(ctx context.Context, tenant string, now time.Time) (int, time.Duration, error) {
+	q := engine.AbandonedQuery{Tenant: tenant, Before: now, Limit: engine.MaxAbandonedLimit}
+	n, oldest := 0, time.Duration(0)
+	// A page may hold no key and still go on (a store bounds what one page reads), so
+	// the pages are bounded too.
+	for pages := 0; n < abandonedCap && pages < 100; pages++ {
+		page, err := c.engine.Abandoned(ctx, q)
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, k := range page.Keys {
+			oldest = max(oldest, now.Sub(k.LeaseExpiredAt))
+		}
+		n += len(page.Keys)
+		if page.Next == "" {
+			break
+		}
+		q.Cursor = page.Next
+	}
+	return min(n, abandonedCap), oldest, nil
+}
