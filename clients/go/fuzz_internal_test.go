@@ -97,6 +97,10 @@ func FuzzBatchResults(f *testing.F) {
 			`{"status":200,"extended":{"lease_expires_at":"2026-11-23T17:20:01Z","expires_at":"2026-11-24T17:20:01Z"}},` +
 			`{"status":409,"problem":{"type":"about:blank","title":"Conflict","status":409,"code":"in_progress","retry_after_ms":1000}}]}`,
 		` { "results" : [ { "status" : 200 , "record" : { "state" : "failed" , "attempt" : 3 , "expires_at" : "2026-11-24T17:19:31Z" , "extra" : [ 1 , true , { "x" : false } ] } } ] } `,
+		`{"results":[{"status":201,"acquired":{"outcome":"acquired","lease_token":"9a","attempt":2,"lease_expires_at":"2026-11-23T17:20:01Z","expires_at":"2026-11-24T17:19:31Z","recovered":true,"recovery_point":{"name":"charged","data":"Y2hfMQ==","attempt":1,"recorded_at":"2026-11-23T17:19:30.5Z"}}},` +
+			`{"status":200,"record":{"state":"released","attempt":1,"expires_at":"2026-11-24T17:19:31Z","recovery_point":{"name":"charged","attempt":1,"recorded_at":"2026-11-23T17:19:30Z"}}}]}`,
+		`{"results":[{"status":201,"acquired":{"recovery_point":{"name":"a","data":""}}}]}`, `{"results":[{"status":201,"acquired":{"recovery_point":null}}]}`,
+		`{"results":[{"status":201,"acquired":{"recovery_point":{"Name":"a"}}}]}`,
 		`{"results":[]}`, `{"results":null}`, `{"Results":[{"status":200}]}`, `{"results":[{"status":200,"STATUS":201}]}`,
 		`{"results":[{"status":200,"status":201}]}`, `{"results":[{"status":2.5e2}]}`, `{"results":[{"status":-0}]}`, `{"results":[{"status":01}]}`,
 		`{"results":[{"status":200,"record":{"fingerprint":"a\"b","state":"x"}}]}`, `{"results":[{"status":200,"record":{"expires_at":"yesterday"}}]}`,
