@@ -7,8 +7,8 @@ on. :mod:`idemd.asgi` and :mod:`idemd.wsgi` make web handlers idempotent by thei
 ``Idempotency-Key`` header. The code generated from the contract is :mod:`idemd.idemapi`.
 """
 
-from ._async_client import AsyncClient, AsyncLease
-from ._client import Client, Lease
+from ._async_client import AsyncClient
+from ._client import Client
 from ._consume import Verdict
 from ._current import current_lease
 from ._errors import (
@@ -23,6 +23,7 @@ from ._errors import (
     Unavailable,
 )
 from ._keys import MESSAGE_HEADER, message_key, step_key
+from ._lease import AsyncLease, Lease
 from ._middleware import Incident
 from ._middleware import idemd_key as middleware_key
 from ._types import Claim, Outcome, Record, ReleaseMode, Response, Result

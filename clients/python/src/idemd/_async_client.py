@@ -8,7 +8,6 @@ import functools
 import inspect
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -28,6 +27,7 @@ from ._errors import (
     unexpected_answer,
 )
 from ._keys import KeySpec, key_for
+from ._lease import AsyncLease, lease_lost
 from ._transport import AsyncRetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
 from .idemapi.api.claims import batch as batch_api
@@ -49,19 +49,6 @@ SINGLE: dict[str, Callable[..., Awaitable[Any]]] = {
     "release": release_api.asyncio_detailed,
     "extend": extend_api.asyncio_detailed,
 }
-
-
-@dataclass
-class AsyncLease:
-    """The lease a coroutine given to :meth:`AsyncClient.run` runs under. When a renewal
-    finds the lease gone, ``lost`` is set and the coroutine is cancelled. ``attempt`` and
-    ``recovered`` are those of :class:`idemd.Lease`."""
-
-    key: str
-    token: str
-    attempt: int
-    recovered: bool = False
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class AsyncClient:
@@ -212,25 +199,25 @@ class AsyncClient:
         except Permanent as failure:
             await stop(renewer)
             if held.lost.is_set():
-                raise lease_lost(held) from failure
+                raise lease_lost(held.key) from failure
             await asyncio.shield(self.release(held.key, held.token, "fail", failure.response))
             raise
         except asyncio.CancelledError as err:
             await stop(renewer)
             current = asyncio.current_task()
             if held.lost.is_set() and not (current and current.cancelling()):
-                raise lease_lost(held) from err
+                raise lease_lost(held.key) from err
             await self._release_quietly(held, err)
             raise
         except BaseException as err:
             await stop(renewer)
             if held.lost.is_set():
-                raise lease_lost(held) from err
+                raise lease_lost(held.key) from err
             await self._release_quietly(held, err)
             raise
         await stop(renewer)
         if held.lost.is_set():
-            raise lease_lost(held)
+            raise lease_lost(held.key)
         await asyncio.shield(self.complete(held.key, held.token, response))
         return Result(response, replayed=False)
 
@@ -323,12 +310,3 @@ async def stop(renewer: asyncio.Task[None]) -> None:
     renewer.cancel()
     # asyncio.wait neither raises the renewer's cancellation nor swallows our own.
     await asyncio.wait([renewer])
-
-
-def lease_lost(held: AsyncLease) -> LeaseLost:
-    return LeaseLost(
-        409,
-        code="lease_lost",
-        title="Lease lost",
-        detail=f"{held.key!r} was taken over while the operation ran",
-    )

@@ -8,7 +8,6 @@ import inspect
 import json
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -27,6 +26,7 @@ from ._errors import (
     unexpected_answer,
 )
 from ._keys import KeySpec, key_for
+from ._lease import Lease, lease_lost
 from ._transport import RetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
 from .idemapi import AuthenticatedClient
@@ -44,24 +44,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 DEFAULT_LEASE = 30.0
-
-
-@dataclass
-class Lease:
-    """The lease a function given to :meth:`Client.run` runs under. ``lost`` is set when
-    a renewal finds the lease gone (another caller took the key over): the function
-    should stop, and nothing it returns afterwards is stored.
-
-    ``attempt`` grows by one at every acquisition of the key, so it is a fencing token
-    for the function's writes; ``recovered`` is True when this lease took the key over
-    from a holder whose lease ran out, which may have done the work already
-    (docs/effects.md)."""
-
-    key: str
-    token: str
-    attempt: int
-    recovered: bool = False
-    lost: threading.Event = field(default_factory=threading.Event)
 
 
 def api_client(
@@ -264,13 +246,13 @@ class Client:
         except Permanent as failure:
             self._stop(stop, renewer)
             if held.lost.is_set():
-                raise lease_lost(held) from failure
+                raise lease_lost(held.key) from failure
             self.release(held.key, held.token, "fail", failure.response)
             raise
         except BaseException as err:
             self._stop(stop, renewer)
             if held.lost.is_set():
-                raise lease_lost(held) from err
+                raise lease_lost(held.key) from err
             try:
                 self.release(held.key, held.token, "retry")
             except IdemdError as release_err:
@@ -278,7 +260,7 @@ class Client:
             raise
         self._stop(stop, renewer)
         if held.lost.is_set():
-            raise lease_lost(held)
+            raise lease_lost(held.key)
         self.complete(held.key, held.token, response)
         return Result(response, replayed=False)
 
@@ -390,12 +372,3 @@ class Client:
 
 def json_response(value: object) -> Response:
     return Response(200, {"Content-Type": ["application/json"]}, json.dumps(value).encode())
-
-
-def lease_lost(held: Lease) -> LeaseLost:
-    return LeaseLost(
-        409,
-        code="lease_lost",
-        title="Lease lost",
-        detail=f"{held.key!r} was taken over while the operation ran",
-    )

@@ -6,11 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from ._async_client import AsyncLease
-    from ._client import Lease
+from ._lease import AsyncLease, Lease
 
 _current: ContextVar[Lease | AsyncLease | None] = ContextVar("idemd_lease", default=None)
 

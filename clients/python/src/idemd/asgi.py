@@ -18,9 +18,10 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from ._async_client import AsyncClient, AsyncLease, stop
+from ._async_client import AsyncClient, stop
 from ._current import leased
 from ._errors import IdemdError, LeaseLost, Problem
+from ._lease import AsyncLease
 from ._middleware import (
     NOT_STORED,
     Answer,

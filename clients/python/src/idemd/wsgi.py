@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from ._client import Client, Lease
+from ._client import Client
 from ._current import leased
 from ._errors import IdemdError, LeaseLost, Problem
+from ._lease import Lease
 from ._middleware import (
     NOT_STORED,
     Answer,
