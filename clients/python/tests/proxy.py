@@ -1,13 +1,15 @@
 """GateProxy: a loopback HTTP proxy in front of a real idemd that records every request
 and holds chosen ones until the test opens them, so that a test can gather a client's
 calls behind a request in flight without sleeping; or drops every request while cut,
-so that a holder's renewals stop reaching idemd while its work goes on."""
+so that a holder's renewals stop reaching idemd while its work goes on; or slows every
+request down, as a distant or loaded idemd would."""
 
 from __future__ import annotations
 
 import http.server
 import json
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -22,22 +24,38 @@ _HOP_BY_HOP = ("content-length", "content-encoding", "transfer-encoding", "conne
 
 @dataclass(frozen=True)
 class Received:
-    """A request the proxy received: its path, and for a batch how many items it held."""
+    """A request the proxy received: its path, for a batch how many items it held, and
+    when it came in on the time.monotonic() clock."""
 
     path: str
     items: int
+    at: float = 0.0
 
 
 class GateProxy:
     """Forwards to ``target``; the requests whose index (0 for the first) is in ``hold``
     wait until :meth:`open` lets them through. With ``batch_status``, the proxy answers
     POST /v1/batch with that status itself instead of forwarding it: 404 as a daemon from
-    before the batch endpoint does, 413 as one with a smaller body limit."""
+    before the batch endpoint does, 413 as one with a smaller body limit. With
+    ``cut_after``, the link is cut once that many requests have gone through, before the
+    last of them is answered, so that no other request can follow it. ``delay`` is how
+    long each request waits before it goes on to idemd, in seconds."""
 
-    def __init__(self, target: str, hold: Iterable[int] = (0,), batch_status: int | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        hold: Iterable[int] = (0,),
+        batch_status: int | None = None,
+        cut_after: int | None = None,
+        delay: float = 0.0,
+    ) -> None:
         self.received: list[Received] = []
         #: While set, every request is dropped unanswered, as by a cut link.
         self.cut = False
+        #: How many requests were dropped while the link was cut.
+        self.dropped = 0
+        self._cut_after = cut_after
+        self._delay = delay
         self._target = target
         self._batch_status = batch_status
         self._lock = threading.Lock()
@@ -47,6 +65,9 @@ class GateProxy:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # The status line and headers go out in one write and the body in another:
+            # with Nagle's algorithm the body would wait for the client's delayed ACK.
+            disable_nagle_algorithm = True
 
             def do_GET(self) -> None:
                 proxy._forward(self)
@@ -86,6 +107,8 @@ class GateProxy:
     def _forward(self, handler: http.server.BaseHTTPRequestHandler) -> None:
         body = handler.rfile.read(int(handler.headers.get("Content-Length", "0")))
         if self.cut:
+            with self._lock:
+                self.dropped += 1
             handler.close_connection = True
             return
         items = 0
@@ -93,7 +116,9 @@ class GateProxy:
             items = len(json.loads(body).get("items", []))
         with self._lock:
             index = len(self.received)
-            self.received.append(Received(handler.path, items))
+            self.received.append(Received(handler.path, items, time.monotonic()))
+            if index + 1 == self._cut_after:
+                self.cut = True
         gate = self._gates.get(index)
         if gate is not None and not gate.wait(HOLD_LIMIT):
             raise TimeoutError(f"request {index} was held for {HOLD_LIMIT} s")
@@ -110,6 +135,8 @@ class GateProxy:
                 handler, status, {"Content-Type": "application/problem+json"}, json.dumps(problem).encode()
             )
             return
+        if self._delay:
+            time.sleep(self._delay)  # the latency the proxy plays, not a wait for anything
         headers = {k: v for k, v in handler.headers.items() if k.lower() not in ("host", *_HOP_BY_HOP)}
         answer = self._upstream.request(
             handler.command, self._target + handler.path, content=body or None, headers=headers
