@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/boltstore"
+	"github.com/idemd/idemd/internal/engine/enginetest"
 )
 
 // TestPendingIndexBuiltOnOpen: a database written before the feed's index existed gets
@@ -67,4 +68,16 @@ func TestPendingIndexBuiltOnOpen(t *testing.T) {
 	if n, err := boltstore.PendingEntries(s); err != nil || n != 1 {
 		t.Fatalf("pending index after the sweep: %d entries %v, want 1", n, err)
 	}
+}
+
+// BenchmarkAbandoned: go test -run '^$' -bench Abandoned ./internal/engine/boltstore
+// (IDEMD_FEED_RECORDS=1000000 for the figure in docs/benchmarks.md).
+func BenchmarkAbandoned(b *testing.B) {
+	enginetest.BenchAbandoned(b, func(b *testing.B) engine.Store {
+		s, err := boltstore.Open(filepath.Join(b.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	})
 }
