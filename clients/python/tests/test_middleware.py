@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from apps import BIG, Orders, django_app, flask_app, starlette_app
 from conftest import Daemon, fresh_key, wait_until
+from proxy import GateProxy
 from werkzeug.serving import make_server
 
 import idemd
@@ -461,8 +462,9 @@ def test_lease_lost_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> No
     """R12: the key is purged while the handler runs, so the next renewal finds the lease
     gone. ASGI cancels the handler and answers 409 lease_lost; WSGI cannot stop it, so it
     tells the handler through environ["idemd.lease"] and the handler's answer goes out.
-    Either way nothing is stored and the incident is reported."""
-    s = serve(lease=0.3)
+    Either way nothing is stored and the incident is reported. The lease is long enough
+    for the renewal to be answered well before its local deadline (test_lease_expired)."""
+    s = serve(lease=1.0)
     key = fresh_key("lost")
     admin = idemd.Client(daemon.url)
     with ThreadPoolExecutor(1) as pool:
@@ -478,6 +480,30 @@ def test_lease_lost_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> No
     s.expect_incidents(["lease_lost"])
     with pytest.raises(idemd.NotFound):
         admin.lookup(idemd.middleware_key("user-1", key))
+
+
+def test_lease_expired_while_the_handler_runs(serve: ServeFn, daemon: Daemon) -> None:
+    """R12 with the link to idemd cut right after the claim: no renewal is answered, so
+    the lease ends at its local deadline, as lost. ASGI cancels the handler and answers
+    409 lease_lost; WSGI tells the handler through its lease and its answer goes out.
+    Nothing is stored, the key is not released (idemd lets it run out), and the incident
+    is lease_expired."""
+    proxy = GateProxy(daemon.url, hold=(), cut_after=1)
+    try:
+        s = serve(idemd_url=proxy.url, retries=0, lease=0.3)
+        key = fresh_key("expired")
+        r = s.post("/slow", key=key)
+        if s.framework == "starlette":
+            assert (r.status_code, r.json()["code"]) == (409, "lease_lost")
+            assert r.headers["retry-after"] == "1"
+        else:
+            assert (r.status_code, r.content) == (201, b"too late")
+        s.expect_incidents(["lease_expired"])
+        assert proxy.paths() == ["/v1/claim"]
+        record = idemd.Client(daemon.url).lookup(idemd.middleware_key("user-1", key))
+        assert (record.state, record.response) == ("pending", None)
+    finally:
+        proxy.close()
 
 
 def _raw_post(server: _Uvicorn, path: str, key: str, body: bytes) -> socket.socket:

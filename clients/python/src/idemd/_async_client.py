@@ -7,6 +7,7 @@ import datetime
 import functools
 import inspect
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -17,17 +18,9 @@ from ._batch import ANSWERS, AsyncBatcher, Operation, Outcome, Resend, answered,
 from ._client import DEFAULT_LEASE, api_client, default_owner, json_response
 from ._consume import Verdict, verdict_of
 from ._current import leased
-from ._errors import (
-    Failed,
-    IdemdError,
-    LeaseLost,
-    NotFound,
-    Permanent,
-    transport_failure,
-    unexpected_answer,
-)
+from ._errors import Failed, IdemdError, Permanent, transport_failure, unexpected_answer
 from ._keys import KeySpec, key_for
-from ._lease import AsyncLease, lease_lost
+from ._lease import AsyncKeeper, AsyncLease, claim_waited, local_deadline
 from ._transport import AsyncRetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
 from .idemapi.api.claims import batch as batch_api
@@ -179,45 +172,63 @@ class AsyncClient:
     ) -> Result:
         """Run the coroutine function ``fn`` at most once for ``key``, as
         :meth:`idemd.Client.run` does; a task renews the lease every ``lease / 3``
-        seconds, and when the lease is lost ``fn`` is cancelled and :class:`LeaseLost`
-        raised. Cancelling the caller cancels ``fn`` and releases the key for a retry."""
+        seconds (sooner after a failure), and when the lease is lost, by idemd's answer
+        or at its local deadline, ``fn`` is cancelled and :class:`LeaseLost` raised
+        (:class:`LeaseExpired` for the deadline). Cancelling the caller cancels ``fn``
+        and releases the key for a retry."""
+        sent = time.monotonic()
         claim = await self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
         if claim.outcome == "completed":
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":
             raise Failed(claim.response or Response())
-        return await self._run_leased(AsyncLease(key, claim.token, claim.attempt, claim.recovered), lease, fn)
+        held = AsyncLease(
+            key, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, lease)
+        )
+        keeper = self._keeper(held, lease)
+        if claim_waited(sent, lease):
+            lost = await keeper.renew_now()
+            if lost is not None:
+                raise lost
+        return await self._run_leased(held, keeper, fn)
+
+    def _keeper(self, held: AsyncLease, lease: float) -> AsyncKeeper:
+        """What renews ``held`` for ``lease`` seconds at a time while its work runs."""
+        return AsyncKeeper(held, lease, lambda: self.extend(held.key, held.token, lease))
 
     async def _run_leased(
-        self, held: AsyncLease, lease: float, fn: Callable[[AsyncLease], Awaitable[Response]]
+        self, held: AsyncLease, keeper: AsyncKeeper, fn: Callable[[AsyncLease], Awaitable[Response]]
     ) -> Result:
         with leased(held):  # the task takes a copy of the context, with the lease
             work = asyncio.ensure_future(fn(held))
-        renewer = asyncio.create_task(self._keep_alive(held, lease, work))
+        keeper.start(work)
         try:
             response = await work
         except Permanent as failure:
-            await stop(renewer)
-            if held.lost.is_set():
-                raise lease_lost(held.key) from failure
+            lost = await keeper.stop()
+            if lost is not None:
+                raise lost from failure
             await asyncio.shield(self.release(held.key, held.token, "fail", failure.response))
             raise
         except asyncio.CancelledError as err:
-            await stop(renewer)
+            lost = await keeper.stop()
             current = asyncio.current_task()
-            if held.lost.is_set() and not (current and current.cancelling()):
-                raise lease_lost(held.key) from err
-            await self._release_quietly(held, err)
+            if lost is not None and not (current and current.cancelling()):
+                # fn was cancelled because the lease was lost: the cause worth keeping is
+                # the renewal's failure, if any, not the cancellation.
+                raise lost from lost.__cause__
+            if lost is None:
+                await self._release_quietly(held, err)
             raise
         except BaseException as err:
-            await stop(renewer)
-            if held.lost.is_set():
-                raise lease_lost(held.key) from err
+            lost = await keeper.stop()
+            if lost is not None:
+                raise lost from err
             await self._release_quietly(held, err)
             raise
-        await stop(renewer)
-        if held.lost.is_set():
-            raise lease_lost(held.key)
+        lost = await keeper.stop()
+        if lost is not None:
+            raise lost
         await asyncio.shield(self.complete(held.key, held.token, response))
         return Result(response, replayed=False)
 
@@ -227,18 +238,6 @@ class AsyncClient:
             await asyncio.shield(self.release(held.key, held.token, "retry"))
         except IdemdError as release_err:
             err.add_note(f"and releasing the key failed: {release_err}")
-
-    async def _keep_alive(self, held: AsyncLease, lease: float, work: asyncio.Future[Any]) -> None:
-        while True:
-            await asyncio.sleep(max(lease / 3, 0.01))
-            try:
-                await self.extend(held.key, held.token, lease)
-            except (LeaseLost, NotFound):
-                held.lost.set()
-                work.cancel()
-                return
-            except IdemdError:
-                continue
 
     async def once(
         self,
@@ -304,9 +303,3 @@ class AsyncClient:
             return wrapper
 
         return decorate
-
-
-async def stop(renewer: asyncio.Task[None]) -> None:
-    renewer.cancel()
-    # asyncio.wait neither raises the renewer's cancellation nor swallows our own.
-    await asyncio.wait([renewer])

@@ -6,7 +6,7 @@ import datetime
 import functools
 import inspect
 import json
-import threading
+import time
 from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 
@@ -16,17 +16,9 @@ from . import _fork, _wire
 from ._batch import ANSWERS, Batcher, Operation, Outcome, Resend, answered, batch_request, failed
 from ._consume import Verdict, verdict_of
 from ._current import leased
-from ._errors import (
-    Failed,
-    IdemdError,
-    LeaseLost,
-    NotFound,
-    Permanent,
-    transport_failure,
-    unexpected_answer,
-)
+from ._errors import Failed, IdemdError, Permanent, transport_failure, unexpected_answer
 from ._keys import KeySpec, key_for
-from ._lease import Lease, lease_lost
+from ._lease import Keeper, Lease, claim_waited, local_deadline
 from ._transport import RetryTransport, extra_time
 from ._types import Claim, Record, ReleaseMode, Response, Result
 from .idemapi import AuthenticatedClient
@@ -220,66 +212,63 @@ class Client:
 
         When the key is already done, the stored response comes back with ``replayed``
         true and ``fn`` does not run. While ``fn`` runs, a thread renews the lease every
-        ``lease / 3`` seconds; if a renewal finds the lease gone, ``lease.lost`` is set and
-        ``run`` raises :class:`LeaseLost` instead of storing anything. ``fn`` gets the
-        lease, with its ``attempt`` and whether it was ``recovered`` from a holder whose
-        lease ran out; so does :func:`idemd.current_lease` while ``fn`` runs.
+        ``lease / 3`` seconds, and sooner after a renewal fails. If a renewal finds the
+        lease gone, or none is answered before the lease's local deadline (the claim's
+        send plus 95 % of the lease, moved on by each renewal answered), ``lease.lost``
+        is set and ``run`` raises :class:`LeaseLost` (:class:`LeaseExpired` for the
+        deadline) instead of storing anything; the key is left for idemd to hand over.
+        ``fn`` gets the lease, with its ``attempt``, whether it was ``recovered`` from a
+        holder whose lease ran out, and the time it has ``remaining()``; so does
+        :func:`idemd.current_lease` while ``fn`` runs. A claim that waited for more than
+        a third of the lease is renewed once before ``fn`` starts.
 
         An exception from ``fn`` releases the key for a retry and propagates; a
         :class:`Permanent` one stores its response as a terminal failure instead, and
         later calls raise :class:`Failed` with it.
         """
+        sent = time.monotonic()
         claim = self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
         if claim.outcome == "completed":
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":
             raise Failed(claim.response or Response())
-        return self._run_leased(Lease(key, claim.token, claim.attempt, claim.recovered), lease, fn)
+        held = Lease(key, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, lease))
+        keeper = self._keeper(held, lease)
+        if claim_waited(sent, lease):
+            lost = keeper.renew_now()
+            if lost is not None:
+                raise lost
+        return self._run_leased(held, keeper, fn)
 
-    def _run_leased(self, held: Lease, lease: float, fn: Callable[[Lease], Response]) -> Result:
-        stop = threading.Event()
-        renewer = threading.Thread(target=self._keep_alive, args=(held, lease, stop), daemon=True)
-        renewer.start()
+    def _keeper(self, held: Lease, lease: float) -> Keeper:
+        """What renews ``held`` for ``lease`` seconds at a time while its work runs."""
+        return Keeper(held, lease, lambda: self.extend(held.key, held.token, lease))
+
+    def _run_leased(self, held: Lease, keeper: Keeper, fn: Callable[[Lease], Response]) -> Result:
+        keeper.start()
         try:
             with leased(held):
                 response = fn(held)
         except Permanent as failure:
-            self._stop(stop, renewer)
-            if held.lost.is_set():
-                raise lease_lost(held.key) from failure
+            lost = keeper.stop()
+            if lost is not None:
+                raise lost from failure
             self.release(held.key, held.token, "fail", failure.response)
             raise
         except BaseException as err:
-            self._stop(stop, renewer)
-            if held.lost.is_set():
-                raise lease_lost(held.key) from err
+            lost = keeper.stop()
+            if lost is not None:
+                raise lost from err
             try:
                 self.release(held.key, held.token, "retry")
             except IdemdError as release_err:
                 err.add_note(f"and releasing the key failed: {release_err}")
             raise
-        self._stop(stop, renewer)
-        if held.lost.is_set():
-            raise lease_lost(held.key)
+        lost = keeper.stop()
+        if lost is not None:
+            raise lost
         self.complete(held.key, held.token, response)
         return Result(response, replayed=False)
-
-    @staticmethod
-    def _stop(stop: threading.Event, renewer: threading.Thread) -> None:
-        stop.set()
-        renewer.join()
-
-    def _keep_alive(self, held: Lease, lease: float, stop: threading.Event) -> None:
-        # A transport failure is tried again at the next tick; only the daemon's word
-        # that the lease is gone ends the renewals.
-        while not stop.wait(max(lease / 3, 0.01)):
-            try:
-                self.extend(held.key, held.token, lease)
-            except (LeaseLost, NotFound):
-                held.lost.set()
-                return
-            except IdemdError:
-                continue
 
     def once(
         self,

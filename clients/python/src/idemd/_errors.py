@@ -60,6 +60,14 @@ class LeaseLost(Problem):
     the record was purged."""
 
 
+class LeaseExpired(LeaseLost):
+    """The lease ran out by the holder's own clock: no renewal was answered before its
+    local deadline (idemd could not be reached), so idemd may have let another caller
+    take the key over. Handled as the :class:`LeaseLost` it is; the class tells it apart
+    from a lease_lost that idemd answered. Its status is 0, as no answer came, and its
+    cause is the last renewal's failure, if one failed."""
+
+
 class NotFound(Problem):
     """There is no record for the key."""
 

@@ -14,7 +14,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 import rfc8785
 
-from ._errors import IdemdError, Unavailable
+from ._errors import IdemdError, LeaseExpired, LeaseLost, Unavailable
 from ._types import Response
 
 #: Every key the middleware claims begins with this; the service's own keys must not.
@@ -189,6 +189,7 @@ IncidentKind = Literal[
     "complete_failed",
     "release_failed",
     "lease_lost",
+    "lease_expired",
     "replay_invalid",
 ]
 
@@ -201,6 +202,13 @@ class Incident:
     kind: IncidentKind
     idemd_key: str = ""
     error: BaseException | None = None
+
+
+def lease_incident(lost: LeaseLost) -> IncidentKind:
+    """The incident for a lease lost while the handler ran (R12): ``lease_expired`` when
+    no renewal was answered before the lease's local deadline (idemd unreachable),
+    ``lease_lost`` when idemd answered that the key was taken over."""
+    return "lease_expired" if isinstance(lost, LeaseExpired) else "lease_lost"
 
 
 def default_store_status(status: int) -> bool:
@@ -297,6 +305,11 @@ def problem(status: int, code: str, title: str, detail: str, retry_after: float 
     ).encode()
     headers.append(("content-length", str(len(body))))
     return Answer(status, headers, body)
+
+
+def taken_over() -> Answer:
+    """The answer when the lease was lost before the handler wrote anything (R12)."""
+    return problem(409, "lease_lost", "Request taken over", "the lease was lost", 1)
 
 
 NOT_STORED = Response(

@@ -15,13 +15,14 @@ result went out (R15); after a 5xx, or before any status, the key is released (R
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from ._async_client import AsyncClient, stop
+from ._async_client import AsyncClient
 from ._current import leased
 from ._errors import IdemdError, LeaseLost, Problem
-from ._lease import AsyncLease
+from ._lease import AsyncKeeper, AsyncLease, claim_waited, local_deadline
 from ._middleware import (
     NOT_STORED,
     Answer,
@@ -34,10 +35,12 @@ from ._middleware import (
     fingerprint,
     finish,
     idemd_key,
+    lease_incident,
     parse_key,
     problem,
     refusal,
     replay,
+    taken_over,
 )
 from ._types import Claim
 
@@ -175,6 +178,7 @@ class IdempotencyMiddleware:
             _first(headers, b"content-encoding"),
             body,
         )
+        sent = time.monotonic()
         try:
             claim = await self._claim(ikey, digest, replayed_receive)
         except IdemdError as err:  # C3-C6
@@ -197,12 +201,23 @@ class IdempotencyMiddleware:
             if answer.status == 502:
                 o.incident(scope, "replay_invalid", ikey)
             return
-        held = AsyncLease(ikey, claim.token, claim.attempt, claim.recovered)
+        held = AsyncLease(
+            ikey, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, o.lease)
+        )
         if replayed_receive.gone():
             # The client left as the lease came: nothing ran, and a retry may run it.
             await self._release(scope, held)
             return
-        await self._run(scope, replayed_receive, send, held)
+        keeper = self.client._keeper(held, o.lease)
+        if claim_waited(sent, o.lease):
+            # The claim waited: the lease is renewed before the handler starts, so that it
+            # does not start with its deadline near (R12 when it is lost meanwhile).
+            lost = await keeper.renew_now()
+            if lost is not None:
+                await _answer(send, taken_over())
+                o.incident(scope, lease_incident(lost), held.key, lost)
+                return
+        await self._run(scope, replayed_receive, send, held, keeper)
 
     async def _claim(self, ikey: str, digest: str, replayed: _Replaying) -> Claim | None:
         """Claims the key; None when the client left while the claim waited (C3a).
@@ -232,7 +247,9 @@ class IdempotencyMiddleware:
             claim.exception()  # the answer came too late for anyone: retrieved, dropped
         return None
 
-    async def _run(self, scope: Scope, receive: Receive, send: Send, held: AsyncLease) -> None:
+    async def _run(
+        self, scope: Scope, receive: Receive, send: Send, held: AsyncLease, keeper: AsyncKeeper
+    ) -> None:
         o = self.options
         recorder = Recorder(o)
         started = settled = False
@@ -244,11 +261,12 @@ class IdempotencyMiddleware:
             cancel scope when the client goes away) cannot leave it half done."""
             nonlocal settled
             settled = True
+            lost = keeper.end()
 
             async def settling() -> None:
-                await stop(renewer)
-                if held.lost.is_set():  # R12
-                    o.incident(scope, "lease_lost", held.key)
+                await keeper.stopped()
+                if lost is not None:  # R12
+                    o.incident(scope, lease_incident(lost), held.key, lost)
                     return
                 await self._settle(scope, held, recorder, ended)
 
@@ -274,26 +292,25 @@ class IdempotencyMiddleware:
         state["idemd_lease"] = held
         with leased(held):  # the task takes a copy of the context, with the lease
             work = asyncio.ensure_future(self.app(scope, receive, recording_send))
-        renewer = asyncio.create_task(self.client._keep_alive(held, o.lease, work))
+        keeper.start(work)
         try:
             await work
         except BaseException as err:
             if settled:
                 raise
             settled = True
-            await asyncio.shield(asyncio.ensure_future(stop(renewer)))
+            lost = keeper.end()
+            await asyncio.shield(asyncio.ensure_future(keeper.stopped()))
             current = asyncio.current_task()
             cancelled_by_lease = isinstance(err, asyncio.CancelledError) and not (
                 current and current.cancelling()
             )
-            if held.lost.is_set():  # R12: the handler was cancelled
-                o.incident(scope, "lease_lost", held.key)
+            if lost is not None:  # R12: the handler was cancelled
+                o.incident(scope, lease_incident(lost), held.key, lost)
                 if not cancelled_by_lease:
                     raise
                 if not started:
-                    await _answer(
-                        send, problem(409, "lease_lost", "Request taken over", "the lease was lost", 1)
-                    )
+                    await _answer(send, taken_over())
                 return
             if cut_short(recorder, o, started) == "not_stored":  # R15
                 await self._not_stored(scope, held)
@@ -306,7 +323,7 @@ class IdempotencyMiddleware:
         # it stopped in the middle of a stream.
         await settle(ended=False)
         if held.lost.is_set() and not started:
-            await _answer(send, problem(409, "lease_lost", "Request taken over", "the lease was lost", 1))
+            await _answer(send, taken_over())
 
     async def _settle(self, scope: Scope, held: AsyncLease, recorder: Recorder, ended: bool) -> None:
         o = self.options

@@ -3,14 +3,15 @@ the ``Idempotency-Key`` request header, as docs/middleware.md describes row by r
 
     app.wsgi_app = IdempotencyMiddleware(app.wsgi_app, idemd.Client(url), scope=user_of)
 
-WSGI cannot stop a running handler: when the lease is lost, ``environ["idemd.lease"]``
-(an :class:`idemd.Lease`) has its ``lost`` event set, and nothing the handler returns
-afterwards is stored. A streaming answer (an iterable of chunks) reaches the server
-chunk by chunk; a copy is kept, up to ``max_stored_bytes``, and stored once the server
-has consumed the whole iterable (R11). An iterable the server closes before its end
-(the client went away) ran but cannot be replayed whole: ``409 response_not_stored`` is
-stored for it, as for an answer too large to store (R10), and for an exception raised
-after the first chunk of a result went out (R15).
+WSGI cannot stop a running handler: when the lease is lost (idemd answered that the key
+was taken over, or no renewal was answered before the lease's local deadline),
+``environ["idemd.lease"]`` (an :class:`idemd.Lease`) has its ``lost`` event set, and
+nothing the handler returns afterwards is stored. A streaming answer (an iterable of
+chunks) reaches the server chunk by chunk; a copy is kept, up to ``max_stored_bytes``,
+and stored once the server has consumed the whole iterable (R11). An iterable the
+server closes before its end (the client went away) ran but cannot be replayed whole:
+``409 response_not_stored`` is stored for it, as for an answer too large to store (R10),
+and for an exception raised after the first chunk of a result went out (R15).
 
 WSGI servers join repeated header lines into one value with commas, so two
 ``Idempotency-Key`` lines arrive as one value that is refused like a list (M3).
@@ -23,7 +24,7 @@ has gone; the ASGI middleware stops at the disconnect (C3a).
 from __future__ import annotations
 
 import io
-import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
@@ -32,7 +33,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 from ._client import Client
 from ._current import leased
 from ._errors import IdemdError, LeaseLost, Problem
-from ._lease import Lease
+from ._lease import Keeper, Lease, claim_waited, local_deadline
 from ._middleware import (
     NOT_STORED,
     Answer,
@@ -45,10 +46,12 @@ from ._middleware import (
     fingerprint,
     finish,
     idemd_key,
+    lease_incident,
     parse_key,
     problem,
     refusal,
     replay,
+    taken_over,
 )
 from ._types import ReleaseMode, Response
 
@@ -156,6 +159,7 @@ class IdempotencyMiddleware:
             _latin1(environ.get("HTTP_CONTENT_ENCODING")),
             body,
         )
+        sent = time.monotonic()
         try:
             claim = self.client.claim(ikey, fingerprint=digest, lease=o.lease, wait=o.wait or None)
         except IdemdError as err:  # C3-C6
@@ -171,9 +175,18 @@ class IdempotencyMiddleware:
             if answer.status == 502:
                 o.incident(environ, "replay_invalid", ikey)
             return _answer(start_response, answer)
-        return _Leased(
-            self, environ, start_response, Lease(ikey, claim.token, claim.attempt, claim.recovered)
+        held = Lease(
+            ikey, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, o.lease)
         )
+        keeper = self.client._keeper(held, o.lease)
+        if claim_waited(sent, o.lease):
+            # The claim waited: the lease is renewed before the handler starts, so that it
+            # does not start with its deadline near (R12 when it is lost meanwhile).
+            lost = keeper.renew_now()
+            if lost is not None:
+                o.incident(environ, lease_incident(lost), ikey, lost)
+                return _answer(start_response, taken_over())
+        return _Leased(self, environ, start_response, held, keeper)
 
 
 class _TooLarge(Exception):
@@ -237,7 +250,12 @@ class _Leased:
     recorded, and stored (or the key released) once the server closes it."""
 
     def __init__(
-        self, mw: IdempotencyMiddleware, environ: WSGIEnvironment, start_response: StartResponse, held: Lease
+        self,
+        mw: IdempotencyMiddleware,
+        environ: WSGIEnvironment,
+        start_response: StartResponse,
+        held: Lease,
+        keeper: Keeper,
     ) -> None:
         self._mw = mw
         self._environ = environ
@@ -249,11 +267,8 @@ class _Leased:
         self._written = 0
         self._finished = False
         self._sent = False  # whether the status went out to the client
-        self._stop = threading.Event()
-        self._renewer = threading.Thread(
-            target=mw.client._keep_alive, args=(held, mw.options.lease, self._stop), daemon=True
-        )
-        self._renewer.start()
+        self._keeper = keeper
+        keeper.start()
         environ["idemd.lease"] = held  # L1
         self._start_response = start_response
         try:
@@ -313,10 +328,9 @@ class _Leased:
 
     def _halt(self) -> bool:
         """Stop renewing; True when the lease was lost meanwhile (R12)."""
-        self._stop.set()
-        self._renewer.join()
-        if self._held.lost.is_set():
-            self._mw.options.incident(self._environ, "lease_lost", self._held.key)
+        lost = self._keeper.stop()
+        if lost is not None:
+            self._mw.options.incident(self._environ, lease_incident(lost), self._held.key, lost)
             return True
         return False
 
