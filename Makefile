@@ -1,9 +1,27 @@
-# The one command that runs every test of every language: `make test`.
-# Each language has its own target, so `make test-go` (or -ts, -python) runs one.
+# The one command that runs every test of every language: `make test`. It first installs
+# what the machine lacks (.ci/deps: Debian packages when run as root, else it stops and
+# prints the apt-get line; helm and kubernetes-validate), and turns every test's skip
+# for a missing server or tool into a failure, so that it runs every test.
+# Each language has its own target, so `make test-go` (or -ts, -python) runs one, and
+# skips what the machine lacks.
 
-.PHONY: test test-go test-ts test-python test-java bench-java check-contract check-ts-generated generate-python generate-java payments-api
+.PHONY: test deps test-go test-ts test-python test-java bench-java check-contract check-ts-generated generate-python generate-java payments-api
 
-test: test-go test-ts test-python test-java
+# The pinned tools .ci/deps installs: helm in the Go bin directory, kubernetes-validate
+# under the tools cache.
+TOOLS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/idemd-ci
+export PATH := $(PATH):/usr/local/go/bin:$(shell go env GOPATH 2>/dev/null)/bin:$(TOOLS)/bin
+
+test: export IDEMD_REQUIRE_REDIS = 1
+test: export IDEMD_REQUIRE_POSTGRES = 1
+test: export IDEMD_REQUIRE_RABBITMQ = 1
+test: export IDEMD_REQUIRE_NETNS = 1
+test: export IDEMD_REQUIRE_DEPLOY_TOOLS = 1
+test: deps
+	$(MAKE) test-go test-ts test-python test-java
+
+deps:
+	bash .ci/deps
 
 # The Python client's venv (see test-python), which the payments example uses too.
 PYTHON ?= python3
