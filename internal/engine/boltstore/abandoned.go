@@ -3,7 +3,6 @@ package boltstore
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 
@@ -14,9 +13,8 @@ import (
 
 // bucketPending indexes the pending records for the abandoned-keys feed: one entry per
 // pending record, keyed by the tenant's length and name then the client's key (so that
-// a tenant's keys sort together, in key order, and a prefix is a range), holding the
-// lease's expiry (milliseconds, big-endian). A record leaves it when it stops being
-// pending, and the feed reads only it and the records it names.
+// a tenant's keys sort together, in key order, and a prefix is a range), holding what
+// the feed shows (pendingEntry). A record leaves it when it stops being pending.
 var bucketPending = []byte("pending")
 
 // maxPendingScan bounds the index entries one page of the feed reads, so that a tenant
@@ -31,6 +29,23 @@ func pendingKey(tenant, key string) []byte {
 	return append(k, key...)
 }
 
+// pendingEntry is a pending index entry's value: what the feed shows of the key, so
+// that a page reads the index alone, never the records (whose tree is as deep as all
+// the records make it).
+type pendingEntry struct {
+	LeaseExpiry int64  `json:"lx"`
+	Expires     int64  `json:"xa"`
+	Attempt     int64  `json:"at"`
+	Fingerprint string `json:"fp,omitempty"`
+	Owner       string `json:"ow,omitempty"`
+	Point       string `json:"pn,omitempty"`
+}
+
+func encodePending(r *stored) ([]byte, error) {
+	return json.Marshal(pendingEntry{LeaseExpiry: r.LeaseExpiry, Expires: r.Expires, Attempt: r.Attempt, Fingerprint: r.Fingerprint,
+		Owner: r.Owner, Point: r.PointName})
+}
+
 // index keeps r's entry in the pending index as its state says.
 func (t *txn) index(r *stored) error {
 	b := t.tx.Bucket(bucketPending)
@@ -38,9 +53,11 @@ func (t *txn) index(r *stored) error {
 	if r.State != engine.StatePending {
 		return b.Delete(pk)
 	}
-	var lx [8]byte
-	binary.BigEndian.PutUint64(lx[:], uint64(r.LeaseExpiry))
-	return b.Put(pk, lx[:])
+	v, err := encodePending(r)
+	if err != nil {
+		return err
+	}
+	return b.Put(pk, v)
 }
 
 // indexPending fills the pending index from the records, once, for a database written
@@ -61,15 +78,18 @@ func indexPending(tx *bolt.Tx) error {
 		if r.State != engine.StatePending {
 			return nil
 		}
-		var lx [8]byte
-		binary.BigEndian.PutUint64(lx[:], uint64(r.LeaseExpiry))
-		return b.Put(pendingKey(r.Tenant, r.Key), lx[:])
+		e, err := encodePending(&r)
+		if err != nil {
+			return err
+		}
+		return b.Put(pendingKey(r.Tenant, r.Key), e)
 	})
 }
 
 // Abandoned implements engine.Store: the tenant's pending index in key order, from the
-// prefix or past the cursor (the last key of the previous page), each entry whose lease
-// ran out checked against its record.
+// prefix or past the cursor (the last key of the previous page). The index is written
+// with its records and the sweeper removes expired records' entries, so it is read
+// alone.
 func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error) {
 	if err := ctx.Err(); err != nil {
 		return engine.AbandonedPage{}, err
@@ -77,7 +97,7 @@ func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.
 	if q.Cursor != "" && (len(q.Cursor) > engine.MaxKeyBytes || len(q.Cursor) < len(q.Prefix) || q.Cursor[:len(q.Prefix)] != q.Prefix) {
 		return engine.AbandonedPage{}, engine.ErrBadCursor
 	}
-	before := q.Before.UnixMilli()
+	before, now := q.Before.UnixMilli(), msTime(s.now().UnixMilli())
 	from := pendingKey(q.Tenant, q.Prefix)
 	prefix := bytes.Clone(from)
 	if q.Cursor != "" {
@@ -95,18 +115,17 @@ func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.
 				return nil
 			}
 			last = key
-			if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) > before {
+			var e pendingEntry
+			if err := json.Unmarshal(v, &e); err != nil {
+				return fmt.Errorf("pending index entry of %q is corrupt: %w", key, err)
+			}
+			// A record past its retention is absent, though the sweeper may not have
+			// removed it and its entry yet.
+			if e.LeaseExpiry > before || engine.Expired(msTime(e.Expires), now) {
 				continue
 			}
-			r, err := readLive(tx, recordKey(engine.ID{Tenant: q.Tenant, Key: key}), s.now().UnixMilli())
-			if err != nil {
-				return err
-			}
-			if r == nil || r.State != engine.StatePending || r.LeaseExpiry > before {
-				continue
-			}
-			page.Keys = append(page.Keys, engine.AbandonedKey{Key: key, Attempt: r.Attempt, Fingerprint: r.Fingerprint, Owner: r.Owner,
-				LeaseExpiredAt: msTime(r.LeaseExpiry), Point: r.PointName})
+			page.Keys = append(page.Keys, engine.AbandonedKey{Key: key, Attempt: e.Attempt, Fingerprint: e.Fingerprint, Owner: e.Owner,
+				LeaseExpiredAt: msTime(e.LeaseExpiry), Point: e.Point})
 			if len(page.Keys) == q.Limit {
 				// The next page starts past this key, if there is one.
 				if k, _ := c.Next(); k != nil && bytes.HasPrefix(k, prefix) {
