@@ -1,7 +1,8 @@
 // Package idem is the Go client of idemd, the idempotency service: typed calls for
-// claim, complete, release, extend, lookup and purge; Do, which runs a function at most
-// once per key; Once, for queue consumers; and Middleware, which makes an HTTP handler
-// idempotent by its Idempotency-Key header.
+// claim, complete, release, extend, recovery points, lookup, purge and the
+// abandoned-keys feed; Do, which runs a function at most once per key; Once and
+// Consume, for queue consumers; and Middleware, which makes an HTTP handler idempotent
+// by its Idempotency-Key header.
 //
 // The package depends on the standard library and the generated idemapi client only.
 package idem
@@ -161,6 +162,9 @@ type Claim struct {
 	ExpiresAt time.Time
 	// Recovered is true when the lease was taken over from a holder whose lease ran out.
 	Recovered bool
+	// RecoveryPoint is the last point a holder of the key recorded (RecordRecoveryPoint),
+	// handed on to this lease (Acquired only); nil when none was recorded.
+	RecoveryPoint *RecoveryPoint
 	// Response is the stored result when Outcome is Completed or Failed.
 	Response *Response
 }
@@ -176,7 +180,10 @@ type Record struct {
 	UpdatedAt      time.Time
 	LeaseExpiresAt time.Time
 	ExpiresAt      time.Time
-	Response       *Response
+	// RecoveryPoint is the last point a holder recorded, while the key is pending or
+	// released for a retry; nil when none was recorded.
+	RecoveryPoint *RecoveryPoint
+	Response      *Response
 }
 
 // ReleaseMode says what a release does with the key.
@@ -244,7 +251,7 @@ func (c *Client) claim(ctx context.Context, key string, opts ClaimOptions, share
 			return nil, errors.New("idem: the claim was answered 201 without a lease token; is the base URL idemd's?")
 		}
 		return &Claim{Outcome: Acquired, Token: out.LeaseToken, Attempt: out.Attempt, LeaseExpiresAt: out.LeaseExpiresAt,
-			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered}, nil
+			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered, RecoveryPoint: fromPoint(out.RecoveryPoint)}, nil
 	}
 	out := res.finished
 	if res.status != http.StatusOK || out == nil || !out.Outcome.Valid() {
@@ -331,7 +338,7 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 		return nil, err
 	}
 	rec := &Record{Key: out.Key, State: string(out.State), Attempt: out.Attempt, CreatedAt: out.CreatedAt,
-		UpdatedAt: out.UpdatedAt, ExpiresAt: out.ExpiresAt, Response: fromStored(out.Response)}
+		UpdatedAt: out.UpdatedAt, ExpiresAt: out.ExpiresAt, RecoveryPoint: fromPoint(out.RecoveryPoint), Response: fromStored(out.Response)}
 	if out.Fingerprint != nil {
 		rec.Fingerprint = *out.Fingerprint
 	}
@@ -470,6 +477,10 @@ var (
 	ErrFingerprintMismatch = errors.New("idem: the key was used with a different payload")
 	ErrLeaseLost           = errors.New("idem: the lease is no longer held")
 	ErrNotFound            = errors.New("idem: no record for the key")
+	// ErrPayloadTooLarge is a request over one of idemd's size limits (a result over
+	// --max-response-bytes, a recovery point's data over --max-recovery-point-bytes):
+	// sending it again cannot succeed.
+	ErrPayloadTooLarge = errors.New("idem: over idemd's size limit")
 	// ErrUnavailable is a failure of idemd, its store, or the network to it. The call
 	// may or may not have taken effect; resending it is safe.
 	ErrUnavailable = errors.New("idem: idemd is unavailable")
@@ -525,6 +536,8 @@ func (p *Problem) Is(target error) bool {
 		return p.Code == "lease_lost"
 	case ErrNotFound:
 		return p.Code == "not_found"
+	case ErrPayloadTooLarge:
+		return p.Code == "payload_too_large" || (p.Code == "" && p.Status == http.StatusRequestEntityTooLarge)
 	case ErrUnavailable:
 		return p.Code == "store_unavailable" || p.Code == "not_replicated" ||
 			(p.Code == "" && (p.Status == http.StatusBadGateway || p.Status == http.StatusServiceUnavailable || p.Status == http.StatusGatewayTimeout))

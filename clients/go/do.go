@@ -116,7 +116,7 @@ func (c *Client) hold(ctx context.Context, key string, cl *Claim, lease time.Dur
 			return Lease{}, fmt.Errorf("%w: %q was lost before the operation ran: %w", ErrLeaseLost, key, err)
 		}
 	}
-	return leaseOf(key, cl, newLeaseClock(lease, sent)), nil
+	return leaseOf(key, cl, newLeaseClock(c, cl.Token, lease, sent)), nil
 }
 
 // Result is what Do returns: the response, and whether it was replayed from an
@@ -243,6 +243,7 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 	// Held until the timers are set, which their callbacks read.
 	clock.mu.Lock()
 	defer clock.mu.Unlock()
+	clock.keeper = k
 	now := time.Now()
 	left := clock.deadline.Sub(now)
 	if left <= 0 {
@@ -349,7 +350,7 @@ func (k *keeper) expire() {
 // the clock's mutex, so that stop finds the context cancelled whenever the lease is
 // ended.
 func (k *keeper) lose(cause error) {
-	k.clock.ended = true
+	k.clock.ended, k.clock.cause = true, cause
 	k.cancel(cause)
 	if k.renewal != nil {
 		k.renewal.Stop()

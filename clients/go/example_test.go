@@ -197,3 +197,41 @@ func ExampleLease_Remaining() {
 	// the provider may take at most the lease: true
 	// 200
 }
+
+// Work that makes an effect it must not make twice records a recovery point right
+// after it, with what identifies the effect: should the work fail or its holder die,
+// the next run of the key starts from that point instead of making the effect again.
+func ExampleLease_Checkpoint() {
+	ctx := context.Background()
+	client, _ := idem.New(daemonURL)
+	key := freshKey("refund:order-42")
+
+	refund := func(ctx context.Context) (idem.Response, error) {
+		lease, _ := idem.LeaseFrom(ctx)
+		var refundID string
+		if p := lease.RecoveryPoint; p != nil && p.Name == "refunded" {
+			refundID = string(p.Data) // made by an earlier run: do not refund again
+		} else {
+			refundID = fmt.Sprintf("re_%d", lease.Attempt) // make the refund at the provider
+			if err := lease.Checkpoint(ctx, "refunded", []byte(refundID)); err != nil {
+				return idem.Response{}, err
+			}
+		}
+		if lease.Attempt == 1 {
+			// A failure after the refund: the key is released for a retry.
+			return idem.Response{}, errors.New("the ledger timed out")
+		}
+		return idem.Response{Status: 200, Body: []byte(refundID)}, nil
+	}
+	for range 2 {
+		res, err := client.Do(ctx, key, "", refund)
+		if err != nil {
+			fmt.Println("failed:", err)
+			continue
+		}
+		fmt.Println("refund", string(res.Body))
+	}
+	// Output:
+	// failed: the ledger timed out
+	// refund re_1
+}

@@ -2,14 +2,17 @@ package idem
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
 
-// Lease is the lease that the code run by Do, Once or Middleware runs under. Attempt
-// and Recovered let that code make its effects happen once, not only start once:
-// see docs/effects.md. Remaining and Deadline tell how long the lease is known to
-// last, so that the code can bound what it calls by it.
+// Lease is the lease that the code run by Do, Once, Consume or Middleware runs under.
+// Attempt and Recovered let that code make its effects happen once, not only start
+// once: see docs/effects.md. RecoveryPoint and Checkpoint let it resume where an
+// earlier holder stopped instead of starting over. Remaining and Deadline tell how
+// long the lease is known to last, so that the code can bound what it calls by it.
 //
 // A Lease is a value; copies of it share the reckoning of its deadline, so compare
 // leases by their fields rather than with ==.
@@ -25,6 +28,11 @@ type Lease struct {
 	// out: that holder may have done part of the work, or all of it without storing
 	// the result, so look the effect up before doing it again.
 	Recovered bool
+	// RecoveryPoint is the last point an earlier holder of the key recorded with
+	// Checkpoint, which this lease starts from: it is handed on by a takeover
+	// (Recovered) and by a claim after a release for a retry. It is nil when no holder
+	// recorded one, and it is gone once the key is completed or failed.
+	RecoveryPoint *RecoveryPoint
 
 	clock *leaseClock
 }
@@ -55,14 +63,24 @@ func (l Lease) Deadline() time.Time {
 }
 
 // leaseClock is the holder's reckoning of one lease, shared by the copies of its Lease
-// and by the keeper that renews it.
+// and by the keeper that renews it, with what Checkpoint needs to act under the lease.
 type leaseClock struct {
 	mu       sync.Mutex
 	lease    time.Duration
 	deadline time.Time
 	// ended is set when the lease is lost: idemd said so, or its deadline passed with
-	// no renewal answered.
+	// no renewal answered. cause says which.
 	ended bool
+	cause error
+
+	// c and token are the client that holds the lease and the lease's token, which a
+	// recovery point is recorded under.
+	c     *Client
+	token string
+	// keeper renews the lease while its work runs; a checkpoint that idemd answers
+	// lease_lost ends the lease through it, so that the work's context is cancelled as
+	// for a renewal answered so. nil before the work starts.
+	keeper *keeper
 }
 
 // reckoned is the part of a lease the holder counts on. idemd starts the lease when it
@@ -72,8 +90,8 @@ type leaseClock struct {
 // 100 ppm, with room to spare for a virtual machine whose clock stalls.
 func reckoned(lease time.Duration) time.Duration { return lease - lease/20 }
 
-func newLeaseClock(lease time.Duration, sent time.Time) *leaseClock {
-	return &leaseClock{lease: lease, deadline: sent.Add(reckoned(lease))}
+func newLeaseClock(c *Client, token string, lease time.Duration, sent time.Time) *leaseClock {
+	return &leaseClock{c: c, token: token, lease: lease, deadline: sent.Add(reckoned(lease))}
 }
 
 func (lc *leaseClock) remaining(now time.Time) time.Duration {
@@ -105,5 +123,60 @@ func withLease(ctx context.Context, l Lease) context.Context {
 }
 
 func leaseOf(key string, cl *Claim, clock *leaseClock) Lease {
-	return Lease{Key: key, Attempt: cl.Attempt, Recovered: cl.Recovered, clock: clock}
+	return Lease{Key: key, Attempt: cl.Attempt, Recovered: cl.Recovered, RecoveryPoint: cl.RecoveryPoint, clock: clock}
+}
+
+// Checkpoint records a recovery point under the lease: name says how far the work got
+// (1 to 128 bytes of UTF-8, for example "charged") and data what the next holder needs
+// to go on from there (at most the daemon's --max-recovery-point-bytes, 4096 by
+// default; it may be nil). It replaces the point recorded before. Should this holder
+// not finish the key, the next one finds the point in its Lease.RecoveryPoint: record
+// one right after each effect that must not be made twice, with what identifies it.
+//
+// When idemd answers that the lease is lost (another caller took the key over, or it
+// is gone), Checkpoint returns an error that matches ErrLeaseLost and ends the lease as
+// a renewal answered so would: the work's context is cancelled with that cause, and
+// the call that runs the work fails with it and stores nothing. Once the lease has
+// ended, Checkpoint returns why without asking idemd. Data over the daemon's limit is
+// a *Problem with status 413 that matches ErrPayloadTooLarge, and records nothing;
+// the lease goes on. Other failures (ErrUnavailable) leave the lease as it is.
+func (l Lease) Checkpoint(ctx context.Context, name string, data []byte) error {
+	lc := l.clock
+	if lc == nil || lc.c == nil {
+		return errors.New("idem: Checkpoint needs a lease handed out by Do, Once, Consume or Middleware")
+	}
+	if cause := lc.lost(); cause != nil {
+		return cause
+	}
+	err := lc.c.RecordRecoveryPoint(ctx, l.Key, lc.token, name, data)
+	if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotFound) {
+		return lc.end(fmt.Errorf("%w: %q was taken over, or is gone, before its recovery point %q was recorded: %w", ErrLeaseLost, l.Key, name, err))
+	}
+	return err
+}
+
+// lost is why the lease ended, or nil while it is held.
+func (lc *leaseClock) lost() error {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if !lc.ended {
+		return nil
+	}
+	return lc.cause
+}
+
+// end ends the lease with cause, unless it has ended already, and returns why it
+// ended.
+func (lc *leaseClock) end(cause error) error {
+	lc.mu.Lock()
+	defer lc.mu.Unlock()
+	if lc.ended {
+		return lc.cause
+	}
+	if lc.keeper != nil {
+		lc.keeper.lose(cause)
+	} else {
+		lc.ended, lc.cause = true, cause
+	}
+	return cause
 }
