@@ -170,8 +170,9 @@ func jsonDepth(body []byte) int {
 // MiddlewareKey is the idemd key under which Middleware keeps the request of scope
 // that carried Idempotency-Key key: "idempotency-key:v1:" and the lowercase hex
 // SHA-256 of the scope and the key, each prefixed by its length as 8 bytes big-endian.
-// Use it to look a request up with Lookup. Keys in this namespace are reserved for
-// the middleware: a service's own Do and Once keys must not begin with it.
+// Use it to look a request up with Lookup, after the prefix of a middleware with
+// WithKeyPrefix. Keys in this namespace are reserved for the middleware: a service's
+// own Do and Once keys must not begin with it, nor with a prefix followed by it.
 func MiddlewareKey(scope, key string) string {
 	h := sha256.New()
 	writeField(h, []byte(scope))
@@ -181,6 +182,13 @@ func MiddlewareKey(scope, key string) string {
 
 // maxHeaderKeyBytes bounds the key a client may send.
 const maxHeaderKeyBytes = 255
+
+// maxKeyBytes bounds an idemd key, and middlewareKeyBytes is the length of every key
+// MiddlewareKey derives: the namespace and a hex SHA-256.
+const (
+	maxKeyBytes        = 255
+	middlewareKeyBytes = len(keyNamespace) + 2*sha256.Size
+)
 
 var errNoKey = errors.New("no Idempotency-Key")
 

@@ -18,7 +18,8 @@ import (
 // leases by their fields rather than with ==.
 type Lease struct {
 	// Key is the idemd key the lease is on: Do's and Once's key, or for Middleware the
-	// key it derived from the request's scope and Idempotency-Key (MiddlewareKey).
+	// key it derived from the request's scope and Idempotency-Key (MiddlewareKey),
+	// after its WithKeyPrefix.
 	Key string
 	// Attempt grows by one at every acquisition of the key, so it is a fencing token: a
 	// store that keeps the highest attempt it has seen for the key can refuse the writes

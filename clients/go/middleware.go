@@ -64,7 +64,8 @@ const (
 // Incident is what the incident hook receives.
 type Incident struct {
 	Kind IncidentKind
-	// IdemdKey is the key in idemd (see MiddlewareKey), empty when none was derived.
+	// IdemdKey is the key in idemd (see MiddlewareKey and WithKeyPrefix), empty when
+	// none was derived.
 	IdemdKey string
 	// Err is the cause, when there is one.
 	Err error
@@ -72,6 +73,7 @@ type Incident struct {
 
 type middlewareSettings struct {
 	scope       func(*http.Request) string
+	prefix      string
 	methods     []string
 	required    bool
 	wait        time.Duration
@@ -95,6 +97,17 @@ type MiddlewareOption func(*middlewareSettings)
 // are not private may return a constant.
 func WithScope(scope func(r *http.Request) string) MiddlewareOption {
 	return func(s *middlewareSettings) { s.scope = scope }
+}
+
+// WithKeyPrefix puts prefix before every idemd key the middleware derives, so that
+// the keys of one route or service share it: the abandoned-keys feed selects them by
+// it, for example "orders/". The idemd key of a request becomes prefix
+// followed by MiddlewareKey(scope, key); the lease the handler finds with LeaseFrom,
+// and incidents, carry that full key, and Lookup takes it. The derivation itself does
+// not change. Middleware panics for a prefix that is not valid UTF-8 or over 172
+// bytes, which would make keys over idemd's 255.
+func WithKeyPrefix(prefix string) MiddlewareOption {
+	return func(s *middlewareSettings) { s.prefix = prefix }
 }
 
 // WithMethods sets the methods the middleware applies to (default POST and PATCH).
@@ -206,8 +219,8 @@ func defaultStoreStatus(status int) bool {
 //
 // Cases where the middleware cannot keep its promise reach WithIncidentHook.
 //
-// Middleware panics without WithScope, or when WithStoredHeaders names a header that
-// is never stored.
+// Middleware panics without WithScope, when WithStoredHeaders names a header that is
+// never stored, or when WithKeyPrefix gives a prefix that keys cannot carry.
 //
 // Echo users wrap it, and render a handler's returned error inside it, because Echo
 // writes returned errors only after every middleware has returned: the middleware
@@ -245,6 +258,11 @@ func Middleware(c *Client, opts ...MiddlewareOption) func(http.Handler) http.Han
 	}
 	if s.lease < minLease || s.lease > maxLease {
 		panic(fmt.Sprintf("idem.Middleware: WithLease(%s): idemd's leases last %s to %s", s.lease, minLease, maxLease))
+	}
+	// Every derived key has the same length, so a prefix that fits once fits always.
+	if n := len(s.prefix) + middlewareKeyBytes; n > maxKeyBytes || !utf8.ValidString(s.prefix) {
+		panic(fmt.Sprintf("idem.Middleware: WithKeyPrefix(%q): the prefix must be valid UTF-8 of at most %d bytes, so that keys stay within idemd's %d",
+			s.prefix, maxKeyBytes-middlewareKeyBytes, maxKeyBytes))
 	}
 	stored := make([]string, 0, len(s.headers))
 	for _, h := range s.headers {
@@ -309,7 +327,7 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 
-	idemdKey := MiddlewareKey(scope, key)
+	idemdKey := m.s.prefix + MiddlewareKey(scope, key)
 	// A claim that does not wait is answered at once: it outlives a client that goes
 	// away meanwhile, so that a lease it took is known and can be given back rather
 	// than left to run out. A claim that waits may wait up to 30 s, so it ends with its

@@ -1074,3 +1074,72 @@ func TestMiddlewareRefusesLimitsIdemdRefuses(t *testing.T) {
 	idem.Middleware(c, scope, idem.WithWait(30*time.Second), idem.WithLease(time.Hour))
 	idem.Middleware(c, scope, idem.WithWait(0), idem.WithLease(100*time.Millisecond))
 }
+
+// TestMiddlewareKeyPrefix: with WithKeyPrefix the idemd key of a request is the prefix
+// and then the derived key: the handler's lease, incidents and Lookup see that full
+// key, the feed lists it under the prefix, and replays work as without it. A prefix
+// that would make keys too long, or is not UTF-8, is refused when the middleware is
+// made.
+func TestMiddlewareKeyPrefix(t *testing.T) {
+	c := newClient(t)
+	prefix := freshKey("orders") + "/"
+	var leaseKey string
+	var inc incidents
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		l, _ := idem.LeaseFrom(r.Context())
+		leaseKey = l.Key
+		w.WriteHeader(http.StatusCreated)
+		if r.URL.Path == "/big" {
+			fmt.Fprint(w, strings.Repeat("x", 64))
+			return
+		}
+		fmt.Fprint(w, "made")
+	})
+	url := serveWith(t, c, h, idem.WithKeyPrefix(prefix), idem.WithMaxStoredBytes(32), inc.option())
+	key := freshKey("mw-prefix")
+	full := prefix + idem.MiddlewareKey("alice", key)
+
+	if r := (call{key: key, body: `{}`}).do(t, url); r.status != http.StatusCreated || r.replayed() {
+		t.Fatalf("the first request: %+v", r)
+	}
+	if leaseKey != full {
+		t.Fatalf("the handler's lease is on %q, want %q", leaseKey, full)
+	}
+	rec, err := c.Lookup(t.Context(), full)
+	if err != nil || rec.State != "completed" || string(rec.Response.Body) != "made" {
+		t.Fatalf("lookup of the full key: %+v %v", rec, err)
+	}
+	if _, err := c.Lookup(t.Context(), idem.MiddlewareKey("alice", key)); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("lookup of the key without the prefix: %v, want ErrNotFound", err)
+	}
+	if r := (call{key: key, body: `{}`}).do(t, url); r.status != http.StatusCreated || !r.replayed() || r.body != "made" {
+		t.Fatalf("the repeated request: %+v, want the replay", r)
+	}
+
+	// A request that holds its key past its lease (its handler never returns in time)
+	// shows in the feed under the prefix.
+	held, err := c.Claim(t.Context(), prefix+"left-behind", idem.ClaimOptions{Lease: 150 * time.Millisecond})
+	if err != nil || held.Outcome != idem.Acquired {
+		t.Fatal(held, err)
+	}
+	waitAbandoned(t, c, prefix, prefix+"left-behind")
+
+	// An incident names the full key too: an answer over the stored limit.
+	big := freshKey("mw-prefix-big")
+	if r := (call{path: "/big", key: big, body: `{}`}).do(t, url); r.status != http.StatusCreated {
+		t.Fatalf("the large answer: %+v", r)
+	}
+	testenv.WaitFor(t, 10*time.Second, "the result_not_stored incident", func() bool { return inc.count(idem.IncidentResultNotStored) == 1 })
+	inc.mu.Lock()
+	got := inc.seen[len(inc.seen)-1].IdemdKey
+	inc.mu.Unlock()
+	if want := prefix + idem.MiddlewareKey("alice", big); got != want || leaseKey != want {
+		t.Fatalf("the incident names %q and the lease was on %q, want %q", got, leaseKey, want)
+	}
+
+	scope := idem.WithScope(byUser)
+	longest := strings.Repeat("p", 255-len(idem.MiddlewareKey("a", "b")))
+	idem.Middleware(c, scope, idem.WithKeyPrefix(longest))
+	mustPanic(t, "a prefix one byte too long", func() { idem.Middleware(c, scope, idem.WithKeyPrefix(longest+"p")) })
+	mustPanic(t, "a prefix that is not UTF-8", func() { idem.Middleware(c, scope, idem.WithKeyPrefix("orders\xff/")) })
+}
