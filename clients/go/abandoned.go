@@ -55,7 +55,8 @@ type AbandonedPage struct {
 // pending under a lease that ran out, which their holders died or were cut off
 // holding. To finish them, claim each with its Fingerprint (the claim decides who
 // finishes a key: one renewed or taken over since the page was read answers
-// ErrInProgress). Read until Next is "", or range over AbandonedKeys.
+// ErrInProgress), or let a Completer do it. Read until Next is "", or range over
+// AbandonedKeys.
 func (c *Client) Abandoned(ctx context.Context, opts AbandonedOptions) (AbandonedPage, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()

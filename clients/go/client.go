@@ -1,8 +1,9 @@
 // Package idem is the Go client of idemd, the idempotency service: typed calls for
 // claim, complete, release, extend, recovery points, lookup, purge and the
 // abandoned-keys feed; Do, which runs a function at most once per key; Once and
-// Consume, for queue consumers; and Middleware, which makes an HTTP handler idempotent
-// by its Idempotency-Key header.
+// Consume, for queue consumers; Middleware, which makes an HTTP handler idempotent by
+// its Idempotency-Key header; and Completer, which finishes the work of holders that
+// died, from the recovery points they recorded.
 //
 // The package depends on the standard library and the generated idemapi client only.
 package idem

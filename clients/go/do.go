@@ -71,6 +71,24 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx co
 	if len(opts) > 0 {
 		o = opts[0]
 	}
+	return c.claimAndRun(ctx, key, fingerprint, fn, o, releaseForRetry)
+}
+
+// onFailure is what run does with the key when the function fails, not for good.
+type onFailure int
+
+const (
+	// releaseForRetry frees the key, so that the next call runs the function again:
+	// Do's way, for a caller that retries.
+	releaseForRetry onFailure = iota
+	// leavePending gives nothing back: the key stays pending, and once the lease runs
+	// out the abandoned-keys feed lists it again. A Completer's way, which a release
+	// would take the key out of the feed it works from.
+	leavePending
+)
+
+// claimAndRun is Do, with what a failure of fn does to the key.
+func (c *Client) claimAndRun(ctx context.Context, key, fingerprint string, fn func(ctx context.Context) (Response, error), o DoOptions, failure onFailure) (Result, error) {
 	// The lease is reckoned from the claim's send, which is no later than idemd's start
 	// of it.
 	sent := time.Now()
@@ -92,7 +110,7 @@ func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx co
 	if err != nil {
 		return Result{}, err
 	}
-	return c.run(ctx, held, cl.Token, fn)
+	return c.run(ctx, held, cl.Token, fn, failure)
 }
 
 // hold starts the holder's reckoning of the lease that cl, a claim sent at sent,
@@ -126,8 +144,9 @@ type Result struct {
 	Replayed bool
 }
 
-// run runs fn under the lease and finishes the key according to how fn ended.
-func (c *Client) run(ctx context.Context, held Lease, token string, fn func(ctx context.Context) (Response, error)) (res Result, err error) {
+// run runs fn under the lease and finishes the key according to how fn ended, and
+// failure for a failure that is not for good.
+func (c *Client) run(ctx context.Context, held Lease, token string, fn func(ctx context.Context) (Response, error), failure onFailure) (res Result, err error) {
 	key := held.Key
 	fnCtx, cancel := context.WithCancelCause(withLease(ctx, held))
 	defer cancel(nil)
@@ -139,7 +158,7 @@ func (c *Client) run(ctx context.Context, held Lease, token string, fn func(ctx 
 	finished := false
 	defer func() {
 		stop()
-		if finished {
+		if finished || failure == leavePending {
 			return
 		}
 		// fn panicked: free the key, then let the panic go on.
@@ -178,6 +197,8 @@ func (c *Client) run(ctx context.Context, held Lease, token string, fn func(ctx 
 		}
 		c.remember(key, rec, Failed, &perm.Response, gen)
 		return Result{Response: perm.Response}, fnErr
+	case fnErr != nil && failure == leavePending:
+		return Result{}, fnErr
 	case fnErr != nil:
 		if err := c.Release(fctx, key, token, Retry, nil); err != nil {
 			return Result{}, fmt.Errorf("%w (and releasing the key: %w)", fnErr, err)

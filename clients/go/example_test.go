@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
 // The examples run against a real idemd at daemonURL (see TestMain); in a service it
@@ -234,4 +235,69 @@ func ExampleLease_Checkpoint() {
 	// Output:
 	// failed: the ledger timed out
 	// refund re_1
+}
+
+// A Completer finishes the work whose holders died: here a refund whose worker
+// recorded that the refund was made, then died before storing its result. In a
+// service, run it beside the workers with go completer.Run(ctx), and keep the keys of
+// one kind of work under one prefix (for the middleware, WithKeyPrefix).
+func ExampleCompleter() {
+	ctx := context.Background()
+	client, _ := idem.New(daemonURL)
+	prefix := freshKey("refunds") + "/"
+	diedAfterRefunding(client, prefix+"order-7", "re_7")
+
+	completer, err := idem.NewCompleter(client, idem.CompleterOptions{
+		Prefix: prefix,
+		Handler: func(ctx context.Context) (idem.Response, error) {
+			lease, _ := idem.LeaseFrom(ctx)
+			if p := lease.RecoveryPoint; p != nil && p.Name == "refunded" {
+				// The refund was made: only its result is left to store.
+				return idem.Response{Status: 200, Body: p.Data}, nil
+			}
+			// Nothing was recorded: look the refund up at the provider, or make it.
+			return idem.Response{Status: 200, Body: []byte("re_new")}, nil
+		},
+	})
+	if err != nil {
+		panic(err)
+	}
+	stats, err := completer.RunOnce(ctx)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Printf("listed %d, finished %d\n", stats.Listed, stats.Finished)
+
+	// The key's own caller, retrying, now gets the stored result.
+	res, _ := client.Do(ctx, prefix+"order-7", "", func(ctx context.Context) (idem.Response, error) {
+		return idem.Response{}, errors.New("not run: the key is done")
+	})
+	fmt.Println(string(res.Body), "replayed:", res.Replayed)
+	// Output:
+	// listed 1, finished 1
+	// re_7 replayed: true
+}
+
+// diedAfterRefunding stands for a worker that claimed key, recorded that it made the
+// refund, and died: it returns once the key's lease has run out, when the
+// abandoned-keys feed lists it.
+func diedAfterRefunding(client *idem.Client, key, refundID string) {
+	ctx := context.Background()
+	claim, err := client.Claim(ctx, key, idem.ClaimOptions{Lease: 100 * time.Millisecond})
+	if err != nil {
+		panic(err)
+	}
+	if err := client.RecordRecoveryPoint(ctx, key, claim.Token, "refunded", []byte(refundID)); err != nil {
+		panic(err)
+	}
+	err = testenv.Until(30*time.Second, func() error {
+		page, err := client.Abandoned(ctx, idem.AbandonedOptions{Prefix: key})
+		if err == nil && len(page.Keys) == 0 {
+			err = errors.New("not listed yet")
+		}
+		return err
+	})
+	if err != nil {
+		panic(err)
+	}
 }

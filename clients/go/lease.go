@@ -8,18 +8,19 @@ import (
 	"time"
 )
 
-// Lease is the lease that the code run by Do, Once, Consume or Middleware runs under.
-// Attempt and Recovered let that code make its effects happen once, not only start
-// once: see docs/effects.md. RecoveryPoint and Checkpoint let it resume where an
-// earlier holder stopped instead of starting over. Remaining and Deadline tell how
-// long the lease is known to last, so that the code can bound what it calls by it.
+// Lease is the lease that the code run by Do, Once, Consume, Middleware or a Completer
+// runs under. Attempt and Recovered let that code make its effects happen once, not
+// only start once: see docs/effects.md. RecoveryPoint and Checkpoint let it resume
+// where an earlier holder stopped instead of starting over. Remaining and Deadline
+// tell how long the lease is known to last, so that the code can bound what it calls
+// by it.
 //
 // A Lease is a value; copies of it share the reckoning of its deadline, so compare
 // leases by their fields rather than with ==.
 type Lease struct {
-	// Key is the idemd key the lease is on: Do's and Once's key, or for Middleware the
-	// key it derived from the request's scope and Idempotency-Key (MiddlewareKey),
-	// after its WithKeyPrefix.
+	// Key is the idemd key the lease is on: Do's and Once's key, a Completer's listed
+	// key, or for Middleware the key it derived from the request's scope and
+	// Idempotency-Key (MiddlewareKey), after its WithKeyPrefix.
 	Key string
 	// Attempt grows by one at every acquisition of the key, so it is a fencing token: a
 	// store that keeps the highest attempt it has seen for the key can refuse the writes
@@ -144,7 +145,7 @@ func leaseOf(key string, cl *Claim, clock *leaseClock) Lease {
 func (l Lease) Checkpoint(ctx context.Context, name string, data []byte) error {
 	lc := l.clock
 	if lc == nil || lc.c == nil {
-		return errors.New("idem: Checkpoint needs a lease handed out by Do, Once, Consume or Middleware")
+		return errors.New("idem: Checkpoint needs a lease handed out by Do, Once, Consume, Middleware or a Completer")
 	}
 	if cause := lc.lost(); cause != nil {
 		return cause

@@ -100,8 +100,8 @@ func WithScope(scope func(r *http.Request) string) MiddlewareOption {
 }
 
 // WithKeyPrefix puts prefix before every idemd key the middleware derives, so that
-// the keys of one route or service share it: the abandoned-keys feed selects them by
-// it, for example "orders/". The idemd key of a request becomes prefix
+// the keys of one route or service share it: a Completer (or the abandoned-keys feed)
+// selects them by it, for example "orders/". The idemd key of a request becomes prefix
 // followed by MiddlewareKey(scope, key); the lease the handler finds with LeaseFrom,
 // and incidents, carry that full key, and Lookup takes it. The derivation itself does
 // not change. Middleware panics for a prefix that is not valid UTF-8 or over 172

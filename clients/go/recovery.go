@@ -40,8 +40,8 @@ func fromPoint(p *idemapi.RecoveryPoint) *RecoveryPoint {
 // acquisition of the key receives it in Claim.RecoveryPoint. It returns ErrLeaseLost
 // when token is no longer the key's lease or the key is not pending, ErrNotFound when
 // the key is gone, and a *Problem matching ErrPayloadTooLarge for data over the limit.
-// Repeating it is safe. Work run by Do, Once, Consume or Middleware records through
-// its lease instead (Lease.Checkpoint), which also ends the lease when idemd
+// Repeating it is safe. Work run by Do, Consume, Middleware or a Completer records
+// through its lease instead (Lease.Checkpoint), which also ends the lease when idemd
 // says it is lost.
 //
 // A recovery point is never part of a batch: the contract has no batch item for it,
