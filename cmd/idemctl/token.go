@@ -19,7 +19,7 @@ func (a *app) tokenCmd(args []string) int {
 	fs := a.flags("token new")
 	var tenant, scopes, name string
 	fs.StringVar(&tenant, "tenant", "", "the tenant the token works in (required)")
-	fs.StringVar(&scopes, "scopes", "use", "comma-separated scopes: use, admin or use,admin")
+	fs.StringVar(&scopes, "scopes", "use", "comma-separated scopes: use, admin or use,admin; add platform for an operator whose console acts in every tenant")
 	fs.StringVar(&name, "name", "", "a name for the token, shown in idemd's logs")
 	if _, err := a.parse(fs, args[1:], 0, "no arguments"); err != nil {
 		return a.usageError(err)

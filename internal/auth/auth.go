@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -25,6 +26,12 @@ const (
 	ScopeUse Scope = "use"
 	// ScopeAdmin allows purge and operations over a whole tenant.
 	ScopeAdmin Scope = "admin"
+	// ScopePlatform lets the operator's console act in any tenant, not only the
+	// token's own, with the token's other scopes: use there to look keys up and read
+	// the feed and traffic, admin there to purge. The /v1 API ignores it: a request
+	// there always works in its token's tenant, so that no client's key can reach
+	// another tenant's records whatever its token holds.
+	ScopePlatform Scope = "platform"
 )
 
 // Errors the HTTP layer branches on.
@@ -115,6 +122,24 @@ func (p *Principal) Authorize(scope Scope) error {
 	}
 	return nil
 }
+
+// AuthorizeIn returns a *ForbiddenError unless the principal may use scope in tenant:
+// it holds scope, and the tenant is its own or it holds ScopePlatform too. An empty
+// scope asks only about the tenant.
+func (p *Principal) AuthorizeIn(tenant string, scope Scope) error {
+	if scope != "" {
+		if err := p.Authorize(scope); err != nil {
+			return err
+		}
+	}
+	if tenant != p.Tenant.Name {
+		return p.Authorize(ScopePlatform)
+	}
+	return nil
+}
+
+// Scopes returns the principal's scopes, in the auth file's order.
+func (p *Principal) Scopes() []Scope { return slices.Clone(p.scopes) }
 
 // Open is the principal of every request when idemd runs without an auth file: the
 // default tenant, every scope, no limits of its own.

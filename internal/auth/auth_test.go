@@ -91,6 +91,62 @@ func TestParseAndAuthenticate(t *testing.T) {
 	}
 }
 
+// TestPlatformScope: platform lets a token act in other tenants, with the scopes it
+// holds besides, and changes nothing in its own.
+func TestPlatformScope(t *testing.T) {
+	file := `
+tenants: {ops: {}, payments: {}}
+tokens:
+  - {name: platform-admin, tenant: ops, scopes: [use, admin, platform], sha256: ` + hashOf("plat-admin") + `}
+  - {name: platform-reader, tenant: ops, scopes: [platform, use], sha256: ` + hashOf("plat-use") + `}
+  - {name: ops-admin, tenant: ops, scopes: [use, admin], sha256: ` + hashOf("ops-admin") + `}
+`
+	cfg, err := Parse([]byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name   string
+		token  string
+		tenant string
+		scope  Scope
+		need   Scope // the scope the refusal names; "" when allowed
+	}{
+		{"platform admin purges in another tenant", "plat-admin", "payments", ScopeAdmin, ""},
+		{"platform admin reads another tenant", "plat-admin", "payments", ScopeUse, ""},
+		{"platform admin in its own tenant", "plat-admin", "ops", ScopeAdmin, ""},
+		{"platform reader reads another tenant", "plat-use", "payments", ScopeUse, ""},
+		{"platform does not make a reader an admin", "plat-use", "payments", ScopeAdmin, ScopeAdmin},
+		{"platform does not make a reader an admin at home", "plat-use", "ops", ScopeAdmin, ScopeAdmin},
+		{"a tenant's admin stays in its tenant", "ops-admin", "payments", ScopeUse, ScopePlatform},
+		{"a tenant's admin purges at home", "ops-admin", "ops", ScopeAdmin, ""},
+		{"asking only about the tenant", "ops-admin", "payments", "", ScopePlatform},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := cfg.Authenticate(tt.token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = p.AuthorizeIn(tt.tenant, tt.scope)
+			var forbidden *ForbiddenError
+			switch {
+			case tt.need == "" && err != nil:
+				t.Fatalf("AuthorizeIn(%s, %s) = %v, want allowed", tt.tenant, tt.scope, err)
+			case tt.need != "" && (!errors.As(err, &forbidden) || forbidden.Need != tt.need || !errors.Is(err, ErrForbidden)):
+				t.Fatalf("AuthorizeIn(%s, %s) = %v, want a refusal for lack of %s", tt.tenant, tt.scope, err, tt.need)
+			}
+		})
+	}
+	p, _ := cfg.Authenticate("plat-use")
+	if got := p.Scopes(); len(got) != 2 || got[0] != ScopePlatform || got[1] != ScopeUse {
+		t.Fatalf("Scopes() = %v, want the file's [platform use]", got)
+	}
+	if p := Open("default"); p.Can(ScopePlatform) {
+		t.Fatal("the open principal holds platform; without an auth file there is one tenant and nothing to widen to")
+	}
+}
+
 func TestParseJSON(t *testing.T) {
 	raw := "{\n\t\"tenants\": {\"payments\": {\"max_retention\": 3600000, \"rate\": 2}},\n" +
 		"\t\"tokens\": [{\"tenant\": \"payments\", \"scopes\": [\"use\"], \"sha256\": \"" + hashOf("x") + "\"}]\n}\n"
@@ -133,6 +189,8 @@ func TestParseRejects(t *testing.T) {
 		{"duplicate hash", "tenants: {a: {}}\n" + tok("a", "[use]", h) + "  - {tenant: a, scopes: [admin], sha256: '" + h + "'}\n", "same sha256"},
 		{"no scopes", "tenants: {a: {}}\n" + tok("a", "[]", h), "scopes is required"},
 		{"unknown scope", "tenants: {a: {}}\n" + tok("a", "[read]", h), "unknown scope"},
+		{"a scope in capitals", "tenants: {a: {}}\n" + tok("a", "[Platform, use]", h), "unknown scope"},
+		{"platform alone", "tenants: {a: {}}\n" + tok("a", "[platform]", h), "list it with use, admin or both"},
 		{"bad retention", "tenants: {a: {max_retention: soon}}\n" + tok("a", "[use]", h), "neither a duration"},
 		{"negative retention", "tenants: {a: {max_retention: -1h}}\n" + tok("a", "[use]", h), "negative"},
 		{"negative response bytes", "tenants: {a: {max_response_bytes: -1}}\n" + tok("a", "[use]", h), "negative"},

@@ -9,6 +9,7 @@ import (
 	"io"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -122,17 +123,29 @@ func Parse(raw []byte) (*Config, error) {
 			return nil, fmt.Errorf("%s: the same sha256 as tokens[%d]", where, j)
 		}
 		seen[hash] = i
-		if len(tok.Scopes) == 0 {
-			return nil, fmt.Errorf("%s: scopes is required: use, admin or both", where)
-		}
-		for _, s := range tok.Scopes {
-			if s != ScopeUse && s != ScopeAdmin {
-				return nil, fmt.Errorf("%s: unknown scope %q; scopes are use and admin", where, s)
-			}
+		if err := checkScopes(tok.Scopes); err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
 		}
 		cfg.entries = append(cfg.entries, entry{hash: hash, principal: &Principal{Name: tok.Name, Tenant: t, scopes: tok.Scopes}})
 	}
 	return cfg, nil
+}
+
+// checkScopes checks a token's scopes: known names, and platform only beside a scope it
+// widens, since platform alone would allow nothing but listing the tenants.
+func checkScopes(scopes []Scope) error {
+	if len(scopes) == 0 {
+		return errors.New("scopes is required: use, admin or both (and platform)")
+	}
+	for _, s := range scopes {
+		if s != ScopeUse && s != ScopeAdmin && s != ScopePlatform {
+			return fmt.Errorf("unknown scope %q; scopes are use, admin and platform", s)
+		}
+	}
+	if slices.Contains(scopes, ScopePlatform) && !slices.Contains(scopes, ScopeUse) && !slices.Contains(scopes, ScopeAdmin) {
+		return errors.New("scopes: platform widens use and admin to every tenant in the console; list it with use, admin or both")
+	}
+	return nil
 }
 
 func newTenant(name string, l tenantLimits) (*Tenant, error) {
