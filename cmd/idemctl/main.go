@@ -43,6 +43,8 @@ Records:
   complete KEY --lease-token T    store a result: --status, --body or --body-file, --header
   release KEY --lease-token T     free the key (--mode retry) or store a failure (--mode fail)
   extend KEY --lease-token T      renew the lease for --lease
+  abandoned [--prefix P]          list the keys left pending by a holder whose lease ran
+                                  out: --older-than, --limit (default: every page)
 
 Operations:
   token new --tenant T --scopes use,admin [--name N]
@@ -108,6 +110,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return a.release(rest)
 	case "extend":
 		return a.extend(rest)
+	case "abandoned":
+		return a.abandoned(rest)
 	case "token":
 		return a.tokenCmd(rest)
 	case "auth":

@@ -43,6 +43,22 @@ type recordJSON struct {
 	LeaseExpiresAt *time.Time    `json:"lease_expires_at,omitempty"`
 	ExpiresAt      time.Time     `json:"expires_at"`
 	Response       *responseJSON `json:"response,omitempty"`
+	RecoveryPoint  *pointJSON    `json:"recovery_point,omitempty"`
+}
+
+// pointJSON is a recovery point as the API writes it: the data in base64.
+type pointJSON struct {
+	Name       string    `json:"name"`
+	Data       []byte    `json:"data,omitempty"`
+	Attempt    int64     `json:"attempt"`
+	RecordedAt time.Time `json:"recorded_at"`
+}
+
+func pointOut(p *idem.RecoveryPoint) *pointJSON {
+	if p == nil {
+		return nil
+	}
+	return &pointJSON{Name: p.Name, Data: p.Data, Attempt: p.Attempt, RecordedAt: p.RecordedAt}
 }
 
 // claimJSON is a claim's answer as the API writes it, with the claim secret it was made
@@ -125,7 +141,7 @@ func (a *app) lookup(args []string) int {
 	if a.json {
 		a.printJSON(recordJSON{Key: rec.Key, State: rec.State, Attempt: rec.Attempt, Fingerprint: rec.Fingerprint,
 			Owner: rec.Owner, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, LeaseExpiresAt: timePtr(rec.LeaseExpiresAt),
-			ExpiresAt: rec.ExpiresAt, Response: responseOut(rec.Response)})
+			ExpiresAt: rec.ExpiresAt, Response: responseOut(rec.Response), RecoveryPoint: pointOut(rec.RecoveryPoint)})
 		return exitOK
 	}
 	t := newTable(a.stdout)
@@ -143,7 +159,83 @@ func (a *app) lookup(args []string) int {
 	t.time("lease until", rec.LeaseExpiresAt)
 	t.time("kept until", rec.ExpiresAt)
 	t.response(rec.Response)
+	if p := rec.RecoveryPoint; p != nil {
+		t.row("recovery point", fmt.Sprintf("%q by attempt %d at %s", p.Name, p.Attempt, p.RecordedAt.UTC().Format(time.RFC3339Nano)))
+		t.row("point data", showBody(p.Data))
+	}
 	t.flush()
+	return exitOK
+}
+
+// abandonedJSON is an abandoned key as the feed writes it.
+type abandonedJSON struct {
+	Key            string    `json:"key"`
+	Attempt        int64     `json:"attempt"`
+	Fingerprint    string    `json:"fingerprint,omitempty"`
+	Owner          string    `json:"owner,omitempty"`
+	LeaseExpiredAt time.Time `json:"lease_expired_at"`
+	RecoveryPoint  string    `json:"recovery_point,omitempty"`
+}
+
+// abandoned lists the abandoned-keys feed: every page, or one page of --limit keys
+// (with the cursor of the next, --cursor, in --json).
+func (a *app) abandoned(args []string) int {
+	fs := a.flags("abandoned")
+	var opts idem.AbandonedOptions
+	fs.StringVar(&opts.Prefix, "prefix", "", "only keys that begin with this")
+	fs.DurationVar(&opts.OlderThan, "older-than", 0, "only leases that ran out at least this long ago")
+	fs.IntVar(&opts.Limit, "limit", 0, "one page of at most this many keys (1 to 1000) instead of every page")
+	fs.StringVar(&opts.Cursor, "cursor", "", "the page after the one whose next_cursor this is (with --limit)")
+	if _, err := a.parse(fs, args, 0, "no arguments"); err != nil {
+		return a.usageError(err)
+	}
+	if opts.Limit < 0 || opts.Limit > 1000 {
+		return a.usageError(fmt.Errorf("--limit is %d; it must be between 1 and 1000", opts.Limit))
+	}
+	c, err := a.client(nil)
+	if err != nil {
+		return a.usageError(err)
+	}
+	ctx := context.Background()
+	var keys []idem.AbandonedKey
+	next := ""
+	if opts.Limit > 0 {
+		page, err := c.Abandoned(ctx, opts)
+		if err != nil {
+			return a.fail(err)
+		}
+		keys, next = page.Keys, page.Next
+	} else {
+		for k, err := range c.AbandonedKeys(ctx, opts) {
+			if err != nil {
+				return a.fail(err)
+			}
+			keys = append(keys, k)
+		}
+	}
+	if a.json {
+		out := struct {
+			Keys       []abandonedJSON `json:"keys"`
+			NextCursor string          `json:"next_cursor,omitempty"`
+		}{Keys: []abandonedJSON{}, NextCursor: next}
+		for _, k := range keys {
+			out.Keys = append(out.Keys, abandonedJSON{Key: k.Key, Attempt: k.Attempt, Fingerprint: k.Fingerprint, Owner: k.Owner,
+				LeaseExpiredAt: k.LeaseExpiredAt, RecoveryPoint: k.RecoveryPoint})
+		}
+		a.printJSON(out)
+		return exitOK
+	}
+	w := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "KEY\tATTEMPT\tOWNER\tLEASE RAN OUT\tRECOVERY POINT")
+	now := time.Now()
+	for _, k := range keys {
+		fmt.Fprintf(w, "%q\t%d\t%q\t%s ago\t%q\n", k.Key, k.Attempt, k.Owner, now.Sub(k.LeaseExpiredAt).Round(time.Second), k.RecoveryPoint)
+	}
+	_ = w.Flush()
+	if next != "" {
+		fmt.Fprintf(a.stdout, "more: --cursor %s\n", next)
+	}
+	fmt.Fprintf(a.stderr, "%d abandoned keys\n", len(keys))
 	return exitOK
 }
 
