@@ -9,8 +9,6 @@
 --         changes are published)
 -- ARGV[10], ARGV[11], ARGV[12] the token, the fingerprint and the secret's SHA-256 as
 --         the lean layout keeps them (see prelude.lua)
--- ARGV[13] the oldest lease expiry (ms) a live record can have in the pending index:
---         a new key's claim drops the older entries, left by records that expired
 -- Answers acquired, completed, failed, in_progress or mismatch.
 local token, fp, owner = ARGV[1], ARGV[2], ARGV[3]
 local lease, retention = tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -26,7 +24,6 @@ if not st then
     cs = form(secret, csecret), at = 1, tok = form(token, ctoken), lx = now + lease,
     rec = '0', ca = now, ua = now, xa = xa}
   save(r)
-  redis.call('ZREMRANGEBYSCORE', INDEX, '-inf', '(' .. ARGV[13])
   index(r, ARGV[6])
   return answer('acquired', now, r, false)
 end

@@ -10,8 +10,9 @@
 -- its change channel, KEYS[2] its key in the lean layout, and KEYS[3] the tenant's
 -- pending index of that Cluster slot, all three in the same slot. The index is a sorted
 -- set of the client's keys of the slot's pending records, scored by lease expiry (ms),
--- which the abandoned-keys feed reads: a record is in it exactly while it is pending
--- (index keeps it so), and the feed removes what a record's expiry left behind.
+-- which the abandoned-keys feed reads: a record is in it while it is pending (index
+-- keeps it so), and until the feed meets the entry of a record that expired pending,
+-- which it removes.
 -- load reads the key WRITE_LAYOUT writes, then (when READ_OTHER is set) the other one;
 -- save writes the record in WRITE_LAYOUT at that layout's key and deletes it at the
 -- other, so a record is in one place. lua.go sets both globals.
