@@ -15,14 +15,18 @@ public sealed interface Claim permits Claim.Acquired, Claim.Finished {
 
   /**
    * The caller holds the lease: complete, release or extend it with leaseToken. recovered says that
-   * the claim took the key over from a holder whose lease ran out.
+   * the claim took the key over from a holder whose lease ran out. sentAtNanos is the {@link
+   * System#nanoTime()} at which the claim call started, before anything was sent: the lease's local
+   * deadline is reckoned from it (see {@link Lease}), since idemd started the lease later, when the
+   * claim reached it.
    */
   record Acquired(
       String leaseToken,
       OffsetDateTime leaseExpiresAt,
       long attempt,
       boolean recovered,
-      OffsetDateTime expiresAt)
+      OffsetDateTime expiresAt,
+      long sentAtNanos)
       implements Claim {}
 
   /**

@@ -31,10 +31,13 @@ import java.util.List;
 import java.util.Map;
 import java.util.Objects;
 import java.util.Optional;
+import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
+import java.util.concurrent.RejectedExecutionException;
 import java.util.concurrent.ScheduledExecutorService;
 import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.Semaphore;
+import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -45,12 +48,13 @@ import java.util.concurrent.TimeUnit;
  * <p>Every call is bounded by the client's timeout (a claim that waits gets its wait on top),
  * resent after a transport failure (every idemd call is safe to resend), and takes one of a bounded
  * number of slots, so that the connections it opens are bounded too. An IdemClient is thread-safe;
- * make one per idemd and share it. Close it to stop its lease renewals' thread.
+ * make one per idemd and share it. Close it to stop its lease renewals' threads.
  */
 public final class IdemClient implements AutoCloseable {
   static final Duration DEFAULT_LEASE = Duration.ofSeconds(30);
   private static final Duration MAX_WAIT = Duration.ofSeconds(30);
   private static final Duration REQUEUE_DELAY = Duration.ofSeconds(1);
+  private static final long MIN_RENEWAL_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
   private static final SecureRandom RANDOM = new SecureRandom();
 
   private final ClaimsApi claims;
@@ -64,6 +68,7 @@ public final class IdemClient implements AutoCloseable {
   private final Duration backoff;
   private final Semaphore slots;
   private final ScheduledExecutorService renewals;
+  private final ExecutorService renewalCalls;
   private final Batcher batcher;
 
   private IdemClient(Builder b) {
@@ -97,6 +102,15 @@ public final class IdemClient implements AutoCloseable {
               t.setDaemon(true);
               return t;
             });
+    // The renewals' calls block until idemd answers; on threads of their own, one lease's
+    // slow renewal delays no other lease's.
+    this.renewalCalls =
+        Executors.newCachedThreadPool(
+            r -> {
+              Thread t = new Thread(r, "idemd-lease-renewal-call");
+              t.setDaemon(true);
+              return t;
+            });
   }
 
   /** Starts a client of the idemd at baseUrl, such as http://idemd.internal:8080. */
@@ -116,6 +130,8 @@ public final class IdemClient implements AutoCloseable {
    */
   public Claim claim(String key, ClaimOptions options) {
     Objects.requireNonNull(key, "key");
+    // The lease is reckoned from here: idemd starts it later, when the claim reaches it.
+    long sentAt = System.nanoTime();
     ClaimOptions o = options == null ? ClaimOptions.DEFAULT : options;
     // The secret is made once per call, so every resend of this claim carries it.
     ClaimRequest body =
@@ -146,7 +162,8 @@ public final class IdemClient implements AutoCloseable {
           a.getLeaseExpiresAt(),
           a.getAttempt(),
           Boolean.TRUE.equals(a.getRecovered()),
-          a.getExpiresAt());
+          a.getExpiresAt(),
+          sentAt);
     }
     if (value instanceof ClaimFinished f && f.getOutcome() != null) {
       return new Claim.Finished(
@@ -253,8 +270,10 @@ public final class IdemClient implements AutoCloseable {
    * <p>If work throws, the key is released so that a later run runs work again; a
    * PermanentException is stored as a terminal failure instead, and later runs throw a
    * FailedException. If the lease is lost while work runs, {@link Lease#isLost()} turns true and
-   * run throws a LeaseLostException. Work gets the lease: its attempt, and whether it recovered the
-   * key from a holder whose lease ran out.
+   * run throws a LeaseLostException, storing nothing and leaving the key to idemd: lost when idemd
+   * answers a renewal so, and a LeaseExpiredException when no renewal was answered before the
+   * lease's local deadline (idemd could not be reached). Work gets the lease: its attempt, whether
+   * it recovered the key from a holder whose lease ran out, and the time it has left.
    */
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
     RunOptions o = options == null ? RunOptions.DEFAULT : options;
@@ -396,12 +415,32 @@ public final class IdemClient implements AutoCloseable {
 
   /**
    * Runs work under the lease acquired gave, renewing it every lease/3, with the lease current on
-   * this thread. When a renewal finds the lease gone, the lease turns lost and a LeaseLostException
-   * is thrown whatever work did. The key is not finished here.
+   * this thread. When a renewal finds the lease gone, or the lease's local deadline passes with no
+   * renewal answered, the lease turns lost and a LeaseLostException (a LeaseExpiredException for
+   * the deadline) is thrown whatever work did. The key is not finished here.
+   *
+   * <p>A claim answered more than lease/3 after it started (it waited for another holder) would
+   * hand work a lease already partly spent: it is renewed once first, and work gets the lease from
+   * that renewal. If idemd answers that the lease is gone, work does not run.
    */
   public <T> T underLease(String key, Claim.Acquired acquired, Duration lease, Work<T> work)
       throws Exception {
-    Lease held = new Lease(key, acquired.attempt(), acquired.recovered());
+    long from = acquired.sentAtNanos();
+    if (System.nanoTime() - from > lease.toNanos() / 3) {
+      // idemd started the lease when it granted it, after the wait, so the claim's own
+      // deadline may have passed with the lease still whole: the renewal's answer decides.
+      long sentAt = System.nanoTime();
+      try {
+        extend(key, acquired.leaseToken(), lease);
+        from = sentAt;
+      } catch (LeaseLostException | NotFoundException e) {
+        throw takenOver(key, e);
+      } catch (RuntimeException e) {
+        // Not answered: the claim's own deadline stands, and the renewals try again.
+      }
+    }
+    Lease held = new Lease(key, acquired.attempt(), acquired.recovered(), lease, from);
+    held.checkLive();
     Renewal renewal = renew(key, acquired.leaseToken(), lease, held);
     Lease.Scope scope = held.enter();
     try {
@@ -418,52 +457,130 @@ public final class IdemClient implements AutoCloseable {
     } finally {
       scope.close();
       renewal.stop();
+      held.end();
     }
   }
 
-  /** Starts renewing a lease every lease/3 until the returned renewal is stopped. */
+  /**
+   * Starts renewing a lease every lease/3 until the returned renewal is stopped. A renewal idemd
+   * answers moves held's deadline; one it answers with lease_lost or not_found loses held at once.
+   * After a renewal that was not answered (idemd unreachable, a timeout, a 5xx), the next comes
+   * sooner, and sooner still as the deadline nears; once the deadline passes, held is lost and the
+   * renewals end.
+   */
   public Renewal renew(String key, String leaseToken, Duration lease, Lease held) {
-    long every = Math.max(lease.toMillis() / 3, 10);
-    Object lock = new Object();
-    boolean[] stopped = {false};
-    ScheduledFuture<?> future =
-        renewals.scheduleWithFixedDelay(
-            () -> {
-              synchronized (lock) {
-                if (stopped[0] || held.isLost()) {
-                  return;
-                }
-              }
-              try {
-                extend(key, leaseToken, lease);
-              } catch (LeaseLostException | NotFoundException e) {
-                synchronized (lock) {
-                  if (!stopped[0]) {
-                    held.lose(
-                        new LeaseLostException(
-                            new IdemProblemException.Problem(
-                                e.status(),
-                                "lease_lost",
-                                "Lease lost",
-                                "",
-                                "\"" + key + "\" was taken over while the operation ran",
-                                null),
-                            e));
-                  }
-                }
-              } catch (RuntimeException e) {
-                // A transport failure is tried again at the next tick.
-              }
-            },
-            every,
-            every,
-            TimeUnit.MILLISECONDS);
-    return () -> {
-      synchronized (lock) {
-        stopped[0] = true;
+    Renewer renewer = new Renewer(key, leaseToken, lease, held);
+    renewer.afterPeriodFrom(held.deadlineNanos() - Lease.reckoned(lease.toNanos()));
+    return renewer;
+  }
+
+  /**
+   * The pause before the next renewal after one that was not answered: drawn from [d/2, d], where d
+   * is a third of the time left before the deadline, at most a sixth of the lease, at least 10 ms.
+   * The draw (u in [0, 1)) spreads the renewals of holders cut off together, so that they do not
+   * all come back at once.
+   */
+  static long retryDelayNanos(long leaseNanos, long leftNanos, double u) {
+    long d = Math.max(MIN_RENEWAL_NANOS, Math.min(leaseNanos / 6, leftNanos / 3));
+    long half = d / 2;
+    return half + (long) (u * (d - half));
+  }
+
+  /** One lease's renewals: one in flight at a time, the next scheduled once it is decided. */
+  private final class Renewer implements Renewal {
+    final String key;
+    final String leaseToken;
+    final Duration lease;
+    final Lease held;
+    final long period;
+    private boolean stopped;
+    private ScheduledFuture<?> next;
+
+    Renewer(String key, String leaseToken, Duration lease, Lease held) {
+      this.key = key;
+      this.leaseToken = leaseToken;
+      this.lease = lease;
+      this.held = held;
+      this.period = Math.max(lease.toNanos() / 3, MIN_RENEWAL_NANOS);
+    }
+
+    /**
+     * Schedules the next renewal a period after the last one answered was sent: counted from the
+     * send, not the answer, so that a slow answer does not push every later renewal back.
+     */
+    void afterPeriodFrom(long sentAtNanos) {
+      after(Math.max(0, period - (System.nanoTime() - sentAtNanos)));
+    }
+
+    synchronized void after(long delayNanos) {
+      if (stopped) {
+        return;
       }
-      future.cancel(false);
-    };
+      try {
+        next = renewals.schedule(this::send, delayNanos, TimeUnit.NANOSECONDS);
+      } catch (RejectedExecutionException e) {
+        // The client is closed: its leases are no longer renewed.
+      }
+    }
+
+    private void send() {
+      if (isStopped() || held.isLost()) {
+        return;
+      }
+      try {
+        renewalCalls.execute(this::extendOnce);
+      } catch (RejectedExecutionException e) {
+        // The client is closed: its leases are no longer renewed.
+      }
+    }
+
+    private void extendOnce() {
+      long sentAt = System.nanoTime();
+      try {
+        extend(key, leaseToken, lease);
+      } catch (LeaseLostException | NotFoundException e) {
+        synchronized (this) {
+          if (!stopped) {
+            held.lose(takenOver(key, e));
+          }
+        }
+        return;
+      } catch (RuntimeException e) {
+        long left = held.deadlineNanos() - System.nanoTime();
+        if (left > 0 && !held.isLost()) {
+          after(retryDelayNanos(lease.toNanos(), left, ThreadLocalRandom.current().nextDouble()));
+        }
+        return;
+      }
+      if (held.renewed(sentAt)) {
+        afterPeriodFrom(sentAt);
+      }
+    }
+
+    private synchronized boolean isStopped() {
+      return stopped;
+    }
+
+    @Override
+    public synchronized void stop() {
+      stopped = true;
+      if (next != null) {
+        next.cancel(false);
+      }
+    }
+  }
+
+  /** The LeaseLostException for a lease that idemd answered is no longer this caller's. */
+  private static LeaseLostException takenOver(String key, IdemProblemException e) {
+    return new LeaseLostException(
+        new IdemProblemException.Problem(
+            e.status(),
+            "lease_lost",
+            "Lease lost",
+            "",
+            "\"" + key + "\" was taken over while the operation ran",
+            null),
+        e);
   }
 
   /** The lease renewals started by {@link #renew}. */
@@ -476,6 +593,7 @@ public final class IdemClient implements AutoCloseable {
   @Override
   public void close() {
     renewals.shutdownNow();
+    renewalCalls.shutdownNow();
     if (batcher != null) {
       batcher.close();
     }

@@ -1,5 +1,6 @@
 package io.idemd;
 
+import java.time.Duration;
 import java.util.Optional;
 import java.util.concurrent.atomic.AtomicReference;
 
@@ -9,6 +10,13 @@ import java.util.concurrent.atomic.AtomicReference;
  * happen once (docs/effects.md): attempt grows by one at every acquisition of the key, a fencing
  * token; recovered says that this lease took the key over from a holder whose lease ran out, which
  * may have done part of the work.
+ *
+ * <p>The lease ends when idemd answers that it is gone, and also, without any answer, at its local
+ * deadline: the send time of the claim or of the last renewal idemd answered, plus 95 % of the
+ * lease. idemd starts the lease when it receives the call, after it was sent, so the network is
+ * already on the holder's side; the 5 % leave room for the two clocks running at different rates. A
+ * holder cut off from idemd thus stops believing it holds the key before idemd hands it to another
+ * caller.
  */
 public final class Lease {
   private static final ThreadLocal<Lease> CURRENT = new ThreadLocal<>();
@@ -16,12 +24,28 @@ public final class Lease {
   private final String key;
   private final long attempt;
   private final boolean recovered;
+  private final long leaseNanos;
   private final AtomicReference<LeaseLostException> lost = new AtomicReference<>();
 
-  Lease(String key, long attempt, boolean recovered) {
+  // On the System.nanoTime() clock. It only moves while the lease is live, under this lock,
+  // so that a renewal answered just as the deadline passes cannot revive an expired lease.
+  private final Object lock = new Object();
+  private volatile long deadline;
+  // Set once the work is over: the key is finished or released, and the lease says what it
+  // was when the work ended rather than running out afterwards.
+  private volatile boolean ended;
+
+  Lease(String key, long attempt, boolean recovered, Duration lease, long sentAtNanos) {
     this.key = key;
     this.attempt = attempt;
     this.recovered = recovered;
+    this.leaseNanos = lease.toNanos();
+    this.deadline = sentAtNanos + reckoned(leaseNanos);
+  }
+
+  /** The part of a lease the holder counts on: 95 %, the rest being the clocks' margin. */
+  static long reckoned(long leaseNanos) {
+    return leaseNanos - leaseNanos / 20;
   }
 
   /** The idemd key the lease is on; behind the filter, the key it derived. */
@@ -37,17 +61,44 @@ public final class Lease {
     return recovered;
   }
 
-  /** Whether the lease was lost while the work ran: another caller may hold the key now. */
+  /**
+   * Whether the lease was lost while the work ran: idemd answered that it is gone, or its local
+   * deadline passed with no renewal answered. Another caller may hold the key now.
+   */
   public boolean isLost() {
-    return lost.get() != null;
+    return lostWith() != null;
   }
 
-  /** Throws the LeaseLostException when the lease was lost; work calls it before each effect. */
+  /**
+   * Throws the LeaseLostException when the lease was lost (a LeaseExpiredException when its
+   * deadline passed unrenewed); work calls it before each effect.
+   */
   public void checkLive() {
-    LeaseLostException e = lost.get();
+    LeaseLostException e = lostWith();
     if (e != null) {
       throw e;
     }
+  }
+
+  /**
+   * The time the lease has left by the local deadline; zero once it is lost, and once the work it
+   * was handed to is over. Work bounds a call to another service by it (a provider request's
+   * timeout, say), so that the call does not outlive the lease.
+   */
+  public Duration remaining() {
+    if (isLost() || ended) {
+      return Duration.ZERO;
+    }
+    return Duration.ofNanos(Math.max(0, deadline - System.nanoTime()));
+  }
+
+  /**
+   * The local deadline, on the {@link System#nanoTime()} clock: when the lease ends unless a
+   * renewal is answered first. Each answered renewal moves it to that renewal's send time plus 95 %
+   * of the lease.
+   */
+  public long deadlineNanos() {
+    return deadline;
   }
 
   /** The lease of the work running on this thread (run, once, consume or the filter), if any. */
@@ -59,8 +110,58 @@ public final class Lease {
     lost.compareAndSet(null, e);
   }
 
+  /**
+   * Moves the deadline for a renewal sent at sentAtNanos that idemd answered. Returns false, and
+   * moves nothing, when the lease is already lost: an answer that comes after the deadline does not
+   * save the lease, since another caller may have taken the key over meanwhile.
+   */
+  boolean renewed(long sentAtNanos) {
+    synchronized (lock) {
+      if (lostWith() != null || ended) {
+        return false;
+      }
+      deadline = Math.max(deadline, sentAtNanos + reckoned(leaseNanos));
+      return true;
+    }
+  }
+
+  /**
+   * Ends the lease with the work: from now on it stays as the work last saw it, lost or not, since
+   * whether the work's result counts was decided then.
+   */
+  void end() {
+    synchronized (lock) {
+      ended = true;
+    }
+  }
+
+  /** The exception the lease was lost with, or null while it is live. */
   LeaseLostException lostWith() {
-    return lost.get();
+    LeaseLostException e = lost.get();
+    if (e != null || ended || System.nanoTime() - deadline < 0) {
+      return e;
+    }
+    // Decided under the lock, so that no renewal moves the deadline between this check and
+    // the lease's end.
+    synchronized (lock) {
+      if (lost.get() == null && !ended && System.nanoTime() - deadline >= 0) {
+        lost.compareAndSet(
+            null,
+            new LeaseExpiredException(
+                new IdemProblemException.Problem(
+                    0,
+                    "lease_lost",
+                    "Lease expired",
+                    "",
+                    "no renewal of \""
+                        + key
+                        + "\" was answered before the lease's local deadline; another caller may"
+                        + " hold it now",
+                    null),
+                null));
+      }
+      return lost.get();
+    }
   }
 
   /** Makes this the current lease until the returned scope is closed. */

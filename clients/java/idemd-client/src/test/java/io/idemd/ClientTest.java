@@ -257,6 +257,7 @@ class ClientTest {
                     },
                     RunOptions.DEFAULT.withLease(Duration.ofMillis(300))));
     assertEquals("lease_lost", e.code());
+    assertFalse(e instanceof LeaseExpiredException, "idemd answered: the lease did not run out");
     assertTrue(held.get().isLost());
     assertThrows(LeaseLostException.class, held.get()::checkLive);
   }
