@@ -8,6 +8,7 @@ import io.idemd.IdemProblemException;
 import io.idemd.Idempotency;
 import io.idemd.InProgressException;
 import io.idemd.Lease;
+import io.idemd.LeaseExpiredException;
 import io.idemd.LeaseLostException;
 import io.idemd.StoredResponse;
 import io.idemd.UnavailableException;
@@ -48,8 +49,9 @@ import java.util.stream.Collectors;
  *
  * <p>A handler it runs under a lease finds the lease in the request attribute {@link
  * #LEASE_ATTRIBUTE} and in {@link Lease#current()} (L1). The handler is not interrupted when the
- * lease is lost; it checks {@link Lease#isLost()} or calls {@link Lease#checkLive()} before an
- * effect.
+ * lease is lost, or runs out because no renewal was answered; it checks {@link Lease#isLost()} or
+ * calls {@link Lease#checkLive()} before an effect, and may bound a call to another service by
+ * {@link Lease#remaining()}.
  *
  * <p>Unlike Go, TypeScript and ASGI, a blocking servlet cannot hear its client leave while a claim
  * waits (C3a): a waiting claim waits its full wait, as under WSGI, and a lease it gets runs the
@@ -289,12 +291,18 @@ public final class IdempotencyFilter implements Filter {
           });
     } catch (LeaseLostException e) {
       // R12: the key belongs to another request now; nothing is stored. An answer the
-      // handler wrote goes on to the client.
+      // handler wrote goes on to the client. A lease that ran out here, unrenewed, is the
+      // same case, told apart in the incident: idemd could not be reached rather than
+      // answered.
       if (!res.isCommitted() && recorder.wroteNothing()) {
         res.reset();
         Answer.problem(409, "lease_lost", "Request taken over", e.detail(), 1).write(res);
       }
-      report(req, new Incident(Incident.Kind.LEASE_LOST, key, Optional.of(e)));
+      Incident.Kind kind =
+          e instanceof LeaseExpiredException
+              ? Incident.Kind.LEASE_EXPIRED
+              : Incident.Kind.LEASE_LOST;
+      report(req, new Incident(kind, key, Optional.of(e)));
       return;
     } catch (Exception | Error e) {
       thrown = e;

@@ -17,6 +17,7 @@ public record Incident(Kind kind, String idemdKey, Optional<Throwable> error) {
     COMPLETE_FAILED("complete_failed"),
     RELEASE_FAILED("release_failed"),
     LEASE_LOST("lease_lost"),
+    LEASE_EXPIRED("lease_expired"),
     REPLAY_INVALID("replay_invalid");
 
     private final String label;

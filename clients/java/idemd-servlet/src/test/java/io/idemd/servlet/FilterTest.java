@@ -2,12 +2,15 @@ package io.idemd.servlet;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.idemd.IdemClient;
 import io.idemd.Lease;
+import io.idemd.LeaseExpiredException;
 import io.idemd.testing.Daemon;
+import io.idemd.testing.Relay;
 import io.idemd.testing.Wait;
 import jakarta.servlet.Filter;
 import jakarta.servlet.http.HttpServlet;
@@ -71,6 +74,7 @@ class FilterTest {
     final Map<String, Lease> leases = new ConcurrentHashMap<>();
     final CountDownLatch entered = new CountDownLatch(1);
     final CountDownLatch release = new CountDownLatch(1);
+    volatile Relay relay;
 
     @Override
     protected void service(HttpServletRequest req, HttpServletResponse res) throws IOException {
@@ -138,6 +142,24 @@ class FilterTest {
             }
           }
           // A handler that sees its lease lost writes nothing.
+        }
+        case "/expire" -> {
+          Lease lease = Lease.current().orElseThrow();
+          if (lease.attempt() > 1) {
+            res.getWriter().write("ran " + n);
+            return;
+          }
+          // The link to idemd breaks while the first attempt runs: its lease runs out.
+          relay.cut();
+          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+          while (!lease.isLost() && System.nanoTime() < deadline) {
+            try {
+              Thread.sleep(5);
+            } catch (InterruptedException e) {
+              Thread.currentThread().interrupt();
+              return;
+            }
+          }
         }
         default -> res.getWriter().write("ran " + n);
       }
@@ -482,6 +504,37 @@ class FilterTest {
       assertEquals("lease_lost", code(res));
       assertEquals("1", res.headers().firstValue("Retry-After").orElse(""));
       assertEquals(Incident.Kind.LEASE_LOST, firstIncident(s).kind());
+    }
+  }
+
+  @Test
+  void aLeaseThatRunsOutUnrenewedStoresNothingAndAnswers409() throws Exception {
+    try (Relay relay = Relay.to(daemon.url);
+        IdemClient cutOff = IdemClient.builder(relay.url).retries(0).build();
+        Server s =
+            new Server(
+                b -> b.lease(Duration.ofMillis(500)).waitFor(Duration.ofSeconds(20)), cutOff)) {
+      s.app.relay = relay;
+      String key = key();
+      HttpResponse<String> res = post(s.url + "/expire", "alice", key, "{}");
+      assertEquals(409, res.statusCode()); // R12, for a lease that ran out unrenewed
+      assertEquals("lease_lost", code(res));
+      assertEquals("1", res.headers().firstValue("Retry-After").orElse(""));
+      Incident incident = firstIncident(s);
+      assertEquals(Incident.Kind.LEASE_EXPIRED, incident.kind());
+      assertEquals("lease_expired", incident.kind().label());
+      assertInstanceOf(LeaseExpiredException.class, incident.error().orElseThrow());
+
+      // Nothing was stored: once idemd lets the lease go, the retry runs the handler.
+      relay.restore();
+      HttpResponse<String> retry =
+          post(s.url + "/expire", "alice", key, "{}", "X-Request-Id", "retry");
+      assertEquals(200, retry.statusCode());
+      assertEquals("ran 2", retry.body());
+      Lease taken = s.app.leases.get("retry");
+      assertEquals(2, taken.attempt());
+      assertTrue(taken.recovered());
+      assertEquals(1, s.incidents.size(), s.incidents.toString());
     }
   }
 
