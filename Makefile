@@ -17,6 +17,7 @@ test: export IDEMD_REQUIRE_POSTGRES = 1
 test: export IDEMD_REQUIRE_RABBITMQ = 1
 test: export IDEMD_REQUIRE_NETNS = 1
 test: export IDEMD_REQUIRE_DEPLOY_TOOLS = 1
+test: export IDEMD_REQUIRE_BROWSER = 1
 test: deps
 	$(MAKE) test-go test-ts test-python test-java
 

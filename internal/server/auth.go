@@ -47,7 +47,7 @@ var routeScopes = map[string]auth.Scope{
 // open principal of the default tenant.
 func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
-		if openPaths[c.Path()] {
+		if openPaths[c.Path()] || consolePaths[c.Path()] {
 			return next(c)
 		}
 		p, err := s.principal(c)

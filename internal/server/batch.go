@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/labstack/echo/v4"
 
@@ -118,7 +119,7 @@ func (s *Server) batchItem(tenant string, i int, it api.BatchItem) (*batchItem, 
 	var err error
 	switch {
 	case it.Claim != nil:
-		item.endpoint, item.key, at = "POST /v1/claim", it.Claim.Key, "claim"
+		item.endpoint, item.key, at = claimEndpoint, it.Claim.Key, "claim"
 		req, e := s.claimRequest(tenant, *it.Claim)
 		if err = e; err == nil && req.Wait > 0 {
 			err = invalid("wait_ms is %d; a claim in a batch does not wait: send a waiting claim on its own", req.Wait.Milliseconds())
@@ -156,11 +157,17 @@ func (s *Server) settle(c echo.Context, item *batchItem, a answer, err error) {
 		p := toProblem(err)
 		s.noteProblem(item.endpoint, p, err)
 		s.metrics.requests.WithLabelValues(item.endpoint, string(p.code), tenantLabel(c)).Inc()
+		if item.endpoint == claimEndpoint {
+			s.traffic.record(tenantLabel(c), string(p.code), time.Now(), -1)
+		}
 		body := p.body()
 		item.result = api.BatchItemResult{Status: p.status, Problem: &body}
 		return
 	}
 	s.metrics.requests.WithLabelValues(item.endpoint, a.outcome, tenantLabel(c)).Inc()
+	if item.endpoint == claimEndpoint {
+		s.traffic.record(tenantLabel(c), a.outcome, time.Now(), -1)
+	}
 	item.result = api.BatchItemResult{Status: a.status}
 	switch v := a.body.(type) {
 	case api.ClaimAcquired:

@@ -96,8 +96,12 @@ func (s *Server) instrument(next echo.HandlerFunc) echo.HandlerFunc {
 		if outcome == "" {
 			outcome = "ok"
 		}
+		end := time.Now()
 		s.metrics.requests.WithLabelValues(endpoint, outcome, tenantLabel(c)).Inc()
-		s.metrics.duration.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+		s.metrics.duration.WithLabelValues(endpoint).Observe(end.Sub(start).Seconds())
+		if endpoint == claimEndpoint {
+			s.traffic.record(tenantLabel(c), outcome, end, end.Sub(start))
+		}
 		return nil
 	}
 }

@@ -20,3 +20,27 @@ func TestEveryRouteHasAScope(t *testing.T) {
 		t.Errorf("checked %d routes, routeScopes lists %d", checked, len(routeScopes))
 	}
 }
+
+// TestEveryConsoleRouteIsChecked: with the console on, a route is open (the probes,
+// the page and its files), an API route with its scope, or a console endpoint whose
+// handler checks the scope consoleRoutes gives it, in the tenant it acts in.
+func TestEveryConsoleRouteIsChecked(t *testing.T) {
+	s := New(nil, Config{Console: Console{Enabled: true}})
+	console := 0
+	for _, r := range s.echo.Routes() {
+		endpoint := r.Method + " " + r.Path
+		_, api := routeScopes[endpoint]
+		_, con := s.console.scopes[endpoint]
+		switch {
+		case openPaths[r.Path] || consolePaths[r.Path]:
+		case api:
+		case con:
+			console++
+		default:
+			t.Errorf("%s is neither open, nor an API route with a scope, nor in consoleRoutes", endpoint)
+		}
+	}
+	if console != len(consoleRoutes) {
+		t.Errorf("found %d console endpoints, consoleRoutes lists %d", console, len(consoleRoutes))
+	}
+}

@@ -53,6 +53,8 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Tracing, when set, makes a span of each request (tracing.go); nil traces nothing.
 	Tracing trace.TracerProvider
+	// Console, when enabled, serves the operator's console (console.go).
+	Console Console
 }
 
 // DefaultTimeout is the default body and write timeout: a client slower than that on
@@ -77,6 +79,10 @@ type Server struct {
 	// bodyLimit bounds request bodies: a base64 response of the largest allowed size
 	// and room for the rest of the JSON.
 	bodyLimit int64
+	// traffic counts claims for the console's charts, and console is what its
+	// endpoints read; both nil without the console.
+	traffic *traffic
+	console *consoleState
 }
 
 // New returns a Server over eng.
@@ -116,6 +122,9 @@ func New(eng Engine, cfg Config) *Server {
 		tenants = t.Tenants
 	}
 	cfg.Registry.MustRegister(newAbandonedCollector(eng, tenants))
+	if cfg.Console.Enabled {
+		s.registerConsole(e, cfg.Console, tenants)
+	}
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
 	s.endpoints = endpoints(e)
@@ -326,6 +335,11 @@ func (s *Server) ListAbandoned(c echo.Context, params api.ListAbandonedParams) e
 	if err != nil {
 		return err
 	}
+	return s.reply(c, answer{http.StatusOK, "ok", abandonedKeys(page)})
+}
+
+// abandonedKeys is a page of the feed as the API shows it.
+func abandonedKeys(page engine.AbandonedPage) api.AbandonedKeys {
 	out := api.AbandonedKeys{Keys: make([]api.AbandonedKey, 0, len(page.Keys))}
 	for _, k := range page.Keys {
 		a := api.AbandonedKey{Key: k.Key, Attempt: k.Attempt, LeaseExpiredAt: k.LeaseExpiredAt}
@@ -344,7 +358,7 @@ func (s *Server) ListAbandoned(c echo.Context, params api.ListAbandonedParams) e
 		next := base64.RawURLEncoding.EncodeToString([]byte(page.Next))
 		out.NextCursor = &next
 	}
-	return s.reply(c, answer{http.StatusOK, "ok", out})
+	return out
 }
 
 // Lookup implements GET /v1/records/{key}.
@@ -367,6 +381,7 @@ func (s *Server) Purge(c echo.Context, key string) error {
 	if err := s.engine.Purge(c.Request().Context(), engine.ID{Tenant: tenant(c), Key: key}); err != nil {
 		return err
 	}
+	s.logPurge(c, tenant(c), key, "api")
 	c.Set(outcomeKey, "ok")
 	return c.NoContent(http.StatusNoContent)
 }

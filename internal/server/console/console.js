@@ -1,0 +1,653 @@
+// The idemd console. Everything a record holds (keys, owners, headers, bodies) is data
+// from idemd's clients, so it reaches the page only as text: through textContent,
+// text nodes and createElement, never as markup. The Content-Security-Policy the
+// daemon sends would block an injected script anyway; this keeps one from being made.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'idemd-console-token';
+  const TEXT_PREVIEW_BYTES = 4096;
+  const HEX_PREVIEW_BYTES = 512;
+  const TRAFFIC_EVERY_MS = 2000;
+  const OUTCOMES = ['acquired', 'replayed', 'in_progress', 'fingerprint_mismatch', 'other'];
+  const OUTCOME_LABELS = {
+    acquired: 'acquired', replayed: 'replayed', in_progress: 'in progress',
+    fingerprint_mismatch: 'fingerprint mismatch', other: 'other',
+  };
+
+  const $ = (id) => document.getElementById(id);
+
+  // The token lives in this tab's sessionStorage: it goes in the Authorization header
+  // of each call below and nowhere else, so no cookie can carry it to idemd on another
+  // site's behalf.
+  const state = {
+    token: sessionStorage.getItem(TOKEN_KEY) || '',
+    who: null,
+    tenant: '',
+    // skewMs is the daemon's clock minus this browser's, so that a countdown counts
+    // against the clock that decides when a lease runs out.
+    skewMs: 0,
+    record: null,
+    feedCursor: '',
+    trafficTimer: 0,
+    // latest numbers each view's requests, so that an answer that arrives after a
+    // later request's is dropped instead of drawn over it.
+    latest: { record: 0, feed: 0, traffic: 0 },
+  };
+
+  // ticket starts a request of a view; current says whether it is still the view's last.
+  function ticket(view) {
+    const n = ++state.latest[view];
+    return { current: () => state.latest[view] === n };
+  }
+
+  // el makes an element; strings among the children become text nodes, never markup.
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (name === 'class') {
+        e.className = value;
+      } else {
+        e.setAttribute(name, value);
+      }
+    }
+    for (const c of children) {
+      if (c !== null && c !== undefined) {
+        e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+      }
+    }
+    return e;
+  }
+
+  class ProblemError extends Error {
+    constructor(status, problem) {
+      const p = problem || {};
+      super(`${status} ${p.code || ''}: ${p.detail || p.title || 'request failed'}`);
+      this.status = status;
+      this.code = p.code || '';
+      this.detail = p.detail || '';
+    }
+  }
+
+  // call sends one request of the console to its own origin, with the token.
+  async function call(method, path, params) {
+    const url = new URL(path, window.location.origin);
+    for (const [name, value] of Object.entries(params || {})) {
+      if (value !== undefined && value !== null && value !== '') {
+        url.searchParams.set(name, value);
+      }
+    }
+    const headers = {};
+    if (state.token) {
+      headers.Authorization = `Bearer ${state.token}`;
+    }
+    const sent = Date.now();
+    const resp = await fetch(url, { method, headers, credentials: 'omit', cache: 'no-store', redirect: 'error' });
+    const received = Date.now();
+    let body = null;
+    const text = resp.status === 204 ? '' : await resp.text();
+    if (text) {
+      try {
+        body = JSON.parse(text);
+      } catch {
+        body = { detail: text };
+      }
+    }
+    if (!resp.ok) {
+      throw new ProblemError(resp.status, body);
+    }
+    const date = Date.parse(resp.headers.get('Date') || '');
+    return { body, midpoint: (sent + received) / 2, date };
+  }
+
+  const ownTenant = () => state.who && state.tenant === state.who.tenant;
+  const can = (scope) => state.who && state.who.scopes.includes(scope);
+
+  // Durations read at a glance: tenths of a second when they are short.
+  function duration(ms) {
+    const s = Math.max(0, ms) / 1000;
+    if (s < 10) return `${s.toFixed(1)} s`;
+    if (s < 60) return `${Math.floor(s)} s`;
+    if (s < 3600) return `${Math.floor(s / 60)} min ${String(Math.floor(s % 60)).padStart(2, '0')} s`;
+    if (s < 86400) return `${Math.floor(s / 3600)} h ${String(Math.floor((s % 3600) / 60)).padStart(2, '0')} min`;
+    return `${Math.floor(s / 86400)} d ${Math.floor((s % 86400) / 3600)} h`;
+  }
+
+  // live makes a span that the ticker keeps up to date: "until" counts down to at,
+  // "since" counts up from it, "relative" says either.
+  function live(at, mode) {
+    const span = el('span', { class: 'live' });
+    span.dataset.at = String(at);
+    span.dataset.mode = mode;
+    tickOne(span, Date.now() + state.skewMs);
+    return span;
+  }
+
+  function tickOne(span, now) {
+    const at = Number(span.dataset.at);
+    const d = at - now;
+    switch (span.dataset.mode) {
+      case 'until':
+        span.textContent = d > 0 ? `in ${duration(d)}` : `ran out ${duration(-d)} ago`;
+        span.classList.toggle('expired', d <= 0);
+        break;
+      case 'since':
+        span.textContent = duration(-d);
+        break;
+      default:
+        span.textContent = d >= 0 ? `in ${duration(d)}` : `${duration(-d)} ago`;
+    }
+  }
+
+  function tick() {
+    const now = Date.now() + state.skewMs;
+    for (const span of document.querySelectorAll('.live')) {
+      tickOne(span, now);
+    }
+  }
+
+  function when(iso, mode) {
+    if (!iso) return '—';
+    const at = Date.parse(iso);
+    return el('span', null, iso, ' (', live(at, mode || 'relative'), ')');
+  }
+
+  function showError(id, err) {
+    $(id).textContent = err ? (err instanceof ProblemError ? err.message : String(err)) : '';
+  }
+
+  // Bytes: text when they are UTF-8 without control characters, else hex.
+  function bytesOf(base64) {
+    const bin = atob(base64 || '');
+    const out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+
+  function preview(bytes, id) {
+    const size = el('p', { class: 'muted' }, `${bytes.length} bytes`);
+    if (bytes.length === 0) return el('div', null, size);
+    let text = null;
+    try {
+      // stream: a character cut by the preview's end is not an error.
+      text = new TextDecoder('utf-8', { fatal: true }).decode(bytes.subarray(0, TEXT_PREVIEW_BYTES), { stream: true });
+      // eslint-disable-next-line no-control-regex
+      if (/[\u0000-\u0008\u000B\u000C\u000E-\u001F\u007F]/.test(text)) text = null;
+    } catch {
+      text = null;
+    }
+    let shown;
+    if (text !== null) {
+      shown = el('pre', { class: 'body', id }, text);
+      if (bytes.length > TEXT_PREVIEW_BYTES) size.append(`, the first ${TEXT_PREVIEW_BYTES} shown as text`);
+      else size.append(', as text');
+    } else {
+      const n = Math.min(bytes.length, HEX_PREVIEW_BYTES);
+      const lines = [];
+      for (let off = 0; off < n; off += 16) {
+        const row = Array.from(bytes.subarray(off, Math.min(off + 16, n)), (b) => b.toString(16).padStart(2, '0'));
+        lines.push(`${off.toString(16).padStart(6, '0')}  ${row.join(' ')}`);
+      }
+      shown = el('pre', { class: 'body hex', id }, lines.join('\n'));
+      size.append(`, binary: the first ${n} in hex`);
+    }
+    return el('div', null, size, shown);
+  }
+
+  function field(dl, label, value, id) {
+    const dd = el('dd', id ? { id } : null, value === '' || value === null || value === undefined ? '—' : value);
+    dl.append(el('dt', null, label), dd);
+  }
+
+  // ---- signing in ----
+
+  async function start() {
+    setInterval(tick, 200);
+    $('signin-form').addEventListener('submit', signIn);
+    $('sign-out').addEventListener('click', signOut);
+    $('tenant').addEventListener('change', () => {
+      state.tenant = $('tenant').value;
+      clearRecord();
+      route();
+    });
+    window.addEventListener('hashchange', route);
+    for (const radio of document.querySelectorAll('input[name="mode"]')) {
+      radio.addEventListener('change', () => {
+        const middleware = $('mode-middleware').checked;
+        $('fields-key').hidden = middleware;
+        $('fields-middleware').hidden = !middleware;
+      });
+    }
+    $('inspect-form').addEventListener('submit', inspect);
+    $('purge').addEventListener('click', askPurge);
+    $('purge-no').addEventListener('click', () => { $('purge-confirm').hidden = true; });
+    $('purge-yes').addEventListener('click', purge);
+    $('abandoned-form').addEventListener('submit', (e) => {
+      e.preventDefault();
+      loadAbandoned('');
+    });
+    $('abandoned-next').addEventListener('click', () => loadAbandoned(state.feedCursor));
+    $('store-refresh').addEventListener('click', loadStore);
+    try {
+      const r = await call('GET', '/console/api/whoami');
+      await signedIn(r.body);
+    } catch (err) {
+      showSignIn(state.token && err.status === 401 ? 'The stored token is no longer accepted; sign in again.' : '');
+    }
+  }
+
+  function showSignIn(message) {
+    state.token = '';
+    state.who = null;
+    sessionStorage.removeItem(TOKEN_KEY);
+    stopTraffic();
+    $('signin').hidden = false;
+    $('who').hidden = true;
+    $('tabs').hidden = true;
+    for (const v of document.querySelectorAll('.view')) v.hidden = true;
+    $('signin-error').textContent = message || '';
+    $('token').focus();
+  }
+
+  async function signIn(e) {
+    e.preventDefault();
+    state.token = $('token').value.trim();
+    $('token').value = '';
+    try {
+      const r = await call('GET', '/console/api/whoami');
+      sessionStorage.setItem(TOKEN_KEY, state.token);
+      await signedIn(r.body);
+    } catch (err) {
+      showSignIn(err.status === 401 ? 'idemd does not know this token.' : String(err.message || err));
+    }
+  }
+
+  function signOut() {
+    showSignIn('');
+    clearRecord();
+  }
+
+  async function signedIn(who) {
+    state.who = who;
+    state.tenant = who.tenant;
+    $('signin').hidden = true;
+    $('who').hidden = false;
+    $('tabs').hidden = false;
+    $('open-note').hidden = !who.open;
+    $('sign-out').hidden = who.open;
+    $('tenant-name').textContent = who.tenant;
+    $('who-token').textContent = who.open ? 'no auth file' : `token ${who.token || '(unnamed)'}`;
+    $('who-scopes').textContent = `scopes: ${who.scopes.join(', ')}`;
+    const select = $('tenant');
+    select.replaceChildren();
+    select.hidden = true;
+    $('tenant-name').hidden = false;
+    if (can('platform')) {
+      const r = await call('GET', '/console/api/tenants');
+      for (const t of r.body.tenants) {
+        const option = el('option', null, t);
+        option.value = t;
+        select.append(option);
+      }
+      select.value = state.tenant;
+      select.hidden = false;
+      $('tenant-name').hidden = true;
+    }
+    route();
+  }
+
+  // ---- views ----
+
+  function route() {
+    if (!state.who) return;
+    const view = (window.location.hash || '#inspect').slice(1);
+    const known = ['inspect', 'abandoned', 'traffic', 'store'].includes(view) ? view : 'inspect';
+    for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${known}`;
+    for (const a of document.querySelectorAll('#tabs a')) {
+      if (a.id === `tab-${known}`) a.setAttribute('aria-current', 'page');
+      else a.removeAttribute('aria-current');
+    }
+    stopTraffic();
+    if (known === 'abandoned') loadAbandoned('');
+    if (known === 'traffic') startTraffic();
+    if (known === 'store') loadStore();
+    updatePurge();
+  }
+
+  // ---- the key inspector ----
+
+  function clearRecord() {
+    state.record = null;
+    $('record').hidden = true;
+    showError('inspect-error', null);
+  }
+
+  async function inspect(e) {
+    e.preventDefault();
+    clearRecord();
+    $('purge-result').textContent = '';
+    try {
+      let key = $('key').value;
+      let derived = null;
+      if ($('mode-middleware').checked) {
+        derived = { scope: $('scope').value, idempotencyKey: $('idem-key').value, prefix: $('prefix').value };
+        const r = await call('GET', '/console/api/derive',
+          { scope: derived.scope, idempotency_key: derived.idempotencyKey, prefix: derived.prefix });
+        key = r.body.key;
+      }
+      if (!key) throw new Error('key: give the key to look up');
+      await lookup(key, derived);
+    } catch (err) {
+      showError('inspect-error', err);
+    }
+  }
+
+  async function lookup(key, derived) {
+    const t = ticket('record');
+    let r;
+    try {
+      r = await call('GET', '/console/api/records', { tenant: state.tenant, key });
+    } catch (err) {
+      if (err.status === 404 && err.code === 'not_found') {
+        throw new Error(`tenant ${state.tenant} has no record of the key ${key}`);
+      }
+      throw err;
+    }
+    if (!t.current()) return;
+    state.skewMs = Date.parse(r.body.server_time) - r.midpoint;
+    state.record = r.body;
+    renderRecord(r.body, derived);
+  }
+
+  function renderRecord(rec, derived) {
+    const dl = $('rec-fields');
+    dl.replaceChildren();
+    field(dl, 'key', el('code', null, rec.key), 'f-key');
+    if (derived) {
+      const from = el('span', null, 'scope ', el('code', null, derived.scope), ', Idempotency-Key ',
+        el('code', null, derived.idempotencyKey));
+      if (derived.prefix) from.append(', prefix ', el('code', null, derived.prefix));
+      field(dl, 'derived from', from, 'f-derived');
+    }
+    field(dl, 'tenant', rec.tenant, 'f-tenant');
+    const stateClass = ['pending', 'completed', 'failed'].includes(rec.state) ? `state state-${rec.state}` : 'state';
+    field(dl, 'state', el('span', { class: stateClass }, rec.state), 'f-state');
+    field(dl, 'attempt', String(rec.attempt), 'f-attempt');
+    field(dl, 'recovered', rec.recovered
+      ? 'yes: this lease was taken over from a holder whose lease ran out, which may have done part of the work'
+      : 'no', 'f-recovered');
+    field(dl, 'owner', rec.owner || '', 'f-owner');
+    field(dl, 'fingerprint', rec.fingerprint ? el('code', null, rec.fingerprint) : '', 'f-fingerprint');
+    if (rec.lease_expires_at) {
+      field(dl, 'lease expires', el('span', null, live(Date.parse(rec.lease_expires_at), 'until'),
+        ` (${rec.lease_expires_at})`), 'f-lease');
+    } else {
+      field(dl, 'lease expires', 'no lease: the key is finished', 'f-lease');
+    }
+    field(dl, 'created', when(rec.created_at), 'f-created');
+    field(dl, 'updated', when(rec.updated_at), 'f-updated');
+    field(dl, 'expires', when(rec.expires_at), 'f-expires');
+
+    const resp = $('rec-response');
+    resp.replaceChildren();
+    if (rec.response) {
+      const rdl = el('dl', { class: 'fields-list' });
+      field(rdl, 'status', String(rec.response.status), 'f-status');
+      resp.append(rdl);
+      const rows = [];
+      for (const [name, values] of Object.entries(rec.response.headers || {})) {
+        for (const value of values) rows.push(el('tr', null, el('td', null, el('code', null, name)), el('td', null, value)));
+      }
+      if (rows.length > 0) {
+        resp.append(el('table', { id: 'f-headers' },
+          el('thead', null, el('tr', null, el('th', null, 'header'), el('th', null, 'value'))),
+          el('tbody', null, ...rows)));
+      } else {
+        resp.append(el('p', { class: 'muted' }, 'no stored headers'));
+      }
+      resp.append(preview(bytesOf(rec.response.body), 'f-body'));
+    } else {
+      resp.append(el('p', { class: 'muted' }, 'none stored'));
+    }
+
+    const point = $('rec-point');
+    point.replaceChildren();
+    const rp = rec.recovery_point;
+    if (rp) {
+      const pdl = el('dl', { class: 'fields-list' });
+      field(pdl, 'name', rp.name, 'f-point-name');
+      field(pdl, 'attempt', String(rp.attempt), 'f-point-attempt');
+      field(pdl, 'recorded', when(rp.recorded_at), 'f-point-recorded');
+      point.append(pdl, preview(bytesOf(rp.data), 'f-point-data'));
+    } else {
+      point.append(el('p', { class: 'muted' }, 'none recorded'));
+    }
+    $('purge-confirm').hidden = true;
+    updatePurge();
+    $('record').hidden = false;
+  }
+
+  // Purging needs the admin scope (and platform for another tenant, which only a
+  // platform token can choose); the daemon checks it again whatever the page shows.
+  function updatePurge() {
+    const allowed = can('admin');
+    $('purge').disabled = !allowed;
+    $('purge-note').textContent = allowed ? '' : 'Purging needs a token with the admin scope.';
+  }
+
+  function askPurge() {
+    if (!state.record) return;
+    $('purge-key').textContent = state.record.key;
+    $('purge-tenant').textContent = state.record.tenant;
+    $('purge-confirm').hidden = false;
+  }
+
+  async function purge() {
+    const rec = state.record;
+    $('purge-confirm').hidden = true;
+    if (!rec) return;
+    try {
+      if (rec.tenant === state.who.tenant) {
+        await call('DELETE', `/v1/records/${encodeURIComponent(rec.key)}`);
+      } else {
+        await call('DELETE', '/console/api/records', { tenant: rec.tenant, key: rec.key });
+      }
+      $('record').hidden = true;
+      state.record = null;
+      $('purge-result').textContent = `Purged ${rec.key} from tenant ${rec.tenant}.`;
+    } catch (err) {
+      $('purge-result').textContent = `Not purged: ${err.message}`;
+    }
+  }
+
+  // ---- the abandoned-keys feed ----
+
+  async function loadAbandoned(cursor) {
+    showError('abandoned-error', null);
+    const params = { prefix: $('abandoned-prefix').value, cursor, limit: 50 };
+    const t = ticket('feed');
+    try {
+      const r = ownTenant()
+        ? await call('GET', '/v1/abandoned', params)
+        : await call('GET', '/console/api/abandoned', { tenant: state.tenant, ...params });
+      if (!t.current()) return;
+      // The feed says nothing of the daemon's clock but its Date header, to the second.
+      if (!Number.isNaN(r.date) && Math.abs(r.date - r.midpoint) > 1500) state.skewMs = r.date - r.midpoint;
+      renderAbandoned(r.body, params.prefix);
+    } catch (err) {
+      if (t.current()) showError('abandoned-error', err);
+    }
+  }
+
+  function renderAbandoned(page, prefix) {
+    const rows = page.keys.map((k) => {
+      const inspectButton = el('button', { type: 'button' }, 'Inspect');
+      inspectButton.addEventListener('click', () => {
+        $('mode-key').checked = true;
+        $('fields-key').hidden = false;
+        $('fields-middleware').hidden = true;
+        $('key').value = k.key;
+        window.location.hash = '#inspect';
+        lookup(k.key, null).catch((err) => showError('inspect-error', err));
+      });
+      return el('tr', null,
+        el('td', null, el('code', null, k.key)),
+        el('td', null, String(k.attempt)),
+        el('td', { class: 'fingerprint' }, k.fingerprint ? el('code', null, k.fingerprint) : '—'),
+        el('td', null, k.owner || '—'),
+        el('td', null, k.lease_expired_at),
+        el('td', null, live(Date.parse(k.lease_expired_at), 'since')),
+        el('td', null, k.recovery_point || '—'),
+        el('td', null, inspectButton));
+    });
+    $('abandoned-rows').replaceChildren(...rows);
+    $('abandoned-table').dataset.prefix = prefix;
+    $('abandoned-empty').hidden = rows.length > 0;
+    state.feedCursor = page.next_cursor || '';
+    $('abandoned-next').hidden = !page.next_cursor;
+  }
+
+  // ---- traffic ----
+
+  function startTraffic() {
+    loadTraffic();
+    state.trafficTimer = setInterval(loadTraffic, TRAFFIC_EVERY_MS);
+  }
+
+  function stopTraffic() {
+    clearInterval(state.trafficTimer);
+    state.trafficTimer = 0;
+  }
+
+  async function loadTraffic() {
+    const t = ticket('traffic');
+    try {
+      const r = await call('GET', '/console/api/traffic', { tenant: state.tenant });
+      if (!t.current()) return;
+      showError('traffic-error', null);
+      renderTraffic(r.body);
+    } catch (err) {
+      showError('traffic-error', err);
+    }
+  }
+
+  function renderTraffic(t) {
+    const total = OUTCOMES.reduce((n, o) => n + t.totals[o], 0);
+    const summary = $('traffic-summary');
+    summary.dataset.total = String(total);
+    for (const o of OUTCOMES) summary.dataset[o] = String(t.totals[o]);
+    summary.textContent = `${total} claims in tenant ${t.tenant} over the last ${t.claims.acquired.length} s: ` +
+      OUTCOMES.map((o) => `${t.totals[o]} ${OUTCOME_LABELS[o]}`).join(', ') +
+      (t.tracked ? '' : ' (not tracked: the console counts a bounded number of tenants)');
+    const toMs = (at) => Date.parse(t.start) + at * t.step_seconds * 1000;
+    chart($('chart-claims'), OUTCOMES.map((o) => ({
+      name: OUTCOME_LABELS[o], cls: `line-${o}`, values: t.claims[o],
+      legend: `${t.totals[o]}, at most ${formatNumber(Math.max(...t.claims[o]))}/s`,
+    })), { unit: '/s', toMs });
+    const lastOf = (values) => {
+      for (let i = values.length - 1; i >= 0; i--) if (values[i] !== null) return `${formatNumber(values[i])} ms lately`;
+      return 'no claim';
+    };
+    chart($('chart-latency'), [
+      { name: 'p50', cls: 'line-p50', values: t.p50_ms, legend: lastOf(t.p50_ms) },
+      { name: 'p99', cls: 'line-p99', values: t.p99_ms, legend: lastOf(t.p99_ms) },
+    ], { unit: ' ms', toMs });
+  }
+
+  const SVG = 'http://www.w3.org/2000/svg';
+
+  function svg(tag, attrs, text) {
+    const e = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) e.setAttribute(name, String(value));
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+
+  // chart draws series of numbers (null for no value) as lines over the same x, with
+  // the largest value and the window's ends as labels.
+  function chart(box, series, opts) {
+    const W = 720;
+    const H = 150;
+    const left = 56;
+    const right = 8;
+    const top = 8;
+    const bottom = 20;
+    const n = series[0].values.length;
+    let peak = 0;
+    for (const s of series) for (const v of s.values) if (v !== null && v > peak) peak = v;
+    const yMax = peak > 0 ? niceCeil(peak) : 1;
+    const x = (i) => left + (i * (W - left - right)) / Math.max(1, n - 1);
+    const y = (v) => top + (1 - v / yMax) * (H - top - bottom);
+    const root = svg('svg', { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: 'img', class: 'chart-svg' });
+    root.dataset.max = String(peak);
+    root.append(svg('line', { x1: left, y1: y(0), x2: W - right, y2: y(0), class: 'axis' }));
+    root.append(svg('line', { x1: left, y1: y(yMax), x2: W - right, y2: y(yMax), class: 'grid' }));
+    root.append(svg('text', { x: left - 6, y: y(yMax) + 4, class: 'label end' }, `${formatNumber(yMax)}${opts.unit}`));
+    root.append(svg('text', { x: left - 6, y: y(0) + 4, class: 'label end' }, '0'));
+    const minutes = Math.round(((n - 1) * (opts.toMs(1) - opts.toMs(0))) / 60000);
+    root.append(svg('text', { x: left, y: H - 4, class: 'label' }, `${minutes} min ago`));
+    root.append(svg('text', { x: W - right, y: H - 4, class: 'label end' }, 'now'));
+    const legend = el('p', { class: 'legend' });
+    for (const s of series) {
+      let d = '';
+      let pen = false;
+      s.values.forEach((v, i) => {
+        if (v === null) {
+          pen = false;
+          return;
+        }
+        d += `${pen ? 'L' : 'M'}${x(i).toFixed(1)} ${y(v).toFixed(1)} `;
+        pen = true;
+        // A value with no neighbour draws no line, so it gets a dot.
+        const lone = (i === 0 || s.values[i - 1] === null) && (i === n - 1 || s.values[i + 1] === null);
+        if (lone) root.append(svg('circle', { cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2, class: `dot ${s.cls}` }));
+      });
+      if (d) root.append(svg('path', { d, class: `line ${s.cls}` }));
+      legend.append(el('span', { class: `swatch ${s.cls}` }), ` ${s.name}: ${s.legend}  `);
+    }
+    box.replaceChildren(root, legend);
+  }
+
+  function niceCeil(v) {
+    const step = 10 ** Math.floor(Math.log10(v));
+    for (const m of [1, 2, 5, 10]) if (m * step >= v) return m * step;
+    return 10 * step;
+  }
+
+  function formatNumber(v) {
+    return Number.isInteger(v) ? String(v) : v.toFixed(v < 10 ? 2 : 1);
+  }
+
+  // ---- the store ----
+
+  async function loadStore() {
+    showError('store-error', null);
+    try {
+      const r = await call('GET', '/console/api/store');
+      renderStore(r.body);
+    } catch (err) {
+      showError('store-error', err);
+    }
+  }
+
+  function renderStore(st) {
+    const dl = $('store-fields');
+    dl.replaceChildren();
+    field(dl, 'kind', st.kind, 's-kind');
+    field(dl, 'record layout', st.layout, 's-layout');
+    field(dl, 'location', st.location, 's-location');
+    field(dl, 'ready', st.ready ? 'yes: the store takes writes' : `no: ${st.ready_error || 'not ready'}`, 's-ready');
+    const num = (v, digits, unit) => (v === null || v === undefined ? '—' : `${v.toFixed(digits)}${unit}`);
+    $('masters-rows').replaceChildren(...st.masters.map((m) => el('tr', null,
+      el('td', null, el('code', null, m.address)),
+      el('td', null, num(m.round_trip_ms, 2, ' ms')),
+      el('td', null, num(m.pipelines, 0, '')),
+      el('td', null, num(m.queued_calls, 0, '')))));
+    $('masters-table').hidden = st.masters.length === 0;
+    $('masters-note').textContent = st.kind === 'embedded'
+      ? 'The embedded store is one file on this daemon\'s disk: it has no masters or replicas.'
+      : 'A master appears once this daemon has sent it a pipeline. Replicas are not listed: the store reports its masters only.';
+  }
+
+  start();
+})();

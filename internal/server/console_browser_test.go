@@ -1,0 +1,641 @@
+package server_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"image/png"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+
+	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/internal/server"
+	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
+)
+
+// The browser tests drive Debian's chromium, headless, through the DevTools protocol
+// (chromedp). Nothing downloads a browser: without chromium on the machine the tests
+// skip, unless IDEMD_REQUIRE_BROWSER is set (as make test sets it), which turns the
+// skip into a failure.
+
+// chromium finds the browser, or skips or fails the test.
+func chromium(t *testing.T) string {
+	t.Helper()
+	path, err := exec.LookPath("chromium")
+	if err != nil {
+		path, err = exec.LookPath("/usr/bin/chromium")
+	}
+	if err != nil {
+		if os.Getenv("IDEMD_REQUIRE_BROWSER") != "" {
+			t.Fatalf("chromium is required (IDEMD_REQUIRE_BROWSER is set) but not found: %v", err)
+		}
+		t.Skip("chromium not found; install it (apt-get install -y chromium) to run the console's browser tests")
+	}
+	return path
+}
+
+// startBrowser starts one headless chromium for the test; each subtest opens a tab of
+// its own in it (newTab), whose sessionStorage is its own.
+func startBrowser(t *testing.T) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium(t)),
+		chromedp.WindowSize(1100, 760),
+		chromedp.UserDataDir(t.TempDir()),
+		// /dev/shm is small in containers; chromium falls back to /tmp.
+		chromedp.Flag("disable-dev-shm-usage", true),
+	)
+	if os.Geteuid() == 0 {
+		// Chromium refuses to start as root with its sandbox on.
+		opts = append(opts, chromedp.NoSandbox)
+	}
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	browser, cancelBrowser := chromedp.NewContext(alloc)
+	t.Cleanup(func() {
+		cancelBrowser()
+		cancelAlloc()
+	})
+	if err := chromedp.Do(browser); err != nil {
+		t.Fatalf("starting chromium: %v", err)
+	}
+	return browser
+}
+
+// pageWatch is installed in every document before the page's own script runs: it keeps
+// the Content-Security-Policy violations, which must stay none (an inline script or
+// style, a handler attribute in markup, a fetch elsewhere would each make one).
+const pageWatch = `window.__cspViolations = [];
+document.addEventListener('securitypolicyviolation', (e) => {
+  window.__cspViolations.push(e.violatedDirective + ' ' + (e.blockedURI || '') + ' ' + (e.sample || ''));
+});`
+
+// tab opens a tab at the console, signed in with token ("" when the daemon is open).
+func tab(t *testing.T, browser context.Context, d *authDaemon, token string) context.Context {
+	t.Helper()
+	ctx, cancel := chromedp.NewContext(browser)
+	t.Cleanup(cancel)
+	// A bound on the whole subtest, so that a page that never shows what the test
+	// waits for fails the test instead of hanging it.
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancelTimeout)
+	run(t, ctx, chromedp.Func(func(ctx context.Context, target *chromedp.Target) error {
+		_, err := cdp.Call(ctx, target, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: pageWatch})
+		return err
+	}), chromedp.Navigate(d.url+"/console/"))
+	if token != "" {
+		run(t, ctx,
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), token),
+			chromedp.Click(chromedp.CSS("#signin-submit")),
+		)
+	}
+	run(t, ctx, chromedp.WaitVisible(chromedp.CSS("#tabs")))
+	t.Cleanup(func() {
+		violations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.__cspViolations`))
+		if err != nil {
+			t.Errorf("reading the CSP violations: %v", err)
+		}
+		if len(violations) > 0 {
+			t.Errorf("the page broke its Content-Security-Policy: %q", violations)
+		}
+	})
+	return ctx
+}
+
+func run(t *testing.T, ctx context.Context, actions ...chromedp.Action[chromedp.Void]) {
+	t.Helper()
+	if err := chromedp.Do(ctx, actions...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// eval evaluates a JavaScript expression in the page, awaiting it when it is a promise.
+func eval[T any](t *testing.T, ctx context.Context, expr string) T {
+	t.Helper()
+	out, err := chromedp.Run(ctx, chromedp.Evaluate[T](expr, chromedp.EvalAwaitPromise))
+	if err != nil {
+		t.Fatalf("evaluating %s: %v", expr, err)
+	}
+	return out
+}
+
+// js quotes s as a JavaScript string.
+func js(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func textOf(t *testing.T, ctx context.Context, selector string) string {
+	t.Helper()
+	// One evaluation reads the text, so that a view redrawn meanwhile cannot take the
+	// element away between finding it and reading it.
+	s, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector(`+js(selector)+`).textContent`))
+	if err != nil {
+		t.Fatalf("the text of %s: %v", selector, err)
+	}
+	return s
+}
+
+// waitFor polls a JavaScript condition in the page until it holds.
+func waitFor(t *testing.T, ctx context.Context, condition string) {
+	t.Helper()
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+		t.Fatalf("waiting for %s: %v", condition, err)
+	}
+}
+
+// screenshot takes the whole page as a PNG. With IDEMD_CONSOLE_SCREENSHOTS set to a
+// directory (docs/console, from the repository's root), it is kept there for the docs.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	shot, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot %s: %v", name, err)
+	}
+	img, err := png.Decode(bytes.NewReader(shot))
+	if err != nil {
+		t.Fatalf("screenshot %s is not a PNG: %v", name, err)
+	}
+	dir := os.Getenv("IDEMD_CONSOLE_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	var small bytes.Buffer
+	if err := (&png.Encoder{CompressionLevel: png.BestCompression}).Encode(&small, img); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, name+".png"), small.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// seeder makes records through the API, as clients would.
+type seeder struct {
+	t *testing.T
+	d *authDaemon
+}
+
+func (s seeder) claim(token, key string, fields map[string]any) string {
+	s.t.Helper()
+	body := map[string]any{"key": key}
+	for k, v := range fields {
+		body[k] = v
+	}
+	a := s.d.call(token, http.MethodPost, "/v1/claim", body)
+	expectStatus(s.t, "claim "+key, a, http.StatusCreated, "")
+	return a.str("lease_token")
+}
+
+func (s seeder) complete(token, key, lease string, status int, headers map[string][]string, body []byte) {
+	s.t.Helper()
+	a := s.d.call(token, http.MethodPost, "/v1/complete", map[string]any{"key": key, "lease_token": lease,
+		"response": map[string]any{"status": status, "headers": headers, "body": body}})
+	expectStatus(s.t, "complete "+key, a, http.StatusOK, "")
+}
+
+func (s seeder) point(token, key, lease, name string, data []byte) {
+	s.t.Helper()
+	a := s.d.call(token, http.MethodPost, "/v1/recovery-point", map[string]any{"key": key, "lease_token": lease, "name": name, "data": data})
+	expectStatus(s.t, "recovery point "+key, a, http.StatusOK, "")
+}
+
+// abandoned waits until tenant's feed (as token sees it) lists n keys under prefix.
+func (s seeder) abandoned(token, prefix string, n int) {
+	s.t.Helper()
+	wait.For(s.t, 30*time.Second, fmt.Sprintf("%d abandoned keys under %q", n, prefix), func() bool {
+		a := s.d.call(token, http.MethodGet, query("/v1/abandoned", "prefix", prefix, "limit", "1000"), nil)
+		keys, _ := a.body["keys"].([]any)
+		return len(keys) == n
+	})
+}
+
+// Hostile data: each would run a script, or set the title, if the page ever turned it
+// into markup.
+const (
+	xssKey   = `<img src=x onerror="window.__xss=1;document.title='pwned'">"><script>window.__xss=2</script>`
+	xssOwner = `"><img src=x onerror=window.__xss=3><svg onload=window.__xss=4>`
+	xssValue = `<script>window.__xss=5</script>"><img src=x onerror=window.__xss=6>`
+	xssBody  = `<html><script>window.__xss=7;document.title='pwned'</script><img src=x onerror=window.__xss=8></html>`
+	xssPoint = `<b onmouseover=window.__xss=9>charged</b>`
+)
+
+// TestConsoleInBrowser drives the console in a real chromium against a real idemd:
+// signing in, the key inspector (a key as given and a middleware's key), the lease's
+// countdown, purging as an admin and being refused without admin, a platform token
+// choosing another tenant, the abandoned-keys feed with its filter and pages, traffic
+// charts moving under claims, the store view, and hostile data shown as text.
+func TestConsoleInBrowser(t *testing.T) {
+	browser := startBrowser(t)
+	d := newConsoleDaemon(t, consoleStore(t), false, server.StoreInfo{Kind: "embedded", Layout: "bbolt", Location: "/var/lib/idemd/idemd.db"})
+	seed := seeder{t, d}
+
+	t.Run("signing in", func(t *testing.T) {
+		ctx, cancel := chromedp.NewContext(browser)
+		defer cancel()
+		run(t, ctx, chromedp.Navigate(d.url+"/console/"), chromedp.WaitVisible(chromedp.CSS("#signin-form")))
+		screenshot(t, ctx, "signin")
+		run(t, ctx, chromedp.SendKeys(chromedp.CSS("#token"), "not-a-token"), chromedp.Click(chromedp.CSS("#signin-submit")))
+		waitFor(t, ctx, `document.getElementById('signin-error').textContent.includes('does not know this token')`)
+		if stored := eval[any](t, ctx, `sessionStorage.getItem('idemd-console-token')`); stored != nil {
+			t.Errorf("a refused token was kept: %v", stored)
+		}
+		run(t, ctx, chromedp.SendKeys(chromedp.CSS("#token"), alphaUse), chromedp.Click(chromedp.CSS("#signin-submit")),
+			chromedp.WaitVisible(chromedp.CSS("#view-inspect")))
+		if got := textOf(t, ctx, "#tenant-name"); got != "alpha" {
+			t.Errorf("signed in to tenant %q", got)
+		}
+		if cookies := eval[string](t, ctx, `document.cookie`); cookies != "" {
+			t.Errorf("the console set cookies: %q", cookies)
+		}
+		if stored := eval[string](t, ctx, `sessionStorage.getItem('idemd-console-token')`); stored != alphaUse {
+			t.Errorf("sessionStorage holds %q", stored)
+		}
+		run(t, ctx, chromedp.Click(chromedp.CSS("#sign-out")), chromedp.WaitVisible(chromedp.CSS("#signin-form")))
+		if stored := eval[any](t, ctx, `sessionStorage.getItem('idemd-console-token')`); stored != nil {
+			t.Errorf("signing out left the token: %v", stored)
+		}
+	})
+
+	t.Run("inspecting a key and its countdown", func(t *testing.T) {
+		lease := seed.claim(alphaAdmin, "order-42", map[string]any{"owner": "checkout-7", "lease_ms": 90000, "fingerprint": "sha256:5f2c"})
+		seed.point(alphaAdmin, "order-42", lease, "charged", []byte(`{"charge":"ch_1NirD8"}`))
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx,
+			chromedp.SendKeys(chromedp.CSS("#key"), "order-42"),
+			chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")))
+		for sel, want := range map[string]string{
+			"#f-key": "order-42", "#f-tenant": "alpha", "#f-state": "pending", "#f-attempt": "1",
+			"#f-owner": "checkout-7", "#f-fingerprint": "sha256:5f2c", "#f-point-name": "charged",
+			"#f-point-data": `{"charge":"ch_1NirD8"}`, "#f-recovered": "no",
+		} {
+			if got := textOf(t, ctx, sel); got != want {
+				t.Errorf("%s shows %q, want %q", sel, got, want)
+			}
+		}
+		first := textOf(t, ctx, "#f-lease .live")
+		if !strings.HasPrefix(first, "in ") {
+			t.Errorf("the lease countdown reads %q", first)
+		}
+		// The countdown runs: its text changes as the lease's time passes.
+		waitFor(t, ctx, `document.querySelector('#f-lease .live').textContent !== `+js(first))
+		screenshot(t, ctx, "inspector")
+
+		// A body that is not text is shown in hex.
+		lease = seed.claim(alphaAdmin, "thumbnail-3", nil)
+		seed.complete(alphaAdmin, "thumbnail-3", lease, 200, map[string][]string{"content-type": {"image/png"}}, []byte{0x89, 'P', 'N', 'G', 0, 0xff, '<'})
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#key"), "thumbnail-3"), chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `document.getElementById('f-key') && document.getElementById('f-key').textContent === 'thumbnail-3'`)
+		if got := textOf(t, ctx, "#f-body"); got != "000000  89 50 4e 47 00 ff 3c" {
+			t.Errorf("a binary body shows %q", got)
+		}
+	})
+
+	t.Run("a middleware's key", func(t *testing.T) {
+		key := "payments:" + idem.MiddlewareKey("user-42", "checkout-2026-05-01")
+		lease := seed.claim(alphaAdmin, key, map[string]any{"owner": "payments-api"})
+		seed.complete(alphaAdmin, key, lease, 201, map[string][]string{"content-type": {"application/json"}, "location": {"/orders/981"}},
+			[]byte(`{"order":981,"status":"paid"}`))
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx,
+			chromedp.Click(chromedp.CSS("#mode-middleware")),
+			chromedp.WaitVisible(chromedp.CSS("#scope")),
+			chromedp.SendKeys(chromedp.CSS("#scope"), "user-42"),
+			chromedp.SendKeys(chromedp.CSS("#idem-key"), "checkout-2026-05-01"),
+			chromedp.SendKeys(chromedp.CSS("#prefix"), "payments:"),
+			chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")))
+		for sel, want := range map[string]string{
+			"#f-key": key, "#f-state": "completed", "#f-status": "201", "#f-body": `{"order":981,"status":"paid"}`,
+			"#f-lease": "no lease: the key is finished",
+		} {
+			if got := textOf(t, ctx, sel); got != want {
+				t.Errorf("%s shows %q, want %q", sel, got, want)
+			}
+		}
+		if got := textOf(t, ctx, "#f-derived"); !strings.Contains(got, "user-42") || !strings.Contains(got, "payments:") {
+			t.Errorf("derived from: %q", got)
+		}
+		if got := textOf(t, ctx, "#f-headers"); !strings.Contains(got, "location/orders/981") {
+			t.Errorf("headers: %q", got)
+		}
+		screenshot(t, ctx, "middleware-key")
+	})
+
+	t.Run("purging as an admin", func(t *testing.T) {
+		seed.claim(alphaAdmin, "refund/77", map[string]any{"owner": "refunds"})
+		ctx := tab(t, browser, d, alphaAdmin)
+		run(t, ctx,
+			chromedp.SendKeys(chromedp.CSS("#key"), "refund/77"),
+			chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")),
+			chromedp.Click(chromedp.CSS("#purge")),
+			chromedp.WaitVisible(chromedp.CSS("#purge-confirm")))
+		if got := textOf(t, ctx, "#purge-key"); got != "refund/77" {
+			t.Errorf("the confirmation names %q", got)
+		}
+		// Cancelling purges nothing.
+		run(t, ctx, chromedp.Click(chromedp.CSS("#purge-no")), chromedp.WaitNotVisible(chromedp.CSS("#purge-confirm")))
+		expectStatus(t, "after cancel", d.call(alphaUse, http.MethodGet, recordPath("refund/77"), nil), http.StatusOK, "")
+		run(t, ctx,
+			chromedp.Click(chromedp.CSS("#purge")),
+			chromedp.WaitVisible(chromedp.CSS("#purge-confirm")),
+			chromedp.Click(chromedp.CSS("#purge-yes")))
+		waitFor(t, ctx, `document.getElementById('purge-result').textContent.startsWith('Purged')`)
+		expectStatus(t, "after purge", d.call(alphaUse, http.MethodGet, recordPath("refund/77"), nil), http.StatusNotFound, "not_found")
+		if !strings.Contains(d.logs.String(), `"msg":"record purged","tenant":"alpha","key":"refund/77","token":"alpha-ops","token_tenant":"alpha","via":"api"`) {
+			t.Errorf("the purge was not logged with who did it:\n%s", d.logs.String())
+		}
+	})
+
+	t.Run("refused without admin or platform", func(t *testing.T) {
+		seed.claim(alphaAdmin, "order-43", nil)
+		seed.claim(betaUse, "beta-secret", nil)
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx,
+			chromedp.SendKeys(chromedp.CSS("#key"), "order-43"),
+			chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")))
+		if !eval[bool](t, ctx, `document.getElementById('purge').disabled`) {
+			t.Error("the purge button is enabled for a token without admin")
+		}
+		if got := textOf(t, ctx, "#purge-note"); !strings.Contains(got, "admin scope") {
+			t.Errorf("purge note: %q", got)
+		}
+		if eval[bool](t, ctx, `!document.getElementById('tenant').hidden`) {
+			t.Error("a token without platform is offered a choice of tenants")
+		}
+		// What the page calls, called from the page with its token: refused.
+		call := func(method, path string) int {
+			return eval[int](t, ctx, `fetch(`+js(path)+`, {method: `+js(method)+`, headers: {Authorization: 'Bearer ' + sessionStorage.getItem('idemd-console-token')}}).then((r) => r.status)`)
+		}
+		for _, c := range []struct {
+			method, path string
+			status       int
+		}{
+			{"DELETE", recordPath("order-43"), 403},
+			{"DELETE", query("/console/api/records", "key", "order-43"), 403},
+			{"GET", query("/console/api/records", "tenant", "beta", "key", "beta-secret"), 403},
+			{"GET", query("/console/api/abandoned", "tenant", "beta"), 403},
+			{"GET", query("/console/api/traffic", "tenant", "beta"), 403},
+			{"GET", recordPath("beta-secret"), 404},
+		} {
+			if got := call(c.method, c.path); got != c.status {
+				t.Errorf("%s %s from the page: %d, want %d", c.method, c.path, got, c.status)
+			}
+		}
+		expectStatus(t, "order-43 after the refusals", d.call(alphaUse, http.MethodGet, recordPath("order-43"), nil), http.StatusOK, "")
+	})
+
+	t.Run("a platform admin in another tenant", func(t *testing.T) {
+		seed.claim(betaUse, "invoice-5", map[string]any{"owner": "billing"})
+		ctx := tab(t, browser, d, platformAdmin)
+		waitFor(t, ctx, `!document.getElementById('tenant').hidden && document.getElementById('tenant').options.length === 3`)
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#tenant"), "beta"))
+		eval[bool](t, ctx, `document.getElementById('tenant').dispatchEvent(new Event('change'))`)
+		run(t, ctx,
+			chromedp.SendKeys(chromedp.CSS("#key"), "invoice-5"),
+			chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")))
+		if got := textOf(t, ctx, "#f-tenant"); got != "beta" {
+			t.Errorf("tenant %q", got)
+		}
+		run(t, ctx,
+			chromedp.Click(chromedp.CSS("#purge")),
+			chromedp.WaitVisible(chromedp.CSS("#purge-confirm")),
+			chromedp.Click(chromedp.CSS("#purge-yes")))
+		waitFor(t, ctx, `document.getElementById('purge-result').textContent.startsWith('Purged')`)
+		expectStatus(t, "beta's invoice-5", d.call(betaUse, http.MethodGet, recordPath("invoice-5"), nil), http.StatusNotFound, "not_found")
+		if !strings.Contains(d.logs.String(), `"msg":"record purged","tenant":"beta","key":"invoice-5","token":"platform-oncall","token_tenant":"ops","via":"console"`) {
+			t.Errorf("the purge was not logged with who did it:\n%s", d.logs.String())
+		}
+	})
+
+	t.Run("the abandoned-keys feed", func(t *testing.T) {
+		// 55 keys of one job, more than a page of 50, and two of another, whose leases
+		// run out at once.
+		for i := range 55 {
+			lease := seed.claim(alphaAdmin, fmt.Sprintf("job-%02d", i), map[string]any{"lease_ms": 100, "owner": "worker-" + strconv.Itoa(i%3), "fingerprint": "sha256:9e1d"})
+			if i%10 == 0 {
+				seed.point(alphaAdmin, fmt.Sprintf("job-%02d", i), lease, "step-2", nil)
+			}
+		}
+		seed.claim(alphaAdmin, "mail-1", map[string]any{"lease_ms": 100, "owner": "mailer"})
+		seed.claim(alphaAdmin, "mail-2", map[string]any{"lease_ms": 100, "owner": "mailer"})
+		seed.abandoned(alphaUse, "job-", 55)
+		seed.abandoned(alphaUse, "mail-", 2)
+
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-abandoned")), chromedp.WaitVisible(chromedp.CSS("#view-abandoned")),
+			chromedp.SendKeys(chromedp.CSS("#abandoned-prefix"), "job-"), chromedp.Click(chromedp.CSS("#abandoned-filter")))
+		waitFor(t, ctx, `document.getElementById('abandoned-table').dataset.prefix === 'job-' && document.querySelectorAll('#abandoned-rows tr').length === 50 && !document.getElementById('abandoned-next').hidden`)
+		if got := textOf(t, ctx, "#abandoned-rows tr:first-child td:first-child"); got != "job-00" {
+			t.Errorf("the first row's key: %q", got)
+		}
+		if got := textOf(t, ctx, "#abandoned-rows tr:first-child td:nth-child(7)"); got != "step-2" {
+			t.Errorf("the first row's recovery point: %q", got)
+		}
+		since := textOf(t, ctx, "#abandoned-rows tr:first-child .live")
+		waitFor(t, ctx, `document.querySelector('#abandoned-rows tr:first-child .live').textContent !== `+js(since))
+		run(t, ctx, chromedp.Click(chromedp.CSS("#abandoned-next")))
+		waitFor(t, ctx, `document.querySelectorAll('#abandoned-rows tr').length === 5 && document.getElementById('abandoned-next').hidden`)
+		if got := textOf(t, ctx, "#abandoned-rows tr:first-child td:first-child"); got != "job-50" {
+			t.Errorf("the second page's first key: %q", got)
+		}
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#abandoned-prefix"), "mail-"), chromedp.Click(chromedp.CSS("#abandoned-filter")))
+		waitFor(t, ctx, `document.getElementById('abandoned-table').dataset.prefix === 'mail-' && document.querySelectorAll('#abandoned-rows tr').length === 2`)
+		screenshot(t, ctx, "abandoned")
+		// Inspect opens the key.
+		run(t, ctx, chromedp.Click(chromedp.CSS("#abandoned-rows tr:first-child button")), chromedp.WaitVisible(chromedp.CSS("#record")))
+		if got := textOf(t, ctx, "#f-key"); got != "mail-1" {
+			t.Errorf("inspected %q", got)
+		}
+		if got := textOf(t, ctx, "#f-lease .live"); !strings.HasPrefix(got, "ran out ") {
+			t.Errorf("an abandoned key's lease reads %q", got)
+		}
+	})
+
+	t.Run("traffic moves under claims", func(t *testing.T) {
+		ctx := tab(t, browser, d, platformAdmin)
+		waitFor(t, ctx, `document.getElementById('tenant').options.length === 3`)
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#tenant"), "beta"))
+		eval[bool](t, ctx, `document.getElementById('tenant').dispatchEvent(new Event('change'))`)
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-traffic")))
+		waitFor(t, ctx, `document.getElementById('traffic-summary').dataset.total !== undefined && document.querySelector('#chart-claims svg') !== null`)
+		counts := func() map[string]int {
+			got := eval[map[string]string](t, ctx, `({...document.getElementById('traffic-summary').dataset})`)
+			out := map[string]int{}
+			for name, v := range got {
+				n, err := strconv.Atoi(v)
+				if err != nil {
+					t.Fatalf("the summary's %s is %q", name, v)
+				}
+				out[name] = n
+			}
+			return out
+		}
+		before := counts()
+		maxBefore := eval[string](t, ctx, `document.querySelector('#chart-claims svg').dataset.max`)
+		// Claims of each outcome, sent as clients would, until they have filled three
+		// whole seconds of the chart: a new key, a duplicate while it is held, one with
+		// another payload, a replay once it is finished, and now and then one refused.
+		secondsWithClaims := func() int {
+			a := d.call(platformAdmin, http.MethodGet, query("/console/api/traffic", "tenant", "beta"), nil)
+			acquired, _ := a.body["claims"].(map[string]any)["acquired"].([]any)
+			n := 0
+			for _, v := range acquired {
+				if v.(float64) > 0 {
+					n++
+				}
+			}
+			return n
+		}
+		start := secondsWithClaims()
+		rounds, refused := 0, 0
+		claim := func(key, fingerprint string, status int) {
+			a := d.call(betaUse, http.MethodPost, "/v1/claim", map[string]any{"key": key, "fingerprint": fingerprint})
+			if a.status != status {
+				t.Fatalf("claim %s: %d %s, want %d", key, a.status, a.raw, status)
+			}
+		}
+		for ; rounds < 100000 && secondsWithClaims() < start+3; rounds++ {
+			key := fmt.Sprintf("load-%d", rounds)
+			lease := seed.claim(betaUse, key, map[string]any{"fingerprint": "a"})
+			claim(key, "a", http.StatusConflict)
+			claim(key, "b", http.StatusUnprocessableEntity)
+			seed.complete(betaUse, key, lease, 200, nil, nil)
+			claim(key, "a", http.StatusOK)
+			if rounds%4 == 0 {
+				claim("", "a", http.StatusBadRequest)
+				refused++
+			}
+		}
+		n := rounds
+		waitFor(t, ctx, fmt.Sprintf(`Number(document.getElementById('traffic-summary').dataset.total) >= %d`, before["total"]+4*n+refused))
+		after := counts()
+		for outcome, want := range map[string]int{"acquired": n, "in_progress": n, "fingerprint_mismatch": n, "replayed": n, "other": refused} {
+			if got := after[outcome] - before[outcome]; got != want {
+				t.Errorf("the summary counted %d more %s claims, want %d", got, outcome, want)
+			}
+		}
+		if summary := textOf(t, ctx, "#traffic-summary"); !strings.Contains(summary, "in tenant beta") ||
+			!strings.Contains(summary, fmt.Sprintf("%d acquired", after["acquired"])) {
+			t.Errorf("summary %q", summary)
+		}
+		if got := eval[string](t, ctx, `document.querySelector('#chart-claims svg').dataset.max`); got == maxBefore || got == "0" {
+			t.Errorf("the claims chart's peak stayed %s", got)
+		}
+		if got := eval[int](t, ctx, `document.querySelectorAll('#chart-claims path.line-acquired, #chart-latency path.line-p99').length`); got != 2 {
+			t.Errorf("%d lines drawn for acquired claims and p99, want 2", got)
+		}
+		if legend := textOf(t, ctx, "#chart-claims .legend"); !strings.Contains(legend, fmt.Sprintf("acquired: %d,", after["acquired"])) {
+			t.Errorf("the claims chart's legend reads %q", legend)
+		}
+		screenshot(t, ctx, "traffic")
+	})
+
+	t.Run("hostile data is shown as text", func(t *testing.T) {
+		lease := seed.claim(alphaAdmin, xssKey, map[string]any{"owner": xssOwner})
+		seed.complete(alphaAdmin, xssKey, lease, 200, map[string][]string{"x-note": {xssValue}}, []byte(xssBody))
+		pending := "pending " + xssKey
+		lease = seed.claim(alphaAdmin, pending, map[string]any{"owner": xssOwner, "lease_ms": 100})
+		seed.point(alphaAdmin, pending, lease, xssPoint, []byte(xssBody))
+		seed.abandoned(alphaUse, "pending ", 1)
+
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx,
+			chromedp.SetValue(chromedp.CSS("#key"), xssKey),
+			chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")))
+		for sel, want := range map[string]string{"#f-key": xssKey, "#f-owner": xssOwner, "#f-body": xssBody} {
+			if got := textOf(t, ctx, sel); got != want {
+				t.Errorf("%s shows %q, want the text %q", sel, got, want)
+			}
+		}
+		if got := textOf(t, ctx, "#f-headers tbody"); got != "x-note"+xssValue {
+			t.Errorf("headers show %q", got)
+		}
+		inert(t, ctx, "#record")
+		screenshot(t, ctx, "hostile")
+
+		run(t, ctx,
+			chromedp.SetValue(chromedp.CSS("#key"), pending),
+			chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `document.getElementById('f-key').textContent === `+js(pending))
+		for sel, want := range map[string]string{"#f-point-name": xssPoint, "#f-point-data": xssBody, "#f-owner": xssOwner} {
+			if got := textOf(t, ctx, sel); got != want {
+				t.Errorf("%s shows %q, want the text %q", sel, got, want)
+			}
+		}
+		inert(t, ctx, "#record")
+
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-abandoned")),
+			chromedp.SendKeys(chromedp.CSS("#abandoned-prefix"), "pending "), chromedp.Click(chromedp.CSS("#abandoned-filter")))
+		waitFor(t, ctx, `document.getElementById('abandoned-table').dataset.prefix === 'pending ' && document.querySelectorAll('#abandoned-rows tr').length === 1`)
+		row := textOf(t, ctx, "#abandoned-rows tr")
+		for _, want := range []string{pending, xssOwner, xssPoint} {
+			if !strings.Contains(row, want) {
+				t.Errorf("the feed's row %q lacks the text %q", row, want)
+			}
+		}
+		inert(t, ctx, "#abandoned-table")
+	})
+
+	t.Run("the store", func(t *testing.T) {
+		r := testredis.Start(t)
+		store := redisStoreFor(t, r)
+		rd := newConsoleDaemon(t, store, false, server.StoreInfo{Kind: "redis", Layout: "lean-only", Location: r.Addr(), Stats: store})
+		expectStatus(t, "a claim, for a round trip", rd.call(alphaUse, http.MethodPost, "/v1/claim", map[string]any{"key": "k"}), http.StatusCreated, "")
+		ctx := tab(t, browser, rd, alphaUse)
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-store")))
+		waitFor(t, ctx, `document.querySelectorAll('#masters-rows tr').length === 1`)
+		for sel, want := range map[string]string{"#s-kind": "redis", "#s-layout": "lean-only", "#s-ready": "yes: the store takes writes"} {
+			if got := textOf(t, ctx, sel); got != want {
+				t.Errorf("%s shows %q, want %q", sel, got, want)
+			}
+		}
+		if got := textOf(t, ctx, "#masters-rows td:nth-child(2)"); !strings.HasSuffix(got, " ms") {
+			t.Errorf("the master's round trip reads %q", got)
+		}
+		screenshot(t, ctx, "store")
+	})
+
+	t.Run("open, without an auth file", func(t *testing.T) {
+		od := newConsoleDaemon(t, consoleStore(t), true, server.StoreInfo{Kind: "embedded"})
+		ctx := tab(t, browser, od, "")
+		if got := textOf(t, ctx, "#tenant-name"); got != "default" {
+			t.Errorf("tenant %q", got)
+		}
+		if eval[bool](t, ctx, `document.getElementById('open-note').hidden`) {
+			t.Error("the page does not say that idemd runs open")
+		}
+	})
+}
+
+// inert checks that nothing hostile ran or became markup under root: no script set
+// its marker or the title, and no element a payload names exists there.
+func inert(t *testing.T, ctx context.Context, root string) {
+	t.Helper()
+	if got := eval[string](t, ctx, `String(window.__xss)`); got != "undefined" {
+		t.Errorf("a payload ran: window.__xss = %s", got)
+	}
+	if got := eval[string](t, ctx, `document.title`); got != "idemd console" {
+		t.Errorf("the title became %q", got)
+	}
+	sel := js(root + " img, " + root + " script, " + root + " svg:not(.chart-svg), " + root + " b, " + root + " html")
+	if n := eval[int](t, ctx, `document.querySelectorAll(`+sel+`).length`); n != 0 {
+		t.Errorf("%d elements of a payload under %s", n, root)
+	}
+}
