@@ -326,6 +326,10 @@ func TestHelmChartSettings(t *testing.T) {
 	if env["IDEMD_STORE"].str("value") != "redis+cluster://a:6379,b:6379" || env["IDEMD_SHUTDOWN_TIMEOUT"].str("value") != "40s" {
 		t.Errorf("env: %v", env)
 	}
+	// Told nothing, the daemons take the layout of the Redis, and a new one starts lean.
+	if layout := env["IDEMD_REDIS_RECORD_LAYOUT"].str("value"); layout != "auto" {
+		t.Errorf("IDEMD_REDIS_RECORD_LAYOUT %q by default, want auto", layout)
+	}
 	if grace := d[0].int("spec", "template", "spec", "terminationGracePeriodSeconds"); grace != 50 {
 		t.Errorf("terminationGracePeriodSeconds %d, want 40+5+5", grace)
 	}

@@ -83,7 +83,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
 	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
 	fs.IntVar(&m.Pipelines, "redis-pipelines", redisstore.DefaultPipelines, "how many pipelines of scripts may be in flight to each Redis master at once on a fast link (a distant master gets more, up to 8 times as many); the calls that arrive meanwhile go together in the next")
-	fs.StringVar(&m.RecordLayout, "redis-record-layout", "strings", "how Redis records are kept: strings (the layout the previous release reads), lean-ready (strings, and reading lean records too), lean (about half the memory; reads both), lean-only (lean, no longer looking at the earlier keys) or hashes (for releases before the previous); move to lean in that order (docs/operations.md, Upgrading); a new Redis can start at lean-only")
+	fs.StringVar(&m.RecordLayout, "redis-record-layout", string(redisstore.LayoutAuto), "how Redis records are kept: auto (the layout the other daemons of the Redis use, as its key "+redisstore.LayoutKey+" says; on a Redis without one, lean-only where it holds no records, strings where it holds the previous release's), strings (the layout the previous release reads), lean-ready (strings, and reading lean records too), lean (about half the memory; reads both), lean-only (lean, no longer looking at the earlier keys) or hashes (for releases before the previous); a layout given moves the key forward, and one that cannot run beside the key's refuses to start (docs/operations.md, Upgrading)")
 	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "the same as --redis-record-layout hashes")
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
@@ -170,16 +170,20 @@ func (m *Main) openStore() (engine.Store, error) {
 		}
 		return m.openBolt(path)
 	case strings.HasPrefix(m.Store, "redis"):
-		opts, err := m.recordLayout()
+		layout, err := m.recordLayout()
 		if err != nil {
 			return nil, err
 		}
-		opts.ReplicaAcks, opts.ReplicaTimeout, opts.Pipelines = m.ReplicaAcks, m.ReplicaTimeout, m.Pipelines
-		s, err := redisstore.OpenWith(m.Store, opts)
+		s, err := redisstore.OpenWith(m.Store, redisstore.Options{Layout: layout, Logger: m.Logger,
+			ReplicaAcks: m.ReplicaAcks, ReplicaTimeout: m.ReplicaTimeout, Pipelines: m.Pipelines})
 		if err != nil {
 			return nil, err
 		}
 		if err := m.checkEviction(s); err != nil {
+			_ = s.Close()
+			return nil, err
+		}
+		if err := m.agreeLayout(s, layout); err != nil {
 			_ = s.Close()
 			return nil, err
 		}
@@ -188,29 +192,41 @@ func (m *Main) openStore() (engine.Store, error) {
 	return nil, fmt.Errorf("--store %q: unknown scheme", m.Store)
 }
 
-// checkEviction reads maxmemory-policy on every master: eviction silently forgets
-// records, pending leases included. It warns, or refuses with --require-noeviction.
-// recordLayout reads --redis-record-layout and --redis-hash-records into the store's
-// options.
-func (m *Main) recordLayout() (redisstore.Options, error) {
-	var opts redisstore.Options
-	switch layout := m.RecordLayout; {
-	case m.HashRecords && layout != "strings" && layout != "hashes":
-		return opts, fmt.Errorf("--redis-hash-records and --redis-record-layout %s disagree", layout)
-	case m.HashRecords || layout == "hashes":
-		opts.HashRecords = true
-	case layout == "lean-ready":
-		opts.LeanReady = true
-	case layout == "lean":
-		opts.LeanRecords = true
-	case layout == "lean-only":
-		opts.LeanRecords, opts.LeanOnly = true, true
-	case layout != "strings":
-		return opts, fmt.Errorf("--redis-record-layout %q: strings, lean-ready, lean, lean-only or hashes", layout)
+// recordLayout reads --redis-record-layout and --redis-hash-records.
+func (m *Main) recordLayout() (redisstore.Layout, error) {
+	layout, err := redisstore.ParseLayout(m.RecordLayout)
+	if err != nil {
+		return "", fmt.Errorf("--redis-record-layout: %w", err)
 	}
-	return opts, nil
+	if m.HashRecords {
+		// strings was the default of --redis-record-layout when the two flags met first.
+		if layout != redisstore.LayoutAuto && layout != redisstore.LayoutStrings && layout != redisstore.LayoutHashes {
+			return "", fmt.Errorf("--redis-hash-records and --redis-record-layout %s disagree", layout)
+		}
+		return redisstore.LayoutHashes, nil
+	}
+	return layout, nil
 }
 
+// agreeLayout settles the record layout with the other daemons of the Redis before
+// serving, so that a layout that cannot run beside theirs stops this one here. A Redis
+// that does not answer yet leaves it to the store, which settles at its first call and
+// answers 503 until then.
+func (m *Main) agreeLayout(s *redisstore.Store, layout redisstore.Layout) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := s.AgreeLayout(ctx)
+	switch {
+	case errors.Is(err, redisstore.ErrLayoutConflict):
+		return fmt.Errorf("--redis-record-layout %s: %w", layout, err)
+	case err != nil:
+		m.Logger.Warn("the Redis record layout is not agreed yet; calls answer 503 until Redis answers", "err", err)
+	}
+	return nil
+}
+
+// checkEviction reads maxmemory-policy on every master: eviction silently forgets
+// records, pending leases included. It warns, or refuses with --require-noeviction.
 func (m *Main) checkEviction(s *redisstore.Store) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

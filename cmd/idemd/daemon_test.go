@@ -116,6 +116,7 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--redis-pipelines", "0"},
 		{"--redis-record-layout", "compact"},
 		{"--redis-hash-records", "--redis-record-layout", "lean"},
+		{"--redis-record-layout", ""},
 		{"stray"},
 	} {
 		if err := NewMain().ParseFlags(args); err == nil {
@@ -147,7 +148,7 @@ func TestRequireNoeviction(t *testing.T) {
 // their lean keys, and still answers for a record an earlier layout wrote.
 func TestLeanRecordLayout(t *testing.T) {
 	r := testredis.Start(t)
-	earlier, _, _ := startMain(t, "--store", r.URL())
+	earlier, _, _ := startMain(t, "--store", r.URL(), "--redis-record-layout", "strings")
 	if code, body, err := post("http://"+earlier.Addr()+"/v1/claim", `{"key":"before"}`); err != nil || code != 201 {
 		t.Fatalf("claim: %d %s %v", code, body, err)
 	}

@@ -20,6 +20,10 @@ func (s *Store) Lanes() int { return s.pipe.lanesOpen() }
 // SetLaneIdle sets how long an unused lane stays; call it before the store's first call.
 func (s *Store) SetLaneIdle(d time.Duration) { s.pipe.laneIdle = d }
 
+// SetScanBudget sets how long a store with LayoutAuto looks for records on each
+// master; call it before the store's first call.
+func (s *Store) SetScanBudget(d time.Duration) { s.scanBudget = d }
+
 // OpenWithScripts is OpenWith running the scripts in dir (prelude.lua, then each
 // transition's file, as lua.Source joins them) instead of this release's: the scripts
 // of an earlier release, for tests of daemons of two releases sharing a Redis.
@@ -63,6 +67,6 @@ func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
 			return nil, err
 		}
 	}
-	s.scripts = &set
+	s.layout.Store(&layoutState{layout: layoutOf(opts), scripts: &set, lean: opts.LeanReady || opts.LeanRecords})
 	return s, nil
 }

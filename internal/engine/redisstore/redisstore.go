@@ -12,7 +12,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -123,11 +126,24 @@ type Store struct {
 	client   Client
 	notifier *notifier
 	pipe     *pipeliner
-	scripts  *scripts
 	opts     Options
-	// lean says whether the scripts may meet lean records (LeanReady, LeanRecords) and
-	// so need the values in the lean layout's form too.
-	lean bool
+	logger   *slog.Logger
+	// scanBudget bounds the look for records on each master (see AgreeLayout).
+	scanBudget time.Duration
+	// layout is how the store writes and reads records: set by New from the options,
+	// or, with Options.Layout, once the store has agreed it with the layout key
+	// (AgreeLayout); nil until then.
+	layout atomic.Pointer[layoutState]
+	// apart, when set, says why the layout key no longer names a layout beside the
+	// store's (watchLayout): every call answers unavailable meanwhile.
+	apart atomic.Pointer[error]
+	// agreed is the latest attempt to agree the layout; agreeWG waits for it and for
+	// watchLayout, and closing ends both, at Close.
+	agreeMu sync.Mutex
+	agreed  *agreement
+	agreeWG sync.WaitGroup
+	closing context.Context
+	stop    context.CancelFunc
 }
 
 // New returns a Store over client. The store owns the client and closes it.
@@ -135,17 +151,14 @@ func New(client Client, opts Options) *Store {
 	if opts.ReplicaAcks > 0 && opts.ReplicaTimeout <= 0 {
 		opts.ReplicaTimeout = DefaultReplicaTimeout
 	}
-	s := &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), scripts: stringScripts, opts: opts,
-		lean: opts.LeanReady || opts.LeanRecords}
-	switch {
-	case opts.HashRecords:
-		s.scripts = hashScripts
-	case opts.LeanRecords && opts.LeanOnly:
-		s.scripts = leanOnlyScripts
-	case opts.LeanRecords:
-		s.scripts = leanScripts
-	case opts.LeanReady:
-		s.scripts = leanReadyScripts
+	s := &Store{client: client, notifier: newNotifier(client), pipe: newPipeliner(client, opts), opts: opts, logger: opts.Logger,
+		scanBudget: scanBudget}
+	if s.logger == nil {
+		s.logger = slog.Default()
+	}
+	s.closing, s.stop = context.WithCancel(context.Background())
+	if opts.Layout == "" {
+		s.layout.Store(newLayoutState(opts))
 	}
 	return s
 }
@@ -168,8 +181,8 @@ func flag(b bool) string {
 // compact is v in the lean layout's form when the scripts may meet lean records. A
 // store that neither writes nor reads them sends v itself, which the scripts compare
 // as they compare v ("" would match a stored empty value).
-func (s *Store) compact(v string) string {
-	if !s.lean {
+func (l *layoutState) compact(v string) string {
+	if !l.lean {
 		return v
 	}
 	return compact(v)
@@ -177,8 +190,8 @@ func (s *Store) compact(v string) string {
 
 // packHeaders is h in the lean layout's form when the scripts may meet lean records,
 // and "" otherwise: only a script writing a lean record stores it.
-func (s *Store) packHeaders(h map[string][]string) (string, error) {
-	if !s.lean {
+func (l *layoutState) packHeaders(h map[string][]string) (string, error) {
+	if !l.lean {
 		return "", nil
 	}
 	return packHeaders(h)
@@ -186,9 +199,13 @@ func (s *Store) packHeaders(h map[string][]string) (string, error) {
 
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
-	rep, err := s.run(ctx, s.scripts.claim, c.ID,
+	l, err := s.current(ctx)
+	if err != nil {
+		return engine.ClaimResult{}, err
+	}
+	rep, err := s.run(ctx, l.scripts.claim, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
-		s.compact(c.Token), s.compact(c.Fingerprint), s.compact(c.Secret), oldestLive())
+		l.compact(c.Token), l.compact(c.Fingerprint), l.compact(c.Secret), oldestLive())
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
@@ -210,17 +227,21 @@ func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, 
 
 // Complete implements engine.Store.
 func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Record, error) {
+	l, err := s.current(ctx)
+	if err != nil {
+		return engine.Record{}, err
+	}
 	headers, err := encodeHeaders(c.Response.Headers)
 	if err != nil {
 		return engine.Record{}, err
 	}
-	packed, err := s.packHeaders(c.Response.Headers)
+	packed, err := l.packHeaders(c.Response.Headers)
 	if err != nil {
 		return engine.Record{}, err
 	}
-	rep, err := s.run(ctx, s.scripts.complete, c.ID,
+	rep, err := s.run(ctx, l.scripts.complete, c.ID,
 		c.LeaseToken, strconv.Itoa(c.Response.Status), headers, c.Response.Body, ms(c.Retention),
-		s.compact(c.LeaseToken), packed, c.ID.Key)
+		l.compact(c.LeaseToken), packed, c.ID.Key)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -229,19 +250,22 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 
 // Release implements engine.Store.
 func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, error) {
+	l, err := s.current(ctx)
+	if err != nil {
+		return engine.Record{}, err
+	}
 	status, headers, packed, body := "", "", "", []byte(nil)
 	if r.Response != nil {
-		var err error
 		if headers, err = encodeHeaders(r.Response.Headers); err != nil {
 			return engine.Record{}, err
 		}
-		if packed, err = s.packHeaders(r.Response.Headers); err != nil {
+		if packed, err = l.packHeaders(r.Response.Headers); err != nil {
 			return engine.Record{}, err
 		}
 		status, body = strconv.Itoa(r.Response.Status), r.Response.Body
 	}
-	rep, err := s.run(ctx, s.scripts.release, r.ID,
-		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), s.compact(r.LeaseToken), packed, r.ID.Key)
+	rep, err := s.run(ctx, l.scripts.release, r.ID,
+		r.LeaseToken, string(r.Mode), status, headers, body, ms(r.Retention), l.compact(r.LeaseToken), packed, r.ID.Key)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -250,7 +274,11 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 
 // Extend implements engine.Store.
 func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, error) {
-	rep, err := s.run(ctx, s.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), s.compact(e.LeaseToken), e.ID.Key)
+	l, err := s.current(ctx)
+	if err != nil {
+		return engine.Record{}, err
+	}
+	rep, err := s.run(ctx, l.scripts.extend, e.ID, e.LeaseToken, ms(e.Lease), l.compact(e.LeaseToken), e.ID.Key)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -259,7 +287,11 @@ func (s *Store) Extend(ctx context.Context, e engine.Extension) (engine.Record, 
 
 // Mark implements engine.Store.
 func (s *Store) Mark(ctx context.Context, m engine.Mark) (engine.Record, error) {
-	rep, err := s.run(ctx, s.scripts.mark, m.ID, m.LeaseToken, m.Name, m.Data, s.compact(m.LeaseToken))
+	l, err := s.current(ctx)
+	if err != nil {
+		return engine.Record{}, err
+	}
+	rep, err := s.run(ctx, l.scripts.mark, m.ID, m.LeaseToken, m.Name, m.Data, l.compact(m.LeaseToken))
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -268,7 +300,11 @@ func (s *Store) Mark(ctx context.Context, m engine.Mark) (engine.Record, error) 
 
 // Lookup implements engine.Store.
 func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error) {
-	rep, err := s.run(ctx, s.scripts.lookup, id)
+	l, err := s.current(ctx)
+	if err != nil {
+		return engine.Record{}, err
+	}
+	rep, err := s.run(ctx, l.scripts.lookup, id)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -277,7 +313,11 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 
 // Purge implements engine.Store.
 func (s *Store) Purge(ctx context.Context, id engine.ID) error {
-	rep, err := s.run(ctx, s.scripts.purge, id, id.Key)
+	l, err := s.current(ctx)
+	if err != nil {
+		return err
+	}
+	rep, err := s.run(ctx, l.scripts.purge, id, id.Key)
 	if err != nil {
 		return err
 	}
@@ -291,12 +331,16 @@ func (s *Store) Purge(ctx context.Context, id engine.ID) error {
 // that is marked by the first claim that waits on it (engine.Claim.Waiting), which a
 // waiter sends after Watch.
 func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
+	l, err := s.current(ctx)
+	if err != nil {
+		return nil, err
+	}
 	key := RecordKey(id)
 	w, err := s.notifier.watch(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.scripts.watch.Run(ctx, s.client, recordKeys(id)).Err(); err != nil {
+	if err := l.scripts.watch.Run(ctx, s.client, recordKeys(id)).Err(); err != nil {
 		w.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("redis: %w", ctx.Err())
@@ -319,8 +363,12 @@ func (s *Store) reloadOnNetworkError(err error) {
 	}
 }
 
-// Ping implements engine.Store.
+// Ping implements engine.Store. A store that has not agreed its layout yet (or cannot)
+// is not ready, however well Redis answers.
 func (s *Store) Ping(ctx context.Context) error {
+	if _, err := s.current(ctx); err != nil {
+		return err
+	}
 	if err := s.client.Ping(ctx).Err(); err != nil {
 		if ctx.Err() != nil {
 			return fmt.Errorf("redis: %w", ctx.Err())
@@ -330,9 +378,13 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Close answers unavailable to the calls still queued, waits for the pipelines in
-// flight, stops notifications and closes the client.
+// Close ends an attempt to agree the layout, answers unavailable to the calls still
+// queued, waits for the pipelines in flight, stops notifications and closes the client.
 func (s *Store) Close() error {
+	s.agreeMu.Lock()
+	s.stop()
+	s.agreeMu.Unlock()
+	s.agreeWG.Wait()
 	s.pipe.close()
 	s.notifier.close()
 	return s.client.Close()

@@ -50,7 +50,7 @@ func TestConformance(t *testing.T) {
 // processed per read system call, as Redis itself counts them (INFO; the calls a
 // script makes count as commands), and the CPU this process (the daemon's side of the
 // store) spent per cycle: with the previous release's scripts, with records kept as
-// strings (the default), while moving to the lean layout (--redis-record-layout
+// strings (the store's default), while moving to the lean layout (--redis-record-layout
 // lean-ready, then lean), in it (lean-only),
 // as hashes (--redis-hash-records), and with one pipeline in flight per master as well
 // as the default two:
@@ -209,7 +209,7 @@ func TestLinearizable(t *testing.T) {
 // carry the middleware's default stored headers (content-type, location) and bodies of 0,
 // 100 and 1024 bytes, in two shapes: "key40", a 40-byte key and a 32-digit hex
 // fingerprint; "middleware", a key, a fingerprint and a claim secret as the
-// Idempotency-Key middlewares send them. The layouts: strings (the default), lean
+// Idempotency-Key middlewares send them. The layouts: strings (the store's default), lean
 // (--redis-record-layout lean), and hashes (--redis-hash-records) with Redis's default
 // hash-max-listpack-value (64) and with 2048, which keeps hashes in the compact listpack
 // encoding:

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -26,10 +27,10 @@ type Options struct {
 	// lately, a distant Redis) gets once as many more for every 10 ms, up to eight
 	// times as many.
 	Pipelines int
-	// The store writes records as strings at the keys of earlier releases by default,
-	// as the release before this one does, which sees no other layout, and reads
-	// strings and hashes there. The lean layout takes about half the memory; moving to
-	// it takes three steps (docs/operations.md, "Upgrading"):
+	// Without Layout, the store writes records as strings at the keys of earlier
+	// releases, as the release before this one does, which sees no other layout, and
+	// reads strings and hashes there. The lean layout takes about half the memory;
+	// moving to it takes three steps (docs/operations.md, "Upgrading"):
 	//
 	//   - LeanReady also reads records at their lean keys, for a rollout of LeanRecords
 	//     beside it;
@@ -44,6 +45,14 @@ type Options struct {
 	LeanRecords bool
 	LeanOnly    bool
 	HashRecords bool
+	// Layout, when set, takes the place of the four fields above: the store agrees
+	// it with the other daemons of its Redis through the layout key before its first
+	// call (Store.AgreeLayout), and LayoutAuto lets the key, or what the Redis holds,
+	// choose it.
+	Layout Layout
+	// Logger receives the line that says which layout the store agreed and why
+	// (slog.Default() when nil).
+	Logger *slog.Logger
 }
 
 // DefaultReplicaTimeout is ReplicaTimeout when ReplicaAcks is set and it is not.
