@@ -52,6 +52,7 @@ type Main struct {
 	AuthFile         string
 	TLSCert          string
 	TLSKey           string
+	Console          bool
 	ShowVersion      bool
 
 	Logger *slog.Logger
@@ -98,6 +99,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
+	fs.BoolVar(&m.Console, "console", false, "serve the operator's console at /console/: look keys up and purge them, the abandoned keys, traffic and the store, signed in with a token (docs/operations.md, The console)")
 	fs.BoolVar(&m.ShowVersion, "version", false, "print the version and exit")
 	if m.env, err = parseWithEnv(fs, args); err != nil || m.ShowVersion {
 		return err
@@ -278,6 +280,7 @@ func (m *Main) Open() (err error) {
 		Logger:   m.Logger,
 		Registry: registry,
 		Tracing:  m.Tracing,
+		Console:  m.console(),
 
 		BodyTimeout:  m.BodyTimeout,
 		WriteTimeout: m.WriteTimeout,

@@ -1,0 +1,42 @@
+package main
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/server"
+)
+
+// console is what --console hands the server: whether to serve the console, and what
+// its store view shows of the store Open opened.
+func (m *Main) console() server.Console {
+	if !m.Console {
+		return server.Console{}
+	}
+	info := server.StoreInfo{Kind: storeKind(m.Store), Layout: m.RecordLayout, Location: redactURL(m.Store)}
+	if m.HashRecords {
+		info.Layout = "hashes"
+	}
+	if info.Kind == "embedded" {
+		info.Layout, info.Location = "bbolt", strings.TrimPrefix(m.Store, "bolt://")
+	}
+	if c, ok := m.store.(prometheus.Collector); ok {
+		info.Stats = c
+	}
+	return server.Console{Enabled: true, Store: info}
+}
+
+// storeKind names the kind of store a store URL opens, as the console shows it.
+func storeKind(url string) string {
+	scheme, _, _ := strings.Cut(url, "://")
+	switch {
+	case scheme == "bolt":
+		return "embedded"
+	case strings.HasSuffix(scheme, "+sentinel"):
+		return "sentinel"
+	case strings.HasSuffix(scheme, "+cluster"):
+		return "cluster"
+	}
+	return "redis"
+}

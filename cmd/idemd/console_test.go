@@ -1,0 +1,75 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func get(t *testing.T, url string) (int, http.Header, []byte) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, resp.Header, body
+}
+
+// TestConsoleFlag: the console is off unless --console (or IDEMD_CONSOLE) turns it on,
+// and its store view shows the store the daemon opened.
+func TestConsoleFlag(t *testing.T) {
+	t.Run("off by default", func(t *testing.T) {
+		m, _, _ := startMain(t, "--data-dir", t.TempDir())
+		if status, _, _ := get(t, "http://"+m.Addr()+"/console/"); status != http.StatusNotFound {
+			t.Errorf("/console/ without --console: %d", status)
+		}
+	})
+	t.Run("on from the environment", func(t *testing.T) {
+		lookupEnv = func(k string) (string, bool) {
+			if k == "IDEMD_CONSOLE" {
+				return "true", true
+			}
+			return "", false
+		}
+		t.Cleanup(func() { lookupEnv = os.LookupEnv })
+		dir := t.TempDir()
+		m, _, _ := startMain(t, "--data-dir", dir)
+		status, header, _ := get(t, "http://"+m.Addr()+"/console/")
+		if status != http.StatusOK || header.Get("Content-Security-Policy") == "" {
+			t.Fatalf("/console/ with IDEMD_CONSOLE: %d, CSP %q", status, header.Get("Content-Security-Policy"))
+		}
+		status, _, body := get(t, "http://"+m.Addr()+"/console/api/store")
+		var store map[string]any
+		if err := json.Unmarshal(body, &store); err != nil || status != http.StatusOK {
+			t.Fatalf("store view: %d %s", status, body)
+		}
+		want, _ := filepath.Abs(filepath.Join(dir, "idemd.db"))
+		if store["kind"] != "embedded" || store["layout"] != "bbolt" || store["location"] != want || store["ready"] != true {
+			t.Errorf("store view: %s", body)
+		}
+	})
+}
+
+func TestStoreKind(t *testing.T) {
+	for url, want := range map[string]string{
+		"bolt:///var/lib/idemd/idemd.db":               "embedded",
+		"redis://127.0.0.1:6379/0":                     "redis",
+		"rediss://cache:6380":                          "redis",
+		"redis+sentinel://s1:26379,s2:26379/idemd":     "sentinel",
+		"rediss+sentinel://s1:26379/idemd":             "sentinel",
+		"redis+cluster://n1:7000,n2:7000":              "cluster",
+		"redis+cluster://u:p@n1:7000,n2:7000?tls=true": "cluster",
+	} {
+		if got := storeKind(url); got != want {
+			t.Errorf("storeKind(%q) = %s, want %s", url, got, want)
+		}
+	}
+}
