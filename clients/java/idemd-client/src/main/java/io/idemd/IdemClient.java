@@ -18,6 +18,7 @@ import io.idemd.api.model.ClaimFinished;
 import io.idemd.api.model.ClaimRequest;
 import io.idemd.api.model.CompleteRequest;
 import io.idemd.api.model.ExtendRequest;
+import io.idemd.api.model.RecoveryPointRequest;
 import io.idemd.api.model.ReleaseRequest;
 import java.io.IOException;
 import java.net.URI;
@@ -26,11 +27,17 @@ import java.net.http.HttpHeaders;
 import java.net.http.HttpTimeoutException;
 import java.security.SecureRandom;
 import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Collections;
 import java.util.HexFormat;
+import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
+import java.util.NoSuchElementException;
 import java.util.Objects;
 import java.util.Optional;
+import java.util.Spliterator;
+import java.util.Spliterators;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.RejectedExecutionException;
@@ -39,11 +46,14 @@ import java.util.concurrent.ScheduledFuture;
 import java.util.concurrent.Semaphore;
 import java.util.concurrent.ThreadLocalRandom;
 import java.util.concurrent.TimeUnit;
+import java.util.stream.Stream;
+import java.util.stream.StreamSupport;
 
 /**
- * A client of idemd: claim a key, then complete, release or extend the lease the claim gave; look a
- * key up or purge it. {@link #run}, {@link #once} and {@link #consume} do the whole dance around a
- * piece of work and hand it the lease it runs under.
+ * A client of idemd: claim a key, then complete, release or extend the lease the claim gave, or
+ * record a recovery point under it; look a key up or purge it; read the abandoned-keys feed. {@link
+ * #run}, {@link #once} and {@link #consume} do the whole dance around a piece of work and hand it
+ * the lease it runs under.
  *
  * <p>Every call is bounded by the client's timeout (a claim that waits gets its wait on top),
  * resent after a transport failure (every idemd call is safe to resend), and takes one of a bounded
@@ -163,7 +173,8 @@ public final class IdemClient implements AutoCloseable {
           a.getAttempt(),
           Boolean.TRUE.equals(a.getRecovered()),
           a.getExpiresAt(),
-          sentAt);
+          sentAt,
+          Optional.ofNullable(a.getRecoveryPoint()).map(IdemClient::fromWire));
     }
     if (value instanceof ClaimFinished f && f.getOutcome() != null) {
       return new Claim.Finished(
@@ -250,7 +261,124 @@ public final class IdemClient implements AutoCloseable {
         r.getUpdatedAt(),
         Optional.ofNullable(r.getLeaseExpiresAt()),
         r.getExpiresAt(),
-        Optional.ofNullable(r.getResponse()).map(IdemClient::fromWire));
+        Optional.ofNullable(r.getResponse()).map(IdemClient::fromWire),
+        Optional.ofNullable(r.getRecoveryPoint()).map(IdemClient::fromWire));
+  }
+
+  /**
+   * Records a recovery point for key under the lease leaseToken: name (1 to 128 bytes of UTF-8) and
+   * data (at most the daemon's --max-recovery-point-bytes, 4096 by default; null or empty records
+   * none). It replaces the point recorded before; the next acquisition of the key receives it
+   * ({@link Lease#recoveryPoint()}). A LeaseLostException says that leaseToken is no longer the
+   * key's lease or that the key is not pending, a NotFoundException that the key is gone, and a
+   * {@link PayloadTooLargeException} that data is over the limit; in each case nothing is recorded.
+   * Repeating it is safe. Work run by run, once, consume or the filter records through its lease
+   * instead ({@link Lease#checkpoint}), which also loses the lease when idemd says it is gone.
+   *
+   * <p>A recovery point is never part of a batch: the contract has no batch item for it, so it
+   * always goes as a request of its own.
+   */
+  public void recordRecoveryPoint(String key, String leaseToken, String name, byte[] data) {
+    RecoveryPointRequest body =
+        new RecoveryPointRequest()
+            .key(Objects.requireNonNull(key, "key"))
+            .leaseToken(Objects.requireNonNull(leaseToken, "leaseToken"))
+            .name(Objects.requireNonNull(name, "name"));
+    if (data != null && data.length > 0) {
+      body.data(data.clone());
+    }
+    io.idemd.api.model.KeyRecord r = call(() -> claims.recordRecoveryPoint(body));
+    if (r == null || r.getState() == null) {
+      // Read only to know that the answer is idemd's: the point is the caller's.
+      throw new IdemException(
+          "idem: the recovery point was answered without the record; is the base URL idemd's?");
+    }
+  }
+
+  /**
+   * Reads a page of the abandoned-keys feed: the keys of the caller's tenant that are pending under
+   * a lease that ran out, which their holders died or were cut off holding. To finish them, claim
+   * each with its fingerprint (the claim decides who finishes a key: one renewed or taken over
+   * since the page was read answers in_progress). Read until the page's next is empty, or stream
+   * them all with {@link #abandonedKeys}.
+   */
+  public AbandonedPage abandoned(AbandonedQuery query) {
+    AbandonedQuery q = query == null ? AbandonedQuery.DEFAULT : query;
+    // Whole milliseconds, rounded up: never a lease that ran out more recently than asked.
+    Long olderThanMs =
+        q.olderThan().isZero()
+            ? null
+            : q.olderThan().plusNanos(TimeUnit.MILLISECONDS.toNanos(1) - 1).toMillis();
+    io.idemd.api.model.AbandonedKeys page =
+        call(
+            () ->
+                records.listAbandoned(
+                    q.prefix().isEmpty() ? null : q.prefix(),
+                    olderThanMs,
+                    q.limit() == 0 ? null : q.limit(),
+                    q.cursor().isEmpty() ? null : q.cursor()));
+    if (page == null || page.getKeys() == null) {
+      // Not idemd's answer: an empty feed would hide that.
+      throw new IdemException(
+          "idem: the abandoned-keys feed was answered without keys; is the base URL idemd's?");
+    }
+    List<AbandonedKey> keys = new ArrayList<>(page.getKeys().size());
+    for (io.idemd.api.model.AbandonedKey k : page.getKeys()) {
+      keys.add(
+          new AbandonedKey(
+              k.getKey(),
+              k.getAttempt() == null ? 0 : k.getAttempt(),
+              Objects.toString(k.getFingerprint(), ""),
+              Objects.toString(k.getOwner(), ""),
+              k.getLeaseExpiredAt(),
+              Objects.toString(k.getRecoveryPoint(), "")));
+    }
+    String next = page.getNextCursor();
+    return new AbandonedPage(
+        keys, next == null || next.isEmpty() ? Optional.empty() : Optional.of(next));
+  }
+
+  /**
+   * Every abandoned key that query selects, from its cursor on, reading each page of the feed as
+   * the stream reaches it. A page that cannot be read ends the stream with the exception {@link
+   * #abandoned} throws, from whichever operation of the stream asked for the page. A key given up
+   * and abandoned again while the stream is read may come twice.
+   */
+  public Stream<AbandonedKey> abandonedKeys(AbandonedQuery query) {
+    AbandonedQuery first = query == null ? AbandonedQuery.DEFAULT : query;
+    Iterator<AbandonedKey> all =
+        new Iterator<>() {
+          // The query of the next page to read; null once the last page was read.
+          private AbandonedQuery next = first;
+          private Iterator<AbandonedKey> page = Collections.emptyIterator();
+
+          @Override
+          public boolean hasNext() {
+            while (!page.hasNext() && next != null) {
+              AbandonedPage p = abandoned(next);
+              page = p.keys().iterator();
+              String cursor = p.next().orElse(null);
+              if (cursor != null && cursor.equals(next.cursor())) {
+                // A feed that never moves on would be read forever.
+                throw new IdemException(
+                    "idem: the abandoned-keys feed answered the cursor it was given as the next"
+                        + " one");
+              }
+              next = cursor == null ? null : next.withCursor(cursor);
+            }
+            return page.hasNext();
+          }
+
+          @Override
+          public AbandonedKey next() {
+            if (!hasNext()) {
+              throw new NoSuchElementException();
+            }
+            return page.next();
+          }
+        };
+    return StreamSupport.stream(
+        Spliterators.spliteratorUnknownSize(all, Spliterator.ORDERED | Spliterator.NONNULL), false);
   }
 
   /** Deletes the record of key (an operator's tool; the token needs the admin scope). */
@@ -273,7 +401,8 @@ public final class IdemClient implements AutoCloseable {
    * run throws a LeaseLostException, storing nothing and leaving the key to idemd: lost when idemd
    * answers a renewal so, and a LeaseExpiredException when no renewal was answered before the
    * lease's local deadline (idemd could not be reached). Work gets the lease: its attempt, whether
-   * it recovered the key from a holder whose lease ran out, and the time it has left.
+   * it recovered the key from a holder whose lease ran out, the recovery point an earlier holder
+   * recorded, and the time it has left; it records its own with {@link Lease#checkpoint}.
    */
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
     RunOptions o = options == null ? RunOptions.DEFAULT : options;
@@ -439,7 +568,16 @@ public final class IdemClient implements AutoCloseable {
         // Not answered: the claim's own deadline stands, and the renewals try again.
       }
     }
-    Lease held = new Lease(key, acquired.attempt(), acquired.recovered(), lease, from);
+    Lease held =
+        new Lease(
+            key,
+            acquired.attempt(),
+            acquired.recovered(),
+            lease,
+            from,
+            acquired.recoveryPoint(),
+            this,
+            acquired.leaseToken());
     held.checkLive();
     Renewal renewal = renew(key, acquired.leaseToken(), lease, held);
     Lease.Scope scope = held.enter();
@@ -803,12 +941,17 @@ public final class IdemClient implements AutoCloseable {
         return new LeaseLostException(p, cause);
       case "not_found":
         return new NotFoundException(p, cause);
+      case "payload_too_large":
+        return new PayloadTooLargeException(p, cause);
       case "store_unavailable":
       case "not_replicated":
         return new UnavailableException(p, cause);
       case "":
         if (status == 502 || status == 503 || status == 504) {
           return new UnavailableException(p, cause);
+        }
+        if (status == 413) {
+          return new PayloadTooLargeException(p, cause);
         }
         return new IdemProblemException(p, cause);
       default:
@@ -827,6 +970,14 @@ public final class IdemClient implements AutoCloseable {
       wire.body(body);
     }
     return wire;
+  }
+
+  static RecoveryPoint fromWire(io.idemd.api.model.RecoveryPoint wire) {
+    return new RecoveryPoint(
+        wire.getName(),
+        wire.getData(),
+        wire.getAttempt() == null ? 0 : wire.getAttempt(),
+        wire.getRecordedAt());
   }
 
   static StoredResponse fromWire(io.idemd.api.model.StoredResponse wire) {

@@ -1,6 +1,7 @@
 package io.idemd;
 
 import java.time.Duration;
+import java.util.Objects;
 import java.util.Optional;
 import java.util.concurrent.atomic.AtomicReference;
 
@@ -9,7 +10,8 @@ import java.util.concurrent.atomic.AtomicReference;
  * handlers behind the Idempotency-Key filter. attempt and recovered let the work make its effect
  * happen once (docs/effects.md): attempt grows by one at every acquisition of the key, a fencing
  * token; recovered says that this lease took the key over from a holder whose lease ran out, which
- * may have done part of the work.
+ * may have done part of the work. {@link #recoveryPoint()} and {@link #checkpoint} let the work
+ * resume where an earlier holder stopped instead of starting over.
  *
  * <p>The lease ends when idemd answers that it is gone, and also, without any answer, at its local
  * deadline: the send time of the claim or of the last renewal idemd answered, plus 95 % of the
@@ -25,6 +27,11 @@ public final class Lease {
   private final long attempt;
   private final boolean recovered;
   private final long leaseNanos;
+  private final Optional<RecoveryPoint> recoveryPoint;
+  // The client that holds the lease and the lease's token, which a checkpoint is recorded
+  // under; null for a lease no call handed out.
+  private final IdemClient client;
+  private final String leaseToken;
   private final AtomicReference<LeaseLostException> lost = new AtomicReference<>();
 
   // On the System.nanoTime() clock. It only moves while the lease is live, under this lock,
@@ -36,11 +43,26 @@ public final class Lease {
   private volatile boolean ended;
 
   Lease(String key, long attempt, boolean recovered, Duration lease, long sentAtNanos) {
+    this(key, attempt, recovered, lease, sentAtNanos, Optional.empty(), null, null);
+  }
+
+  Lease(
+      String key,
+      long attempt,
+      boolean recovered,
+      Duration lease,
+      long sentAtNanos,
+      Optional<RecoveryPoint> recoveryPoint,
+      IdemClient client,
+      String leaseToken) {
     this.key = key;
     this.attempt = attempt;
     this.recovered = recovered;
     this.leaseNanos = lease.toNanos();
     this.deadline = sentAtNanos + reckoned(leaseNanos);
+    this.recoveryPoint = recoveryPoint;
+    this.client = client;
+    this.leaseToken = leaseToken;
   }
 
   /** The part of a lease the holder counts on: 95 %, the rest being the clocks' margin. */
@@ -59,6 +81,82 @@ public final class Lease {
 
   public boolean recovered() {
     return recovered;
+  }
+
+  /**
+   * The last point an earlier holder of the key recorded with {@link #checkpoint}, which this lease
+   * starts from: a takeover (recovered) and a claim after a release for a retry hand it on. Empty
+   * when no holder recorded one; completing or failing the key drops it.
+   */
+  public Optional<RecoveryPoint> recoveryPoint() {
+    return recoveryPoint;
+  }
+
+  /**
+   * Records a recovery point under this lease: name says how far the work got (1 to 128 bytes of
+   * UTF-8, such as "charged") and data what the next holder needs to go on from there (at most the
+   * daemon's --max-recovery-point-bytes, 4096 by default; null or empty records none). It replaces
+   * the point recorded before. Should this holder not finish the key, the next one finds the point
+   * in its {@link #recoveryPoint()}: record one right after each effect that must not be made
+   * twice, with what identifies it.
+   *
+   * <p>When idemd answers that the lease is gone (the key was taken over, finished or purged),
+   * checkpoint throws a LeaseLostException and loses the lease as a renewal answered so does:
+   * {@link #isLost()} turns true, the renewals stop, and run, once, consume or the filter store
+   * nothing. A lease that is lost already, or whose work is over, throws without asking idemd. Data
+   * over the daemon's limit is a {@link PayloadTooLargeException}: nothing is recorded and the
+   * lease goes on. Other failures (an UnavailableException) leave the lease as it is. The call goes
+   * to idemd on its own, never in a batch.
+   */
+  public void checkpoint(String name, byte[] data) {
+    Objects.requireNonNull(name, "name");
+    checkLive();
+    if (ended) {
+      throw new LeaseLostException(
+          new IdemProblemException.Problem(
+              0,
+              "lease_lost",
+              "Lease ended",
+              "",
+              "the work under the lease on \"" + key + "\" is over, and the lease ended with it",
+              null),
+          null);
+    }
+    if (client == null) {
+      throw new IllegalStateException(
+          "idem: checkpoint needs a lease handed out by run, once, consume, the filter or a"
+              + " Completer");
+    }
+    try {
+      client.recordRecoveryPoint(key, leaseToken, name, data);
+    } catch (LeaseLostException | NotFoundException e) {
+      LeaseLostException gone =
+          new LeaseLostException(
+              new IdemProblemException.Problem(
+                  e.status(),
+                  "lease_lost",
+                  "Lease lost",
+                  "",
+                  "\""
+                      + key
+                      + "\" was taken over, or is gone, before its recovery point \""
+                      + name
+                      + "\" was recorded",
+                  null),
+              e);
+      synchronized (lock) {
+        // Once the work is over the lease stays as the work last saw it (see end).
+        if (!ended) {
+          lost.compareAndSet(null, gone);
+        }
+      }
+      throw gone;
+    }
+  }
+
+  /** Records a recovery point with no data; see {@link #checkpoint(String, byte[])}. */
+  public void checkpoint(String name) {
+    checkpoint(name, null);
   }
 
   /**
@@ -179,7 +277,14 @@ public final class Lease {
 
   @Override
   public String toString() {
-    return "Lease[key=" + key + ", attempt=" + attempt + ", recovered=" + recovered + "]";
+    return "Lease[key="
+        + key
+        + ", attempt="
+        + attempt
+        + ", recovered="
+        + recovered
+        + recoveryPoint.map(p -> ", recoveryPoint=" + p.name()).orElse("")
+        + "]";
   }
 
   /** The extent of a current lease. */
