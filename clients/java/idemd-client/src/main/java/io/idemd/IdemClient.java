@@ -53,7 +53,7 @@ import java.util.stream.StreamSupport;
  * A client of idemd: claim a key, then complete, release or extend the lease the claim gave, or
  * record a recovery point under it; look a key up or purge it; read the abandoned-keys feed. {@link
  * #run}, {@link #once} and {@link #consume} do the whole dance around a piece of work and hand it
- * the lease it runs under.
+ * the lease it runs under; a {@link Completer} finishes the keys the feed lists.
  *
  * <p>Every call is bounded by the client's timeout (a claim that waits gets its wait on top),
  * resent after a transport failure (every idemd call is safe to resend), and takes one of a bounded
@@ -272,8 +272,9 @@ public final class IdemClient implements AutoCloseable {
    * ({@link Lease#recoveryPoint()}). A LeaseLostException says that leaseToken is no longer the
    * key's lease or that the key is not pending, a NotFoundException that the key is gone, and a
    * {@link PayloadTooLargeException} that data is over the limit; in each case nothing is recorded.
-   * Repeating it is safe. Work run by run, once, consume or the filter records through its lease
-   * instead ({@link Lease#checkpoint}), which also loses the lease when idemd says it is gone.
+   * Repeating it is safe. Work run by run, once, consume, the filter or a {@link Completer} records
+   * through its lease instead ({@link Lease#checkpoint}), which also loses the lease when idemd
+   * says it is gone.
    *
    * <p>A recovery point is never part of a batch: the contract has no batch item for it, so it
    * always goes as a request of its own.
@@ -299,8 +300,8 @@ public final class IdemClient implements AutoCloseable {
    * Reads a page of the abandoned-keys feed: the keys of the caller's tenant that are pending under
    * a lease that ran out, which their holders died or were cut off holding. To finish them, claim
    * each with its fingerprint (the claim decides who finishes a key: one renewed or taken over
-   * since the page was read answers in_progress). Read until the page's next is empty, or stream
-   * them all with {@link #abandonedKeys}.
+   * since the page was read answers in_progress), or let a {@link Completer} do it. Read until the
+   * page's next is empty, or stream them all with {@link #abandonedKeys}.
    */
   public AbandonedPage abandoned(AbandonedQuery query) {
     AbandonedQuery q = query == null ? AbandonedQuery.DEFAULT : query;
@@ -405,24 +406,61 @@ public final class IdemClient implements AutoCloseable {
    * recorded, and the time it has left; it records its own with {@link Lease#checkpoint}.
    */
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
+    Ran<T> ran = claimAndRun(key, options, work, this::valueAsJson, this::failureAsJson, true);
+    if (ran.finished() == null) {
+      return new RunResult<>(ran.value(), false);
+    }
+    Claim.Finished finished = ran.finished();
+    JsonNode stored = parseStored(key, finished.response());
+    if (!finished.failed()) {
+      try {
+        return new RunResult<>(
+            stored.isMissingNode() ? null : mapper.treeToValue(stored, type), true);
+      } catch (JsonProcessingException e) {
+        throw new IdemException(
+            "idem: the result stored for \"" + key + "\" is not a " + type.getName(), e);
+      }
+    }
+    String message =
+        stored.path("message").isTextual() ? stored.path("message").asText() : "failed";
+    JsonNode value = stored.path("value");
+    throw new FailedException(message, value.isMissingNode() || value.isNull() ? null : value);
+  }
+
+  /**
+   * What {@link #claimAndRun} did: the claim found the key finished (finished, value null), or work
+   * ran under the lease and value is stored (finished null).
+   */
+  record Ran<T>(Claim.Finished finished, T value) {}
+
+  /** Makes what is stored for a key of a value or of a permanent failure. */
+  @FunctionalInterface
+  interface Encoder<T> {
+    StoredResponse encode(T value) throws Exception;
+  }
+
+  /**
+   * The run path that run, once and consume, and a {@link Completer}, share: claims key with the
+   * options' fingerprint, lease and wait; hands back a finished key's claim without running work;
+   * otherwise runs work under the lease and stores its value as result encodes it. A
+   * PermanentException is stored as the failure that failure makes of it, and thrown. Any other
+   * exception from work releases the key for a retry when releaseOnError, and otherwise leaves it
+   * pending, so that it comes back to the abandoned-keys feed once the lease runs out; it is thrown
+   * (a checked one wrapped in an IdemException). A lost lease stores nothing and throws the
+   * LeaseLostException; a value that could not be stored throws a ResultNotStoredException.
+   */
+  <T> Ran<T> claimAndRun(
+      String key,
+      RunOptions options,
+      Work<T> work,
+      Encoder<? super T> result,
+      Encoder<PermanentException> failure,
+      boolean releaseOnError) {
     RunOptions o = options == null ? RunOptions.DEFAULT : options;
     Duration lease = o.lease() != null ? o.lease() : DEFAULT_LEASE;
     Claim claim = claim(key, new ClaimOptions(o.fingerprint(), lease, o.waitFor(), null, null));
     if (claim instanceof Claim.Finished finished) {
-      JsonNode stored = parseStored(key, finished.response());
-      if (!finished.failed()) {
-        try {
-          return new RunResult<>(
-              stored.isMissingNode() ? null : mapper.treeToValue(stored, type), true);
-        } catch (JsonProcessingException e) {
-          throw new IdemException(
-              "idem: the result stored for \"" + key + "\" is not a " + type.getName(), e);
-        }
-      }
-      String message =
-          stored.path("message").isTextual() ? stored.path("message").asText() : "failed";
-      JsonNode value = stored.path("value");
-      throw new FailedException(message, value.isMissingNode() || value.isNull() ? null : value);
+      return new Ran<>(finished, null);
     }
     Claim.Acquired acquired = (Claim.Acquired) claim;
     T value;
@@ -431,28 +469,49 @@ public final class IdemClient implements AutoCloseable {
     } catch (LeaseLostException e) {
       throw e;
     } catch (PermanentException e) {
-      ObjectNode failure = mapper.createObjectNode();
-      failure.put("message", e.getMessage());
-      failure.set(
-          "value", e.value() == null ? NullNode.getInstance() : mapper.valueToTree(e.value()));
-      releaseAsFailed(key, acquired.leaseToken(), jsonResponse(failure.toString()), null);
+      StoredResponse stored;
+      try {
+        stored = failure.encode(e);
+      } catch (Exception encoding) {
+        throw new IdemException(
+            "idem: the failure of \"" + key + "\" could not be made a stored response", encoding);
+      }
+      releaseAsFailed(key, acquired.leaseToken(), stored, null);
       throw e;
     } catch (RuntimeException | Error e) {
-      releaseQuietly(key, acquired, e);
+      if (releaseOnError) {
+        releaseQuietly(key, acquired, e);
+      }
       throw e;
     } catch (Exception e) {
-      releaseQuietly(key, acquired, e);
+      if (releaseOnError) {
+        releaseQuietly(key, acquired, e);
+      }
       throw new IdemException("idem: the work of \"" + key + "\" failed", e);
     }
     try {
-      complete(
-          key,
-          acquired.leaseToken(),
-          jsonResponse(value == null ? "" : mapper.writeValueAsString(value)));
-    } catch (JsonProcessingException | RuntimeException e) {
+      complete(key, acquired.leaseToken(), result.encode(value));
+    } catch (Exception e) {
       throw new ResultNotStoredException(key, value, e);
     }
-    return new RunResult<>(value, false);
+    return new Ran<>(null, value);
+  }
+
+  /** A value as run stores it: JSON, or an empty body for null. */
+  StoredResponse valueAsJson(Object value) throws JsonProcessingException {
+    return jsonResponse(value == null ? "" : mapper.writeValueAsString(value));
+  }
+
+  /**
+   * A permanent failure as run stores it: its message and value as JSON, which later runs read back
+   * into a FailedException.
+   */
+  StoredResponse failureAsJson(PermanentException e) {
+    ObjectNode failure = mapper.createObjectNode();
+    failure.put("message", e.getMessage());
+    failure.set(
+        "value", e.value() == null ? NullNode.getInstance() : mapper.valueToTree(e.value()));
+    return jsonResponse(failure.toString());
   }
 
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work) {
