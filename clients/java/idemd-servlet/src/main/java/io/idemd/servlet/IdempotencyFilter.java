@@ -76,6 +76,12 @@ public final class IdempotencyFilter implements Filter {
   /** The largest response the filter stores unless told otherwise. */
   public static final int DEFAULT_MAX_STORED_BYTES = 1 << 20;
 
+  /**
+   * The longest key prefix, in bytes of UTF-8: every derived key has the same length, and idemd's
+   * keys are at most 255 bytes.
+   */
+  public static final int MAX_KEY_PREFIX_BYTES = 255 - Idempotency.idemdKey("", "").length();
+
   // P2: never stored, and refused at construction if listed.
   private static final Set<String> NEVER_STORED =
       Set.of(
@@ -97,6 +103,7 @@ public final class IdempotencyFilter implements Filter {
 
   private final IdemClient client;
   private final Function<HttpServletRequest, String> scope;
+  private final String keyPrefix;
   private final Set<String> methods;
   private final boolean requireKey;
   private final Duration waitFor;
@@ -111,6 +118,7 @@ public final class IdempotencyFilter implements Filter {
   private IdempotencyFilter(Builder b) {
     this.client = b.client;
     this.scope = b.scope;
+    this.keyPrefix = b.keyPrefix;
     this.methods = b.methods;
     this.requireKey = b.requireKey;
     this.waitFor = b.waitFor;
@@ -210,7 +218,7 @@ public final class IdempotencyFilter implements Filter {
       return;
     }
 
-    String derived = Idempotency.idemdKey(who, key);
+    String derived = keyPrefix + Idempotency.idemdKey(who, key);
     String fingerprint =
         Idempotency.fingerprint(
                 new Idempotency.FingerprintInput(
@@ -507,6 +515,7 @@ public final class IdempotencyFilter implements Filter {
   public static final class Builder {
     private final IdemClient client;
     private Function<HttpServletRequest, String> scope;
+    private String keyPrefix = "";
     private Set<String> methods = Set.copyOf(DEFAULT_METHODS);
     private boolean requireKey;
     private Duration waitFor = Duration.ZERO;
@@ -529,6 +538,19 @@ public final class IdempotencyFilter implements Filter {
      */
     public Builder scope(Function<HttpServletRequest, String> scope) {
       this.scope = scope;
+      return this;
+    }
+
+    /**
+     * Puts prefix before every idemd key the filter derives, so that the keys of one route or
+     * service share it and the abandoned-keys feed (and a {@link io.idemd.Completer}) selects them
+     * by it, such as "orders/"; default none. The idemd key of a request becomes prefix followed by
+     * {@link Idempotency#idemdKey}; the lease the handler gets and the incidents carry that full
+     * key, and lookup takes it. The derivation itself does not change. At most {@link
+     * #MAX_KEY_PREFIX_BYTES} bytes of valid UTF-8.
+     */
+    public Builder keyPrefix(String keyPrefix) {
+      this.keyPrefix = keyPrefix == null ? "" : keyPrefix;
       return this;
     }
 
@@ -626,6 +648,14 @@ public final class IdempotencyFilter implements Filter {
       if (lease.toMillis() < 100 || lease.compareTo(Duration.ofHours(1)) > 0) {
         throw new IllegalArgumentException(
             "idempotency filter: lease is " + lease + "; idemd's leases last 100 ms to 1 h");
+      }
+      // Every derived key has the same length, so a prefix that fits once fits always.
+      if (!wellFormed(keyPrefix)
+          || keyPrefix.getBytes(StandardCharsets.UTF_8).length > MAX_KEY_PREFIX_BYTES) {
+        throw new IllegalArgumentException(
+            "idempotency filter: keyPrefix must be valid UTF-8 of at most "
+                + MAX_KEY_PREFIX_BYTES
+                + " bytes, so that keys stay within idemd's 255");
       }
       if (maxBodyBytes < 0 || maxStoredBytes < 0) {
         throw new IllegalArgumentException(

@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.idemd.IdemClient;
+import io.idemd.KeyRecord;
 import io.idemd.Lease;
 import io.idemd.LeaseExpiredException;
 import io.idemd.testing.Daemon;
@@ -142,6 +143,13 @@ class FilterTest {
             }
           }
           // A handler that sees its lease lost writes nothing.
+        }
+        case "/checkpoint" -> {
+          Lease lease = Lease.current().orElseThrow();
+          lease.checkpoint("reserved", ("room " + n).getBytes(StandardCharsets.UTF_8));
+          // Not stored: the key is released for the retry, which starts from the point.
+          res.setStatus(503);
+          res.getWriter().write("try again");
         }
         case "/expire" -> {
           Lease lease = Lease.current().orElseThrow();
@@ -398,6 +406,56 @@ class FilterTest {
                 .scope(r -> "s")
                 .storedHeaders("content-type", "Set-Cookie")
                 .build()); // P2
+    // The key prefix: at most as long as keeps every key within idemd's 255 bytes, valid UTF-8.
+    assertEquals(172, IdempotencyFilter.MAX_KEY_PREFIX_BYTES);
+    IdempotencyFilter.builder(client).scope(r -> "s").keyPrefix("é".repeat(86)).build();
+    assertThrows(
+        IllegalArgumentException.class,
+        () ->
+            IdempotencyFilter.builder(client)
+                .scope(r -> "s")
+                .keyPrefix("é".repeat(86) + "x")
+                .build());
+    assertThrows(
+        IllegalArgumentException.class,
+        () -> IdempotencyFilter.builder(client).scope(r -> "s").keyPrefix("orders\ud800").build());
+  }
+
+  @Test
+  void aKeyPrefixComesBeforeTheDerivedKey() throws Exception {
+    try (Server s = serve(b -> b.keyPrefix("orders/"))) {
+      String key = key();
+      HttpResponse<String> first =
+          post(s.url + "/orders", "alice", key, "{}", "X-Request-Id", "prefixed");
+      assertEquals(201, first.statusCode());
+      String full = "orders/" + io.idemd.Idempotency.idemdKey("alice", key);
+      assertEquals(full, s.app.leases.get("prefixed").key());
+      assertEquals("completed", client.lookup(full).state());
+      assertThrows(
+          io.idemd.NotFoundException.class,
+          () -> client.lookup(io.idemd.Idempotency.idemdKey("alice", key)));
+      HttpResponse<String> again = post(s.url + "/orders", "alice", key, "{}");
+      assertEquals("true", again.headers().firstValue("Idempotent-Replayed").orElse(""));
+      assertEquals(first.body(), again.body());
+
+      // The handler's lease checkpoints under the full key, and the retry starts from the point.
+      String retried = key();
+      String retriedFull = "orders/" + io.idemd.Idempotency.idemdKey("alice", retried);
+      assertEquals(
+          503,
+          post(s.url + "/checkpoint", "alice", retried, "{}", "X-Request-Id", "cp1").statusCode());
+      KeyRecord released = client.lookup(retriedFull);
+      assertEquals("released", released.state());
+      assertEquals("reserved", released.recoveryPoint().orElseThrow().name());
+      assertTrue(s.app.leases.get("cp1").recoveryPoint().isEmpty());
+      post(s.url + "/checkpoint", "alice", retried, "{}", "X-Request-Id", "cp2");
+      io.idemd.RecoveryPoint p = s.app.leases.get("cp2").recoveryPoint().orElseThrow();
+      assertEquals("reserved", p.name());
+      assertEquals("room 2", new String(p.data(), StandardCharsets.UTF_8));
+      assertEquals(1, p.attempt());
+      assertEquals(2, s.app.leases.get("cp2").attempt());
+      assertTrue(s.incidents.isEmpty(), s.incidents.toString());
+    }
   }
 
   @Test

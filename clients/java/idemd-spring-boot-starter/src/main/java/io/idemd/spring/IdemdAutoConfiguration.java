@@ -74,6 +74,7 @@ public class IdemdAutoConfiguration {
       IdempotencyFilter.Builder b =
           IdempotencyFilter.builder(client)
               .scope(chosen::of)
+              .keyPrefix(p.getKeyPrefix())
               .methods(p.getMethods().toArray(new String[0]))
               .requireKey(p.isRequireKey())
               .waitFor(p.getWaitFor())

@@ -82,6 +82,12 @@ public class IdemdProperties {
      */
     private String scope;
 
+    /**
+     * Put before every idemd key the filter derives, such as "orders/", so that the abandoned-keys
+     * feed and a Completer select this service's keys by it; empty for none.
+     */
+    private String keyPrefix = "";
+
     private List<String> methods = IdempotencyFilter.DEFAULT_METHODS;
     private boolean requireKey;
     private Duration waitFor = Duration.ZERO;
@@ -113,6 +119,14 @@ public class IdemdProperties {
 
     public void setScope(String scope) {
       this.scope = scope;
+    }
+
+    public String getKeyPrefix() {
+      return keyPrefix;
+    }
+
+    public void setKeyPrefix(String keyPrefix) {
+      this.keyPrefix = keyPrefix;
     }
 
     public List<String> getMethods() {

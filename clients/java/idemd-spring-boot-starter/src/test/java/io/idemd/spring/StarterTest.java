@@ -45,7 +45,7 @@ import org.springframework.web.bind.annotation.RestController;
 @SpringBootTest(
     classes = StarterTest.App.class,
     webEnvironment = SpringBootTest.WebEnvironment.RANDOM_PORT,
-    properties = {"idemd.idempotency.scope=principal"})
+    properties = {"idemd.idempotency.scope=principal", "idemd.idempotency.key-prefix=orders/"})
 class StarterTest {
   private static final Daemon daemon = start();
   private static final HttpClient http =
@@ -122,7 +122,9 @@ class StarterTest {
                     "attempt",
                     lease.attempt(),
                     "user",
-                    req.getUserPrincipal().getName()));
+                    req.getUserPrincipal().getName(),
+                    "key",
+                    lease.key()));
       }
 
       @PostMapping("/slow")
@@ -157,6 +159,12 @@ class StarterTest {
         .contains("\"user\":\"alice\"")
         .contains("\"amount\":100");
     assertTrue(first.headers().firstValue("Idempotent-Replayed").isEmpty());
+    // idemd.idempotency.key-prefix comes before the derived key, which lookup takes whole.
+    String full = "orders/" + io.idemd.Idempotency.idemdKey("alice", key);
+    assertThat(first.body()).contains("\"key\":\"" + full + "\"");
+    try (io.idemd.IdemClient c = io.idemd.IdemClient.builder(daemon.url).build()) {
+      assertEquals("completed", c.lookup(full).state());
+    }
 
     // A replay: the same answer, marked, the handler not run again.
     HttpResponse<String> replay = post("/orders", "alice", key, "{\"amount\":100}");
@@ -197,6 +205,21 @@ class StarterTest {
     assertTrue(dup.headers().firstValue("Retry-After").isPresent());
     app.release.countDown();
     assertEquals(200, first.get(20, TimeUnit.SECONDS).statusCode());
+  }
+
+  @Test
+  void aKeyPrefixTooLongForIdemdsKeysStopsTheApplication() {
+    new WebApplicationContextRunner()
+        .withConfiguration(AutoConfigurations.of(IdemdAutoConfiguration.class))
+        .withPropertyValues(
+            "idemd.url=http://127.0.0.1:9",
+            "idemd.idempotency.scope=principal",
+            "idemd.idempotency.key-prefix=" + "p".repeat(173))
+        .run(
+            context -> {
+              assertThat(context).hasFailed();
+              assertThat(context.getStartupFailure()).rootCause().hasMessageContaining("keyPrefix");
+            });
   }
 
   @Test
