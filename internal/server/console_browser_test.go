@@ -84,8 +84,9 @@ document.addEventListener('securitypolicyviolation', (e) => {
   window.__cspViolations.push(e.violatedDirective + ' ' + (e.blockedURI || '') + ' ' + (e.sample || ''));
 });`
 
-// tab opens a tab at the console, signed in with token ("" when the daemon is open).
-func tab(t *testing.T, browser context.Context, d *authDaemon, token string) context.Context {
+// openConsole opens a tab at the console, watching it for CSP violations until the
+// test ends.
+func openConsole(t *testing.T, browser context.Context, d *authDaemon) context.Context {
 	t.Helper()
 	ctx, cancel := chromedp.NewContext(browser)
 	t.Cleanup(cancel)
@@ -97,14 +98,6 @@ func tab(t *testing.T, browser context.Context, d *authDaemon, token string) con
 		_, err := cdp.Call(ctx, target, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: pageWatch})
 		return err
 	}), chromedp.Navigate(d.url+"/console/"))
-	if token != "" {
-		run(t, ctx,
-			chromedp.WaitVisible(chromedp.CSS("#token")),
-			chromedp.SendKeys(chromedp.CSS("#token"), token),
-			chromedp.Click(chromedp.CSS("#signin-submit")),
-		)
-	}
-	run(t, ctx, chromedp.WaitVisible(chromedp.CSS("#tabs")))
 	t.Cleanup(func() {
 		violations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.__cspViolations`))
 		if err != nil {
@@ -114,6 +107,21 @@ func tab(t *testing.T, browser context.Context, d *authDaemon, token string) con
 			t.Errorf("the page broke its Content-Security-Policy: %q", violations)
 		}
 	})
+	return ctx
+}
+
+// tab opens a tab at the console, signed in with token ("" when the daemon is open).
+func tab(t *testing.T, browser context.Context, d *authDaemon, token string) context.Context {
+	t.Helper()
+	ctx := openConsole(t, browser, d)
+	if token != "" {
+		run(t, ctx,
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), token),
+			chromedp.Click(chromedp.CSS("#signin-submit")),
+		)
+	}
+	run(t, ctx, chromedp.WaitVisible(chromedp.CSS("#tabs")))
 	return ctx
 }
 
@@ -154,7 +162,8 @@ func textOf(t *testing.T, ctx context.Context, selector string) string {
 // waitFor polls a JavaScript condition in the page until it holds.
 func waitFor(t *testing.T, ctx context.Context, condition string) {
 	t.Helper()
-	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, chromedp.WithPollingInterval(50*time.Millisecond))); err != nil {
+	// No timeout of the poll's own: the tab's context bounds the wait.
+	if _, err := chromedp.Run(ctx, chromedp.Poll[bool](condition, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(0))); err != nil {
 		t.Fatalf("waiting for %s: %v", condition, err)
 	}
 }
@@ -249,9 +258,8 @@ func TestConsoleInBrowser(t *testing.T) {
 	seed := seeder{t, d}
 
 	t.Run("signing in", func(t *testing.T) {
-		ctx, cancel := chromedp.NewContext(browser)
-		defer cancel()
-		run(t, ctx, chromedp.Navigate(d.url+"/console/"), chromedp.WaitVisible(chromedp.CSS("#signin-form")))
+		ctx := openConsole(t, browser, d)
+		run(t, ctx, chromedp.WaitVisible(chromedp.CSS("#signin-form")))
 		screenshot(t, ctx, "signin")
 		run(t, ctx, chromedp.SendKeys(chromedp.CSS("#token"), "not-a-token"), chromedp.Click(chromedp.CSS("#signin-submit")))
 		waitFor(t, ctx, `document.getElementById('signin-error').textContent.includes('does not know this token')`)
