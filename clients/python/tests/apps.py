@@ -34,6 +34,8 @@ class Orders:
         self.quiet_done = threading.Event()
         #: The types of the messages the quiet handler received, in order.
         self.quiet_heard: list[str] = []
+        #: The status the resume handler answers with.
+        self.resume_status = 201
 
     def run(self, path: str) -> int:
         with self.lock:
@@ -56,6 +58,13 @@ def order(n: int, body: bytes, status: int) -> tuple[int, dict[str, str], bytes]
 
 
 BIG = b"x" * 4000
+
+
+def resumed(key: str, point: Any, status: int) -> tuple[int, dict[str, str], bytes]:
+    """The answer of the resume handler: the lease's key and the recovery point its
+    lease started from, which the test reads back."""
+    body = {"key": key, "resumed": None if point is None else [point.name, point.data.decode()]}
+    return status, {"Content-Type": "application/json"}, json.dumps(body).encode()
 
 
 def starlette_app(state: Orders) -> Starlette:
@@ -102,6 +111,14 @@ def starlette_app(state: Orders) -> Starlette:
         async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
             await quiet(scope, receive, send)
 
+    async def resume(request: Request) -> StarletteResponse:
+        """Records a recovery point under its lease and says where the lease started."""
+        state.run("resume")
+        lease = request.state.idemd_lease
+        await lease.checkpoint("handled", b"by starlette")
+        status, headers, body = resumed(lease.key, lease.recovery_point, state.resume_status)
+        return StarletteResponse(body, status, headers)
+
     class LateBoom:
         """R15: raises after its status and part of its body went out."""
 
@@ -122,6 +139,7 @@ def starlette_app(state: Orders) -> Starlette:
             Route("/stream", stream, methods=["POST"]),
             Route("/big", big, methods=["POST"]),
             Route("/late-boom", LateBoom(), methods=["POST"]),
+            Route("/resume", resume, methods=["POST"]),
         ]
     )
 
@@ -179,6 +197,14 @@ def flask_app(state: Orders) -> Any:
         return flask.Response(
             late_chunks("handler failed after its status"), status, mimetype="application/json"
         )
+
+    @app.post("/resume")
+    def resume() -> Any:
+        state.run("resume")
+        lease = flask.request.environ["idemd.lease"]
+        lease.checkpoint("handled", b"by flask")
+        status, headers, body = resumed(lease.key, lease.recovery_point, state.resume_status)
+        return flask.Response(body, status, headers)
 
     @app.post("/slow")
     def slow() -> Any:
@@ -278,6 +304,17 @@ def _django_slow(request: Any) -> Any:
     return HttpResponse(b"too late", status=201)
 
 
+def _django_resume(request: Any) -> Any:
+    from django.http import HttpResponse
+
+    state = _dstate()
+    state.run("resume")
+    lease = request.META["idemd.lease"]
+    lease.checkpoint("handled", b"by django")
+    status, headers, body = resumed(lease.key, lease.recovery_point, state.resume_status)
+    return HttpResponse(body, status=status, headers=headers)
+
+
 def _urls() -> list[Any]:
     from django.urls import path
     from django.views.decorators.csrf import csrf_exempt
@@ -289,6 +326,7 @@ def _urls() -> list[Any]:
         path("big", csrf_exempt(_django_big)),
         path("slow", csrf_exempt(_django_slow)),
         path("late-boom", csrf_exempt(_django_late_boom)),
+        path("resume", csrf_exempt(_django_resume)),
     ]
 
 

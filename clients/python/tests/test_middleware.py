@@ -610,6 +610,68 @@ def test_a_record_it_cannot_replay(serve: ServeFn, daemon: Daemon) -> None:
     s.expect_incidents(["replay_invalid"])
 
 
+def test_key_prefix(serve: ServeFn, daemon: Daemon) -> None:
+    """key_prefix goes before the derived key: the handler's lease has the full key,
+    which a lookup finds (and the key without the prefix is not there). The handler
+    records a recovery point through its lease; a 500 releases the key for a retry, whose
+    lease starts from that point, and the retry's result is stored under the full key."""
+    s = serve(key_prefix="orders/v1/")
+    key = fresh_key("prefix")
+    full = "orders/v1/" + idemd.middleware_key("user-1", key)
+    s.state.resume_status = 500
+    first = s.post("/resume", key=key)
+    assert first.status_code == 500
+    assert first.json() == {"key": full, "resumed": None}
+    admin = idemd.Client(daemon.url)
+    released = admin.lookup(full)
+    assert released.state == "released"
+    assert released.recovery_point is not None
+    assert (released.recovery_point.name, released.recovery_point.attempt) == ("handled", 1)
+    assert released.recovery_point.data == f"by {s.framework}".encode()
+    with pytest.raises(idemd.NotFound):
+        admin.lookup(idemd.middleware_key("user-1", key))
+
+    s.state.resume_status = 201
+    again = s.post("/resume", key=key)
+    assert again.status_code == 201
+    assert again.json() == {"key": full, "resumed": ["handled", f"by {s.framework}"]}
+    done = admin.lookup(full)
+    assert (done.state, done.attempt, done.recovery_point) == ("completed", 2, None)
+    replay = s.post("/resume", key=key)
+    assert (replay.status_code, replay.content) == (201, again.content)
+    assert replay.headers["idempotent-replayed"] == "true"
+    assert s.state.runs["resume"] == 2
+
+
+def test_key_prefix_is_checked_at_construction(daemon: Daemon) -> None:
+    """A prefix that would make every key longer than idemd's 255 bytes, or that is not
+    UTF-8, would answer 503 to every request: both middlewares refuse it."""
+
+    def app(environ: Any, start_response: Any) -> list[bytes]:
+        return []
+
+    async def asgi_app(scope: Any, receive: Any, send: Any) -> None:
+        pass
+
+    fits = "p" * (255 - len(idemd.middleware_key("s", "k")))
+    assert len(fits) == 172
+    for prefix, error in (
+        (fits + "p", "173 bytes"),
+        ("é" * 87, "174 bytes"),
+        ("orders/\udc80", "UTF-8"),
+    ):
+        with pytest.raises(ValueError, match=error):
+            wsgi.IdempotencyMiddleware(app, idemd.Client(daemon.url), scope=_wsgi_user, key_prefix=prefix)
+        with pytest.raises(ValueError, match=error):
+            asgi.IdempotencyMiddleware(
+                asgi_app, idemd.AsyncClient(daemon.url), scope=_asgi_user, key_prefix=prefix
+            )
+    assert wsgi.IdempotencyMiddleware(app, idemd.Client(daemon.url), scope=_wsgi_user, key_prefix=fits)
+    assert asgi.IdempotencyMiddleware(
+        asgi_app, idemd.AsyncClient(daemon.url), scope=_asgi_user, key_prefix="é" * 86
+    )
+
+
 def test_construction_needs_a_scope_and_refuses_unsafe_headers(daemon: Daemon) -> None:
     """M5 and P2: no default scope; cookies and framing headers are never stored."""
 

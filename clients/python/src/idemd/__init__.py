@@ -1,10 +1,11 @@
 """Client of idemd, the idempotency service.
 
 :class:`Client` and :class:`AsyncClient` make the calls (claim, complete, release,
-extend, lookup, purge), run a function at most once per key (``run``, ``once``, the
-``idempotent`` decorator), and raise one exception class per outcome a caller branches
-on. :mod:`idemd.asgi` and :mod:`idemd.wsgi` make web handlers idempotent by their
-``Idempotency-Key`` header. The code generated from the contract is :mod:`idemd.idemapi`.
+extend, record a recovery point, list the abandoned keys, lookup, purge), run a function
+at most once per key (``run``, ``once``, the ``idempotent`` decorator), and raise one
+exception class per outcome a caller branches on. :mod:`idemd.asgi` and
+:mod:`idemd.wsgi` make web handlers idempotent by their ``Idempotency-Key`` header. The
+code generated from the contract is :mod:`idemd.idemapi`.
 """
 
 from ._async_client import AsyncClient
@@ -19,6 +20,7 @@ from ._errors import (
     LeaseExpired,
     LeaseLost,
     NotFound,
+    PayloadTooLarge,
     Permanent,
     Problem,
     Unavailable,
@@ -27,11 +29,23 @@ from ._keys import MESSAGE_HEADER, message_key, step_key
 from ._lease import AsyncLease, Lease
 from ._middleware import Incident
 from ._middleware import idemd_key as middleware_key
-from ._types import Claim, Outcome, Record, ReleaseMode, Response, Result
+from ._types import (
+    AbandonedKey,
+    AbandonedPage,
+    Claim,
+    Outcome,
+    Record,
+    RecoveryPoint,
+    ReleaseMode,
+    Response,
+    Result,
+)
 from ._wire import new_secret
 
 __all__ = [
     "MESSAGE_HEADER",
+    "AbandonedKey",
+    "AbandonedPage",
     "AsyncClient",
     "AsyncLease",
     "Claim",
@@ -46,9 +60,11 @@ __all__ = [
     "LeaseLost",
     "NotFound",
     "Outcome",
+    "PayloadTooLarge",
     "Permanent",
     "Problem",
     "Record",
+    "RecoveryPoint",
     "ReleaseMode",
     "Response",
     "Result",

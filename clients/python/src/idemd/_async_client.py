@@ -8,7 +8,7 @@ import functools
 import inspect
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -22,15 +22,18 @@ from ._errors import Failed, IdemdError, Permanent, transport_failure, unexpecte
 from ._keys import KeySpec, key_for
 from ._lease import AsyncKeeper, AsyncLease, claim_waited, local_deadline
 from ._transport import AsyncRetryTransport, extra_time
-from ._types import Claim, Record, ReleaseMode, Response, Result
+from ._types import AbandonedKey, AbandonedPage, Claim, Record, ReleaseMode, Response, Result
 from .idemapi.api.claims import batch as batch_api
 from .idemapi.api.claims import claim as claim_api
 from .idemapi.api.claims import complete as complete_api
 from .idemapi.api.claims import extend as extend_api
+from .idemapi.api.claims import record_recovery_point as recovery_point_api
 from .idemapi.api.claims import release as release_api
+from .idemapi.api.records import list_abandoned as abandoned_api
 from .idemapi.api.records import lookup as lookup_api
 from .idemapi.api.records import purge as purge_api
-from .idemapi.models import KeyRecord, LeaseExtended
+from .idemapi.models import AbandonedKeys, KeyRecord, LeaseExtended
+from .idemapi.types import UNSET
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -153,6 +156,42 @@ class AsyncClient:
         out: LeaseExtended = await self._do(Operation("extend", body))
         return out.lease_expires_at
 
+    async def record_recovery_point(self, key: str, token: str, name: str, data: bytes = b"") -> None:
+        """See :meth:`idemd.Client.record_recovery_point`."""
+        body = _wire.recovery_point_request(key, token, name, data)
+        _wire.expect(await self._call(recovery_point_api.asyncio_detailed, body=body), KeyRecord)
+
+    async def abandoned(
+        self,
+        *,
+        prefix: str = "",
+        older_than: float = 0.0,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> AbandonedPage:
+        """See :meth:`idemd.Client.abandoned`."""
+        answer = await self._call(
+            abandoned_api.asyncio_detailed,
+            prefix=prefix or UNSET,
+            older_than_ms=_wire.older_than_ms(older_than),
+            limit=UNSET if limit is None else limit,
+            cursor=cursor or UNSET,
+        )
+        return _wire.abandoned_page(_wire.expect(answer, AbandonedKeys))
+
+    async def abandoned_keys(
+        self, *, prefix: str = "", older_than: float = 0.0, limit: int | None = None
+    ) -> AsyncGenerator[AbandonedKey, None]:
+        """See :meth:`idemd.Client.abandoned_keys`; an async generator."""
+        cursor: str | None = None
+        while True:
+            page = await self.abandoned(prefix=prefix, older_than=older_than, limit=limit, cursor=cursor)
+            for k in page.keys:
+                yield k
+            if page.next_cursor is None:
+                return
+            cursor = _wire.next_cursor(cursor, page)
+
     async def lookup(self, key: str) -> Record:
         """See :meth:`idemd.Client.lookup`."""
         return _wire.record(_wire.expect(await self._call(lookup_api.asyncio_detailed, key=key), KeyRecord))
@@ -176,6 +215,19 @@ class AsyncClient:
         or at its local deadline, ``fn`` is cancelled and :class:`LeaseLost` raised
         (:class:`LeaseExpired` for the deadline). Cancelling the caller cancels ``fn``
         and releases the key for a retry."""
+        return await self._claim_and_run(key, fn, fingerprint, lease, wait)
+
+    async def _claim_and_run(
+        self,
+        key: str,
+        fn: Callable[[AsyncLease], Awaitable[Response]],
+        fingerprint: str,
+        lease: float,
+        wait: float | None,
+        release: bool = True,
+    ) -> Result:
+        """See :meth:`idemd.Client._claim_and_run`; without ``release``, a cancelled
+        caller leaves the key pending too."""
         sent = time.monotonic()
         claim = await self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
         if claim.outcome == "completed":
@@ -183,21 +235,31 @@ class AsyncClient:
         if claim.outcome == "failed":
             raise Failed(claim.response or Response())
         held = AsyncLease(
-            key, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, lease)
+            key,
+            claim.token,
+            claim.attempt,
+            claim.recovered,
+            deadline=local_deadline(sent, lease),
+            recovery_point=claim.recovery_point,
+            client=self,
         )
         keeper = self._keeper(held, lease)
         if claim_waited(sent, lease):
             lost = await keeper.renew_now()
             if lost is not None:
                 raise lost
-        return await self._run_leased(held, keeper, fn)
+        return await self._run_leased(held, keeper, fn, release)
 
     def _keeper(self, held: AsyncLease, lease: float) -> AsyncKeeper:
         """What renews ``held`` for ``lease`` seconds at a time while its work runs."""
         return AsyncKeeper(held, lease, lambda: self.extend(held.key, held.token, lease))
 
     async def _run_leased(
-        self, held: AsyncLease, keeper: AsyncKeeper, fn: Callable[[AsyncLease], Awaitable[Response]]
+        self,
+        held: AsyncLease,
+        keeper: AsyncKeeper,
+        fn: Callable[[AsyncLease], Awaitable[Response]],
+        release: bool = True,
     ) -> Result:
         with leased(held):  # the task takes a copy of the context, with the lease
             work = asyncio.ensure_future(fn(held))
@@ -217,14 +279,15 @@ class AsyncClient:
                 # fn was cancelled because the lease was lost: the cause worth keeping is
                 # the renewal's failure, if any, not the cancellation.
                 raise lost from lost.__cause__
-            if lost is None:
+            if lost is None and release:
                 await self._release_quietly(held, err)
             raise
         except BaseException as err:
             lost = await keeper.stop()
             if lost is not None:
                 raise lost from err
-            await self._release_quietly(held, err)
+            if release:
+                await self._release_quietly(held, err)
             raise
         lost = await keeper.stop()
         if lost is not None:

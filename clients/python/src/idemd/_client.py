@@ -7,7 +7,7 @@ import functools
 import inspect
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import Any, ParamSpec, TypeVar
 
 import httpx
@@ -20,17 +20,20 @@ from ._errors import Failed, IdemdError, Permanent, transport_failure, unexpecte
 from ._keys import KeySpec, key_for
 from ._lease import Keeper, Lease, claim_waited, local_deadline
 from ._transport import RetryTransport, extra_time
-from ._types import Claim, Record, ReleaseMode, Response, Result
+from ._types import AbandonedKey, AbandonedPage, Claim, Record, ReleaseMode, Response, Result
 from .idemapi import AuthenticatedClient
 from .idemapi import Client as ApiClient
 from .idemapi.api.claims import batch as batch_api
 from .idemapi.api.claims import claim as claim_api
 from .idemapi.api.claims import complete as complete_api
 from .idemapi.api.claims import extend as extend_api
+from .idemapi.api.claims import record_recovery_point as recovery_point_api
 from .idemapi.api.claims import release as release_api
+from .idemapi.api.records import list_abandoned as abandoned_api
 from .idemapi.api.records import lookup as lookup_api
 from .idemapi.api.records import purge as purge_api
-from .idemapi.models import KeyRecord, LeaseExtended
+from .idemapi.models import AbandonedKeys, KeyRecord, LeaseExtended
+from .idemapi.types import UNSET
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -191,6 +194,62 @@ class Client:
         out: LeaseExtended = self._do(Operation("extend", body))
         return out.lease_expires_at
 
+    def record_recovery_point(self, key: str, token: str, name: str, data: bytes = b"") -> None:
+        """Record a recovery point for ``key`` under the lease ``token``: ``name`` (1 to
+        128 bytes of UTF-8) and ``data`` (at most the daemon's
+        ``--max-recovery-point-bytes``, 4096 by default). It replaces the point recorded
+        before; the next acquisition of the key receives it in ``Claim.recovery_point``.
+        Raises :class:`LeaseLost` when ``token`` is no longer the key's lease or the key
+        is not pending, :class:`NotFound` when the key is gone, and
+        :class:`PayloadTooLarge` for data over the limit. Repeating it is safe. Work that
+        runs under a lease records through it instead (:meth:`Lease.checkpoint`), which
+        also marks the lease lost when idemd says it is.
+
+        It always goes as a request of its own: a batch has no item for it."""
+        body = _wire.recovery_point_request(key, token, name, data)
+        _wire.expect(self._call(recovery_point_api.sync_detailed, body=body), KeyRecord)
+
+    def abandoned(
+        self,
+        *,
+        prefix: str = "",
+        older_than: float = 0.0,
+        limit: int | None = None,
+        cursor: str | None = None,
+    ) -> AbandonedPage:
+        """A page of the abandoned-keys feed: this tenant's keys under ``prefix`` that are
+        pending under a lease that ran out at least ``older_than`` seconds ago, their
+        holders having died or been cut off. ``limit`` bounds the page (1 to 1000; idemd's
+        100 when None); ``cursor`` is the ``next_cursor`` of the page before, read with the
+        same prefix. A page may hold fewer keys than its limit, even none, and still have
+        a ``next_cursor``: read until it is None, or iterate :meth:`abandoned_keys`.
+
+        To finish a key, claim it with its ``fingerprint`` (the claim decides who
+        finishes it: one renewed or taken over since the page was read raises
+        :class:`InProgress`), or let a :class:`Completer` do it."""
+        answer = self._call(
+            abandoned_api.sync_detailed,
+            prefix=prefix or UNSET,
+            older_than_ms=_wire.older_than_ms(older_than),
+            limit=UNSET if limit is None else limit,
+            cursor=cursor or UNSET,
+        )
+        return _wire.abandoned_page(_wire.expect(answer, AbandonedKeys))
+
+    def abandoned_keys(
+        self, *, prefix: str = "", older_than: float = 0.0, limit: int | None = None
+    ) -> Generator[AbandonedKey, None, None]:
+        """Every key of the abandoned-keys feed, page after page, each page read as the
+        iteration reaches it (``limit`` is the size of a page). A page that cannot be read
+        raises its error from the iteration."""
+        cursor: str | None = None
+        while True:
+            page = self.abandoned(prefix=prefix, older_than=older_than, limit=limit, cursor=cursor)
+            yield from page.keys
+            if page.next_cursor is None:
+                return
+            cursor = _wire.next_cursor(cursor, page)
+
     def lookup(self, key: str) -> Record:
         """The record of ``key``; :class:`NotFound` when there is none."""
         return _wire.record(_wire.expect(self._call(lookup_api.sync_detailed, key=key), KeyRecord))
@@ -224,27 +283,54 @@ class Client:
 
         An exception from ``fn`` releases the key for a retry and propagates; a
         :class:`Permanent` one stores its response as a terminal failure instead, and
-        later calls raise :class:`Failed` with it.
+        later calls raise :class:`Failed` with it. ``fn``'s lease starts from the
+        ``recovery_point`` an earlier holder recorded, if one did, and records its own
+        with ``lease.checkpoint``.
         """
+        return self._claim_and_run(key, fn, fingerprint, lease, wait)
+
+    def _claim_and_run(
+        self,
+        key: str,
+        fn: Callable[[Lease], Response],
+        fingerprint: str,
+        lease: float,
+        wait: float | None,
+        release: bool = True,
+    ) -> Result:
+        """run, with what an exception of ``fn`` does to the key: with ``release`` it is
+        freed for the caller's retry; without, it is left pending under the lease, which
+        runs out, and the abandoned-keys feed lists it again (a Completer's way: a key
+        released would drop out of the feed it works from)."""
         sent = time.monotonic()
         claim = self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
         if claim.outcome == "completed":
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":
             raise Failed(claim.response or Response())
-        held = Lease(key, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, lease))
+        held = Lease(
+            key,
+            claim.token,
+            claim.attempt,
+            claim.recovered,
+            deadline=local_deadline(sent, lease),
+            recovery_point=claim.recovery_point,
+            client=self,
+        )
         keeper = self._keeper(held, lease)
         if claim_waited(sent, lease):
             lost = keeper.renew_now()
             if lost is not None:
                 raise lost
-        return self._run_leased(held, keeper, fn)
+        return self._run_leased(held, keeper, fn, release)
 
     def _keeper(self, held: Lease, lease: float) -> Keeper:
         """What renews ``held`` for ``lease`` seconds at a time while its work runs."""
         return Keeper(held, lease, lambda: self.extend(held.key, held.token, lease))
 
-    def _run_leased(self, held: Lease, keeper: Keeper, fn: Callable[[Lease], Response]) -> Result:
+    def _run_leased(
+        self, held: Lease, keeper: Keeper, fn: Callable[[Lease], Response], release: bool = True
+    ) -> Result:
         keeper.start()
         try:
             with leased(held):
@@ -259,6 +345,8 @@ class Client:
             lost = keeper.stop()
             if lost is not None:
                 raise lost from err
+            if not release:
+                raise
             try:
                 self.release(held.key, held.token, "retry")
             except IdemdError as release_err:

@@ -72,6 +72,11 @@ class NotFound(Problem):
     """There is no record for the key."""
 
 
+class PayloadTooLarge(Problem):
+    """idemd refused a request for its size: a recovery point's data over the daemon's
+    ``--max-recovery-point-bytes``, or a body over its limit. Nothing was recorded."""
+
+
 class Unavailable(Problem):
     """idemd, its store or the network to it failed. The call may or may not have taken
     effect; resending it is safe. A transport failure has status 0 and the cause chained."""
@@ -100,6 +105,7 @@ _BY_CODE: dict[str, type[Problem]] = {
     "fingerprint_mismatch": FingerprintMismatch,
     "lease_lost": LeaseLost,
     "not_found": NotFound,
+    "payload_too_large": PayloadTooLarge,
     "store_unavailable": Unavailable,
     "not_replicated": Unavailable,
 }
@@ -118,9 +124,11 @@ def transport_failure(err: Exception) -> Unavailable:
 
 def problem_class(status: int, code: str) -> type[Problem]:
     """The class for a problem: by its code, or, for an answer without one (not idemd's),
-    Unavailable for the gateway statuses."""
+    Unavailable for the gateway statuses and PayloadTooLarge for a proxy's 413."""
     if code:
         return _BY_CODE.get(code, Problem)
     if status in (502, 503, 504):
         return Unavailable
+    if status == 413:
+        return PayloadTooLarge
     return Problem

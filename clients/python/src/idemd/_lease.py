@@ -24,9 +24,14 @@ import random
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar
 
 from ._errors import IdemdError, LeaseExpired, LeaseLost, NotFound
+from ._types import RecoveryPoint
+
+if TYPE_CHECKING:
+    from ._async_client import AsyncClient
+    from ._client import Client
 
 #: The share of the lease the holder's reckoning leaves for clock-rate drift.
 MARGIN = 0.05
@@ -200,6 +205,35 @@ def _error(key: str, reckoning: _Reckoning, loss: Loss | None) -> LeaseLost | No
     return lease_lost(key)
 
 
+C = TypeVar("C")
+
+
+def _holder(client: C | None) -> C:
+    if client is None:
+        raise RuntimeError(
+            "checkpoint needs a lease handed out by run, once, consume, a decorator, a middleware "
+            "or a Completer"
+        )
+    return client
+
+
+def _check_held(key: str, reckoning: _Reckoning) -> None:
+    """Raises why the lease is lost, if it is: a holder that knows it lost the lease does
+    not ask idemd to record anything under it."""
+    lost = _error(key, reckoning, reckoning.loss if reckoning.check() else None)
+    if lost is not None:
+        raise lost
+
+
+def _refused(key: str, reckoning: _Reckoning, err: LeaseLost | NotFound) -> NoReturn:
+    """idemd answered a checkpoint that the lease is gone: the lease is lost, exactly as
+    when a renewal is answered so, and what is raised is a LeaseLost."""
+    reckoning.refused()
+    if isinstance(err, LeaseLost):
+        raise err
+    raise lease_lost(key) from err
+
+
 class Lease:
     """The lease a function given to :meth:`Client.run` runs under.
 
@@ -216,17 +250,30 @@ class Lease:
     ``attempt`` grows by one at every acquisition of the key, so it is a fencing token
     for the function's writes; ``recovered`` is True when this lease took the key over
     from a holder whose lease ran out, which may have done the work already
-    (docs/effects.md).
+    (docs/effects.md). ``recovery_point`` is the last point an earlier holder recorded
+    with :meth:`checkpoint`, which this lease starts from (None when none was), and
+    ``key`` the full idemd key, a middleware's ``key_prefix`` included.
 
-    A lease made by hand, without ``deadline``, is never reckoned lost by the clock."""
+    A lease made by hand, without ``deadline``, is never reckoned lost by the clock, and
+    without ``client`` it cannot record a checkpoint."""
 
     def __init__(
-        self, key: str, token: str, attempt: int, recovered: bool = False, *, deadline: float = math.inf
+        self,
+        key: str,
+        token: str,
+        attempt: int,
+        recovered: bool = False,
+        *,
+        deadline: float = math.inf,
+        recovery_point: RecoveryPoint | None = None,
+        client: Client | None = None,
     ) -> None:
         self.key = key
         self.token = token
         self.attempt = attempt
         self.recovered = recovered
+        self.recovery_point = recovery_point
+        self._client = client
         self._lost = _LostEvent(deadline)
         self._reckoning = self._lost._reckoning
 
@@ -244,6 +291,27 @@ class Lease:
         """Seconds left to the local deadline; 0.0 once lost or once the run is over."""
         return self._reckoning.remaining()
 
+    def checkpoint(self, name: str, data: bytes = b"") -> None:
+        """Record a recovery point under this lease: ``name`` says how far the work got
+        (1 to 128 bytes of UTF-8, for example ``"charged"``) and ``data`` what the next
+        holder needs to go on from there (at most the daemon's
+        ``--max-recovery-point-bytes``, 4096 by default). It replaces the point recorded
+        before. Should this holder not finish the key, the next one finds the point in
+        its ``recovery_point``: record one right after each effect that must not be made
+        twice, with what identifies it.
+
+        When idemd answers that the lease is lost (another caller took the key over, or
+        the record is gone), it raises :class:`LeaseLost` and marks the lease lost as a
+        renewal answered so would: ``lost`` is set, and the run stores nothing. Once the
+        lease is lost, it raises why without asking idemd. Data over the daemon's limit
+        raises :class:`PayloadTooLarge` and records nothing; the lease goes on."""
+        client = _holder(self._client)
+        _check_held(self.key, self._reckoning)
+        try:
+            client.record_recovery_point(self.key, self.token, name, data)
+        except (LeaseLost, NotFound) as err:
+            _refused(self.key, self._reckoning, err)
+
     def __repr__(self) -> str:
         return (
             f"Lease(key={self.key!r}, attempt={self.attempt}, recovered={self.recovered}, "
@@ -254,16 +322,27 @@ class Lease:
 class AsyncLease:
     """The lease a coroutine given to :meth:`AsyncClient.run` runs under. When a renewal
     finds the lease gone, or the local deadline passes with no renewal answered, ``lost``
-    is set and the coroutine is cancelled. ``attempt``, ``recovered``, ``remaining()``
-    and ``deadline`` are those of :class:`idemd.Lease`."""
+    is set and the coroutine is cancelled. ``attempt``, ``recovered``,
+    ``recovery_point``, ``remaining()`` and ``deadline`` are those of
+    :class:`idemd.Lease`, and :meth:`checkpoint` is its coroutine."""
 
     def __init__(
-        self, key: str, token: str, attempt: int, recovered: bool = False, *, deadline: float = math.inf
+        self,
+        key: str,
+        token: str,
+        attempt: int,
+        recovered: bool = False,
+        *,
+        deadline: float = math.inf,
+        recovery_point: RecoveryPoint | None = None,
+        client: AsyncClient | None = None,
     ) -> None:
         self.key = key
         self.token = token
         self.attempt = attempt
         self.recovered = recovered
+        self.recovery_point = recovery_point
+        self._client = client
         self._lost = asyncio.Event()
         self._reckoning = _Reckoning(deadline, self._lost.set)
 
@@ -280,6 +359,17 @@ class AsyncLease:
     def remaining(self) -> float:
         """Seconds left to the local deadline; 0.0 once lost or once the run is over."""
         return self._reckoning.remaining()
+
+    async def checkpoint(self, name: str, data: bytes = b"") -> None:
+        """See :meth:`idemd.Lease.checkpoint`. An answer that the lease is lost also
+        cancels the coroutine that runs under it, as a renewal answered so does: the
+        cancellation comes at its next ``await`` after this raises."""
+        client = _holder(self._client)
+        _check_held(self.key, self._reckoning)
+        try:
+            await client.record_recovery_point(self.key, self.token, name, data)
+        except (LeaseLost, NotFound) as err:
+            _refused(self.key, self._reckoning, err)
 
     def __repr__(self) -> str:
         return (

@@ -108,6 +108,27 @@ def idemd_key(scope: str, key: str) -> str:
     return KEY_PREFIX + digest
 
 
+#: The length of every derived key: KEY_PREFIX and a SHA-256 digest in hex.
+DERIVED_KEY_BYTES = len(KEY_PREFIX) + 64
+
+
+def check_key_prefix(prefix: str) -> None:
+    """Refuses a key prefix that would make every idemd key the middleware claims one
+    idemd refuses (over 255 bytes, or not UTF-8), which would answer 503 to every
+    request."""
+    if not isinstance(prefix, str):
+        raise TypeError("key_prefix is a str")
+    try:
+        size = len(prefix.encode("utf-8"))
+    except UnicodeError as err:
+        raise ValueError("key_prefix is not valid UTF-8") from err
+    if size + DERIVED_KEY_BYTES > _MAX_KEY:
+        raise ValueError(
+            f"key_prefix is {size} bytes; at most {_MAX_KEY - DERIVED_KEY_BYTES} fit before the "
+            f"{DERIVED_KEY_BYTES} bytes of the derived key"
+        )
+
+
 def media_type(content_type: bytes | None) -> bytes:
     if content_type is None:
         return b""
@@ -235,6 +256,7 @@ class Options(Generic[R]):
     store_status: Callable[[int], bool] = default_store_status
     fail_open: bool = False
     on_incident: Callable[[R, Incident], None] | None = None
+    key_prefix: str = ""
     _stored: frozenset[str] = field(init=False, default=frozenset())
     _methods: frozenset[str] = field(init=False, default=frozenset())
 
@@ -256,6 +278,11 @@ class Options(Generic[R]):
             raise ValueError("wait is at most 30 seconds")
         if not 0.1 <= self.lease <= 3600:
             raise ValueError("lease is 0.1 to 3600 seconds")
+        check_key_prefix(self.key_prefix)
+
+    def idemd_key(self, scope: str, key: str) -> str:
+        """The key claimed for ``key`` in ``scope``: the key prefix, then the derived key."""
+        return self.key_prefix + idemd_key(scope, key)
 
     def applies_to(self, method: str) -> bool:
         return method.upper() in self._methods

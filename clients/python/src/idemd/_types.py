@@ -24,6 +24,20 @@ class Response:
 
 
 @dataclass(frozen=True)
+class RecoveryPoint:
+    """How far a holder of a key got, as it recorded it with ``lease.checkpoint``: the
+    next acquisition of the key (a takeover, or a claim after a release for a retry)
+    receives it, so that the work resumes from there instead of starting over.
+    ``attempt`` is the attempt of the holder that recorded it, ``recorded_at`` when idemd
+    recorded it, by idemd's clock."""
+
+    name: str
+    data: bytes
+    attempt: int
+    recorded_at: datetime.datetime
+
+
+@dataclass(frozen=True)
 class Claim:
     """A claim's answer. ``token`` is set when ``outcome`` is ``acquired``; ``response``
     when it is ``completed`` or ``failed``."""
@@ -35,6 +49,8 @@ class Claim:
     lease_expires_at: datetime.datetime | None = None
     recovered: bool = False
     response: Response | None = None
+    #: The last recovery point of the key, which an acquired lease starts from.
+    recovery_point: RecoveryPoint | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,8 @@ class Record:
     owner: str = ""
     lease_expires_at: datetime.datetime | None = None
     response: Response | None = None
+    #: The last recovery point, while the key is not finished.
+    recovery_point: RecoveryPoint | None = None
 
 
 @dataclass(frozen=True)
@@ -61,3 +79,31 @@ class Result:
 
     response: Response
     replayed: bool
+
+
+@dataclass(frozen=True)
+class AbandonedKey:
+    """A key whose holder left it pending: its lease ran out, more than the asked
+    ``older_than`` ago, and nobody has claimed it since.
+
+    ``attempt`` is the attempt of the holder that left it (a claim now is the next);
+    ``fingerprint`` is the one a claim must carry to acquire it ("" when it has none, and
+    a claim must then carry none); ``owner`` is the label of that holder's claim;
+    ``recovery_point`` is the name of the last recovery point, "" when none was recorded
+    (a claim of the key receives the whole point)."""
+
+    key: str
+    attempt: int
+    lease_expired_at: datetime.datetime
+    fingerprint: str = ""
+    owner: str = ""
+    recovery_point: str = ""
+
+
+@dataclass(frozen=True)
+class AbandonedPage:
+    """One page of the abandoned-keys feed. ``next_cursor`` reads the next page, None at
+    the end; a page may hold fewer keys than its limit, even none, and still have one."""
+
+    keys: list[AbandonedKey]
+    next_cursor: str | None = None

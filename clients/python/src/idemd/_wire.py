@@ -5,25 +5,29 @@ from __future__ import annotations
 
 import base64
 import datetime
+import math
 import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ._errors import Problem, problem_class
-from ._types import Claim, Record, ReleaseMode, Response
+from ._errors import Problem, problem_class, unexpected_answer
+from ._types import AbandonedKey, AbandonedPage, Claim, Record, RecoveryPoint, ReleaseMode, Response
 from .idemapi import types as api_types
 from .idemapi.models import (
+    AbandonedKeys,
     ClaimAcquired,
     ClaimFinished,
     ClaimRequest,
     CompleteRequest,
     ExtendRequest,
     KeyRecord,
+    RecoveryPointRequest,
     ReleaseRequest,
     StoredResponse,
     StoredResponseHeaders,
 )
 from .idemapi.models import Problem as WireProblem
+from .idemapi.models import RecoveryPoint as WirePoint
 from .idemapi.types import UNSET
 
 
@@ -36,6 +40,14 @@ def millis(seconds: float | None) -> int | Any:
     if seconds is None or seconds <= 0:
         return UNSET
     return round(seconds * 1000)
+
+
+def older_than_ms(seconds: float) -> int | Any:
+    """Whole milliseconds, rounded up, so that the feed never lists a key whose lease ran
+    out more recently than asked."""
+    if seconds <= 0:
+        return UNSET
+    return math.ceil(seconds * 1000)
 
 
 def claim_request(
@@ -76,6 +88,53 @@ def release_request(
 
 def extend_request(key: str, token: str, lease: float) -> ExtendRequest:
     return ExtendRequest(key=key, lease_token=token, lease_ms=round(lease * 1000))
+
+
+def recovery_point_request(key: str, token: str, name: str, data: bytes) -> RecoveryPointRequest:
+    return RecoveryPointRequest(
+        key=key,
+        lease_token=token,
+        name=name,
+        data=base64.b64encode(data).decode("ascii") if data else UNSET,
+    )
+
+
+def recovery_point(p: WirePoint | Any) -> RecoveryPoint | None:
+    if not isinstance(p, WirePoint):
+        return None
+    data = base64.b64decode(p.data) if isinstance(p.data, str) else b""
+    return RecoveryPoint(name=p.name, data=data, attempt=p.attempt, recorded_at=p.recorded_at)
+
+
+def abandoned_page(parsed: AbandonedKeys) -> AbandonedPage:
+    keys = [
+        AbandonedKey(
+            key=k.key,
+            attempt=k.attempt,
+            lease_expired_at=k.lease_expired_at,
+            fingerprint=_text(k.fingerprint),
+            owner=_text(k.owner),
+            recovery_point=_text(k.recovery_point),
+        )
+        for k in parsed.keys
+    ]
+    # An empty cursor would read the first page again, as the end of the feed must not.
+    cursor = parsed.next_cursor if isinstance(parsed.next_cursor, str) and parsed.next_cursor else None
+    return AbandonedPage(keys=keys, next_cursor=cursor)
+
+
+def next_cursor(cursor: str | None, page: AbandonedPage) -> str:
+    """The cursor to read after ``page``, which was read with ``cursor``: a feed that
+    answers the cursor it was given would be read forever."""
+    if page.next_cursor is None or page.next_cursor == cursor:
+        raise unexpected_answer(
+            ValueError("the abandoned-keys feed answered the cursor it was given as the next one")
+        )
+    return page.next_cursor
+
+
+def _text(value: str | Any) -> str:
+    return value if isinstance(value, str) else ""
 
 
 def to_stored(r: Response) -> StoredResponse:
@@ -139,6 +198,7 @@ def claim(parsed: ClaimAcquired | ClaimFinished) -> Claim:
             lease_expires_at=parsed.lease_expires_at,
             expires_at=parsed.expires_at,
             recovered=parsed.recovered,
+            recovery_point=recovery_point(parsed.recovery_point),
         )
     return Claim(
         outcome=parsed.outcome,
@@ -156,10 +216,11 @@ def record(parsed: KeyRecord) -> Record:
         created_at=parsed.created_at,
         updated_at=parsed.updated_at,
         expires_at=parsed.expires_at,
-        fingerprint=parsed.fingerprint if isinstance(parsed.fingerprint, str) else "",
-        owner=parsed.owner if isinstance(parsed.owner, str) else "",
+        fingerprint=_text(parsed.fingerprint),
+        owner=_text(parsed.owner),
         lease_expires_at=parsed.lease_expires_at
         if isinstance(parsed.lease_expires_at, datetime.datetime)
         else None,
         response=from_stored(parsed.response),
+        recovery_point=recovery_point(parsed.recovery_point),
     )

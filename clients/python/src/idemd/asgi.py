@@ -34,7 +34,6 @@ from ._middleware import (
     default_store_status,
     fingerprint,
     finish,
-    idemd_key,
     lease_incident,
     parse_key,
     problem,
@@ -63,7 +62,14 @@ class IdempotencyMiddleware:
     """Wraps an ASGI app. ``scope`` is required: a function of the ASGI scope returning
     whose request it is (the authenticated user or account), so that a replay never
     crosses users; it runs after any authentication middleware placed outside this one.
-    The other options are those of docs/middleware.md; times are in seconds."""
+    The other options are those of docs/middleware.md; times are in seconds.
+
+    ``key_prefix`` goes before every idemd key the middleware claims, which is then
+    ``key_prefix + idemd.middleware_key(scope, key)`` (the derivation is unchanged), so
+    that the keys of one service or route share a prefix that a :class:`idemd.Completer`
+    selects them by; the handler's lease has the full key. A prefix that would make a
+    key longer than idemd's 255 bytes (over 172 bytes), or that is not valid UTF-8, is
+    refused here."""
 
     def __init__(
         self,
@@ -81,6 +87,7 @@ class IdempotencyMiddleware:
         store_status: Callable[[int], bool] = default_store_status,
         fail_open: bool = False,
         on_incident: Callable[[Scope, Incident], None] | None = None,
+        key_prefix: str = "",
     ) -> None:
         self.app = app
         self.client = client
@@ -96,6 +103,7 @@ class IdempotencyMiddleware:
             store_status=store_status,
             fail_open=fail_open,
             on_incident=on_incident,
+            key_prefix=key_prefix,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -169,7 +177,7 @@ class IdempotencyMiddleware:
         headers: list[tuple[bytes, bytes]],
     ) -> None:
         o = self.options
-        ikey = idemd_key(principal, key)
+        ikey = o.idemd_key(principal, key)
         digest = fingerprint(
             scope["method"],
             scope.get("raw_path") or scope["path"].encode("utf-8"),
@@ -202,7 +210,13 @@ class IdempotencyMiddleware:
                 o.incident(scope, "replay_invalid", ikey)
             return
         held = AsyncLease(
-            ikey, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, o.lease)
+            ikey,
+            claim.token,
+            claim.attempt,
+            claim.recovered,
+            deadline=local_deadline(sent, o.lease),
+            recovery_point=claim.recovery_point,
+            client=self.client,
         )
         if replayed_receive.gone():
             # The client left as the lease came: nothing ran, and a retry may run it.

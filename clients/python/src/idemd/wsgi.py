@@ -45,7 +45,6 @@ from ._middleware import (
     default_store_status,
     fingerprint,
     finish,
-    idemd_key,
     lease_incident,
     parse_key,
     problem,
@@ -61,8 +60,14 @@ ExcInfo = tuple[type[BaseException], BaseException, TracebackType] | tuple[None,
 class IdempotencyMiddleware:
     """Wraps a WSGI app. ``scope`` is required: a function of the WSGI environ returning
     whose request it is (the authenticated user or account), so that a replay never
-    crosses users. The other options are those of docs/middleware.md; times are in
-    seconds."""
+    crosses users. The other options are those of docs/middleware.md; times are in seconds.
+
+    ``key_prefix`` goes before every idemd key the middleware claims, which is then
+    ``key_prefix + idemd.middleware_key(scope, key)`` (the derivation is unchanged), so
+    that the keys of one service or route share a prefix that a :class:`idemd.Completer`
+    selects them by; the handler's lease has the full key. A prefix that would make a
+    key longer than idemd's 255 bytes (over 172 bytes), or that is not valid UTF-8, is
+    refused here."""
 
     def __init__(
         self,
@@ -80,6 +85,7 @@ class IdempotencyMiddleware:
         store_status: Callable[[int], bool] = default_store_status,
         fail_open: bool = False,
         on_incident: Callable[[WSGIEnvironment, Incident], None] | None = None,
+        key_prefix: str = "",
     ) -> None:
         self.app = app
         self.client = client
@@ -95,6 +101,7 @@ class IdempotencyMiddleware:
             store_status=store_status,
             fail_open=fail_open,
             on_incident=on_incident,
+            key_prefix=key_prefix,
         )
 
     def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
@@ -149,7 +156,7 @@ class IdempotencyMiddleware:
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
 
-        ikey = idemd_key(principal, key)
+        ikey = o.idemd_key(principal, key)
         path, query = _target(environ)
         digest = fingerprint(
             method,
@@ -176,7 +183,13 @@ class IdempotencyMiddleware:
                 o.incident(environ, "replay_invalid", ikey)
             return _answer(start_response, answer)
         held = Lease(
-            ikey, claim.token, claim.attempt, claim.recovered, deadline=local_deadline(sent, o.lease)
+            ikey,
+            claim.token,
+            claim.attempt,
+            claim.recovered,
+            deadline=local_deadline(sent, o.lease),
+            recovery_point=claim.recovery_point,
+            client=self.client,
         )
         keeper = self.client._keeper(held, o.lease)
         if claim_waited(sent, o.lease):
