@@ -3,13 +3,15 @@
 :class:`Client` and :class:`AsyncClient` make the calls (claim, complete, release,
 extend, record a recovery point, list the abandoned keys, lookup, purge), run a function
 at most once per key (``run``, ``once``, the ``idempotent`` decorator), and raise one
-exception class per outcome a caller branches on. :mod:`idemd.asgi` and
-:mod:`idemd.wsgi` make web handlers idempotent by their ``Idempotency-Key`` header. The
-code generated from the contract is :mod:`idemd.idemapi`.
+exception class per outcome a caller branches on. :class:`Completer` and
+:class:`AsyncCompleter` finish the keys that holders left pending. :mod:`idemd.asgi`
+and :mod:`idemd.wsgi` make web handlers idempotent by their ``Idempotency-Key`` header.
+The code generated from the contract is :mod:`idemd.idemapi`.
 """
 
 from ._async_client import AsyncClient
 from ._client import Client
+from ._completer import AsyncCompleter, Completer, CompleterStats
 from ._consume import Verdict
 from ._current import current_lease
 from ._errors import (
@@ -47,9 +49,12 @@ __all__ = [
     "AbandonedKey",
     "AbandonedPage",
     "AsyncClient",
+    "AsyncCompleter",
     "AsyncLease",
     "Claim",
     "Client",
+    "Completer",
+    "CompleterStats",
     "Failed",
     "FingerprintMismatch",
     "IdemdError",
