@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -66,14 +65,6 @@ func parseFeedPos(cursor string) (feedPos, error) {
 		return feedPos{}, engine.ErrBadCursor
 	}
 	return feedPos{slot: slot, after: true, score: score, member: string(member)}, nil
-}
-
-// oldestLive is the oldest lease expiry, in ms, that a record still kept can have: a
-// pending record lives at most its retention or its lease past its lease's expiry. A
-// day more allows for the clocks of daemon and Redis to differ. Claims drop entries of
-// the pending index older than that, left behind by records that expired.
-func oldestLive() string {
-	return strconv.FormatInt(time.Now().Add(-engine.MaxRetention-engine.MaxLease-24*time.Hour).UnixMilli(), 10)
 }
 
 // candidate is an index entry whose lease ran out, at its position.

@@ -205,7 +205,7 @@ func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, 
 	}
 	rep, err := s.run(ctx, l.scripts.claim, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
-		l.compact(c.Token), l.compact(c.Fingerprint), l.compact(c.Secret), oldestLive())
+		l.compact(c.Token), l.compact(c.Fingerprint), l.compact(c.Secret))
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
