@@ -6,9 +6,11 @@ import {
   FingerprintMismatchError,
   IdemError,
   InProgressError,
+  LeaseExpiredError,
   LeaseLostError,
   NotFoundError,
   PermanentError,
+  type ProblemError,
   problemFrom,
   ResultNotStoredError,
 } from "./errors.js";
@@ -166,8 +168,26 @@ export interface Lease {
    * may have done part of the work, so look the effect up before doing it again.
    */
   readonly recovered: boolean;
-  /** Aborts when the lease is lost (or the caller's signal aborts). */
+  /**
+   * Aborts when the lease is lost (or the caller's signal aborts): with a LeaseLostError
+   * when idemd answered that the lease is gone, with a LeaseExpiredError (a kind of
+   * LeaseLostError) when no renewal was answered before the deadline.
+   */
   readonly signal: AbortSignal;
+  /**
+   * When the lease runs out by this process's clock, on the performance.now() clock: the
+   * moment the claim, or the last renewal idemd answered, was sent, plus 95 % of the
+   * lease. idemd starts the lease when it receives the call, after it was sent; the 5 %
+   * left over covers this clock and idemd's running at different rates. Each answered
+   * renewal moves it; when it passes with none answered, the lease is lost.
+   */
+  readonly deadline: number;
+  /**
+   * The time left until the deadline, in milliseconds; 0 once the lease is lost. Bound
+   * the calls the work makes by it (a provider's request timeout, say), so that none
+   * goes on after the lease.
+   */
+  remainingMs(): number;
 }
 
 /** What run returns: the operation's value, and whether it was replayed from an earlier run. */
@@ -205,6 +225,26 @@ function verdictOf(error: unknown, ran: boolean, fnFailed: boolean): Verdict {
   }
   if (fnFailed && error instanceof PermanentError) return { action: "dead-letter", delayMs: 0, ran, error };
   return { action: "requeue", delayMs: requeueDelayMs, ran, error };
+}
+
+/**
+ * The share of the lease a holder counts on, from the moment it sent the call that
+ * granted it: idemd starts the lease on receipt, which is later, so the network is
+ * covered already; the rest is room for the holder's and idemd's clocks running at
+ * different rates (NTP keeps them within 500 ppm; 5 % leaves far more).
+ */
+const leaseShare = 0.95;
+
+/**
+ * How long to wait before trying a failed renewal again, with timeLeftMs until the
+ * lease's local deadline: drawn at random from [d/2, d], where d is a sixth of the lease
+ * or a third of the time left, whichever is less, and at least 10 ms. The tries come
+ * faster as the deadline nears, and the jitter keeps holders cut off together from
+ * retrying in step.
+ */
+export function retryDelayMs(leaseMs: number, timeLeftMs: number, random: () => number = Math.random): number {
+  const d = Math.max(10, Math.min(leaseMs / 6, timeLeftMs / 3));
+  return d / 2 + (random() * d) / 2;
 }
 
 /** Returns a fresh claim secret: 128 random bits, hex-encoded. */
@@ -364,8 +404,11 @@ export class IdemClient {
    * If fn throws, the key is released so that a later run calls fn again; a
    * PermanentError is stored as a terminal failure instead, and later runs throw a
    * FailedError. If the lease is lost while fn runs, fn's signal is aborted and run
-   * throws a LeaseLostError. fn gets the lease as its second argument: its attempt, and
-   * whether it recovered the key from a holder whose lease ran out.
+   * throws a LeaseLostError, without storing anything or releasing the key: a
+   * LeaseExpiredError when no renewal was answered before the lease's local deadline
+   * (idemd unreachable), whatever fn returned. fn gets the lease as its second argument:
+   * its attempt, whether it recovered the key from a holder whose lease ran out, and the
+   * time it has left (remainingMs).
    */
   async run<T>(
     key: string,
@@ -377,6 +420,9 @@ export class IdemClient {
     if (options.fingerprint !== undefined) claimOptions.fingerprint = options.fingerprint;
     if (options.waitMs !== undefined) claimOptions.waitMs = options.waitMs;
     if (options.signal !== undefined) claimOptions.signal = options.signal;
+    // The lease's local deadline is reckoned from here, before any batching queue: never
+    // later than the claim's real send.
+    const sentAt = performance.now();
     const claim = await this.claim(key, claimOptions);
     if (claim.outcome !== "acquired") {
       const stored = parseStored(key, claim.response);
@@ -387,7 +433,11 @@ export class IdemClient {
 
     let value: T;
     try {
-      value = await this.underLease(key, claim.leaseToken, leaseMs, options.signal, fn, claim);
+      value = await this.underLease(key, claim.leaseToken, leaseMs, options.signal, fn, {
+        attempt: claim.attempt,
+        recovered: claim.recovered,
+        sentAt,
+      });
     } catch (err) {
       if (err instanceof LeaseLostError) throw err;
       if (err instanceof PermanentError) {
@@ -483,6 +533,15 @@ export class IdemClient {
    * whatever fn did. The key is not finished here. fn gets the lease as its second
    * argument, with the attempt and recovered of acquired, the claim that got it (attempt
    * 0 when it is not given).
+   *
+   * The lease is held until its local deadline (Lease.deadline), reckoned from
+   * acquired.sentAt, the performance.now() at which the claim was sent (without it, from
+   * now), and moved by every renewal idemd answers. A failed renewal is tried again
+   * sooner, the sooner the nearer the deadline; when the deadline passes with none
+   * answered, the lease is lost with a LeaseExpiredError, as if idemd had said so, and
+   * a renewal's later answer changes nothing. A claim answered more than leaseMs/3 after
+   * it was sent (it waited for another holder) is renewed once before fn starts; fn does
+   * not start on a lease already lost or past its deadline.
    */
   async underLease<T>(
     key: string,
@@ -490,56 +549,170 @@ export class IdemClient {
     leaseMs: number,
     callerSignal: AbortSignal | undefined,
     fn: (signal: AbortSignal, lease: Lease) => Promise<T> | T,
-    acquired: { attempt: number; recovered: boolean } = { attempt: 0, recovered: false },
+    acquired: { attempt: number; recovered: boolean; sentAt?: number } = { attempt: 0, recovered: false },
   ): Promise<T> {
-    const lease = new AbortController();
-    const signal = callerSignal ? AbortSignal.any([callerSignal, lease.signal]) : lease.signal;
-    const held: Lease = Object.freeze({ key, attempt: acquired.attempt, recovered: acquired.recovered, signal });
-    let lost: LeaseLostError | undefined;
-    let stopped = false;
-    let renewing: Promise<void> = Promise.resolve();
-    let timer: NodeJS.Timeout | undefined;
-    const renew = async () => {
+    let basis = acquired.sentAt ?? performance.now();
+    let deadline = basis + leaseMs * leaseShare;
+    // Why the renewals failed, for the LeaseExpiredError's cause.
+    let failure: unknown;
+    const takenOver = (err: ProblemError) =>
+      new LeaseLostError(
+        {
+          status: err.status,
+          code: "lease_lost",
+          title: "Lease lost",
+          detail: `${JSON.stringify(key)} was taken over while the operation ran`,
+        },
+        { cause: err },
+      );
+    const expired = () =>
+      new LeaseExpiredError(
+        {
+          status: 0,
+          code: "lease_expired",
+          title: "Lease expired",
+          detail: `no renewal of ${JSON.stringify(key)} was answered within its lease; another caller may have taken it over`,
+        },
+        failure === undefined ? undefined : { cause: failure },
+      );
+
+    if (acquired.sentAt !== undefined && performance.now() - acquired.sentAt > leaseMs / 3) {
+      // The claim waited: the work would start with much of its lease gone, or all of
+      // it. An answered renewal counts even if it comes after the claim's deadline:
+      // idemd extended the lease on receipt, and nothing has run yet.
+      const sent = performance.now();
       try {
-        await this.extend(key, leaseToken, leaseMs);
+        await this.extend(key, leaseToken, leaseMs, callerSignal ? { signal: callerSignal } : {});
+        basis = sent;
+        deadline = sent + leaseMs * leaseShare;
       } catch (err) {
-        if (!stopped && (err instanceof LeaseLostError || err instanceof NotFoundError)) {
-          lost = new LeaseLostError(
-            {
-              status: err.status,
-              code: "lease_lost",
-              title: "Lease lost",
-              detail: `${JSON.stringify(key)} was taken over while the operation ran`,
-            },
-            { cause: err },
-          );
-          lease.abort(lost);
+        if (err instanceof LeaseLostError || err instanceof NotFoundError) throw takenOver(err);
+        if (callerSignal?.aborted) throw callerSignal.reason;
+        // Without an answer the claim's deadline stands.
+        failure = err;
+      }
+    }
+    if (performance.now() >= deadline) throw expired();
+
+    const lease = new AbortController();
+    // Cuts off a renewal in flight once its answer can change nothing.
+    const renewals = new AbortController();
+    const signal = callerSignal ? AbortSignal.any([callerSignal, lease.signal]) : lease.signal;
+    let lost: LeaseLostError | undefined;
+    const held: Lease = Object.freeze({
+      key,
+      attempt: acquired.attempt,
+      recovered: acquired.recovered,
+      signal,
+      get deadline() {
+        return deadline;
+      },
+      remainingMs: () => (lost ? 0 : Math.max(0, deadline - performance.now())),
+    });
+    let stopped = false;
+    const period = Math.max(leaseMs / 3, 10);
+    // The renewals not yet answered; more than one when idemd answers slower than a period.
+    const inFlight = new Set<Promise<void>>();
+    // The send time of the latest renewal, and when the next one goes.
+    let lastSent = basis;
+    let nextAt = Infinity;
+    let renewTimer: NodeJS.Timeout | undefined;
+    let expiryTimer: NodeJS.Timeout | undefined;
+
+    const lose = (err: LeaseLostError) => {
+      if (lost || stopped) return;
+      lost = err;
+      clearTimeout(renewTimer);
+      clearTimeout(expiryTimer);
+      renewals.abort(err);
+      lease.abort(err);
+    };
+    // Fires at the deadline whatever the renewals are doing. A timer may fire a little
+    // before the deadline by performance.now(); then it is set again for the rest.
+    const watch = () => {
+      clearTimeout(expiryTimer);
+      if (lost || stopped) return;
+      const left = deadline - performance.now();
+      if (left <= 0) {
+        lose(expired());
+        return;
+      }
+      expiryTimer = setTimeout(watch, Math.ceil(left));
+    };
+    /** Sets the next renewal for the performance.now() time at. */
+    const plan = (at: number) => {
+      if (lost || stopped) return;
+      clearTimeout(renewTimer);
+      nextAt = at;
+      renewTimer = setTimeout(send, Math.max(0, at - performance.now()));
+    };
+    const send = () => {
+      if (lost || stopped) return;
+      // Reckoned from before the call, as the claim's is: never later than its send.
+      const sent = performance.now();
+      lastSent = sent;
+      // The next one goes a period after this one whether this one is answered by then or
+      // not: an idemd that answers slowly does not hold the renewals back towards the
+      // deadline.
+      plan(sent + period);
+      const renewal = renew(sent);
+      inFlight.add(renewal);
+      void renewal.finally(() => inFlight.delete(renewal));
+    };
+    const renew = async (sent: number) => {
+      try {
+        await this.extend(key, leaseToken, leaseMs, { signal: renewals.signal });
+      } catch (err) {
+        if (lost || stopped) return;
+        if (err instanceof LeaseLostError || err instanceof NotFoundError) {
+          lose(takenOver(err));
           return;
         }
-        // A transport failure is tried again at the next tick.
+        // No answer, or not one that ends the lease: try again soon, the sooner the
+        // nearer the deadline.
+        failure = err;
+        const now = performance.now();
+        plan(Math.min(nextAt, now + retryDelayMs(leaseMs, deadline - now)));
+        return;
       }
-      schedule();
+      if (lost || stopped) return;
+      if (performance.now() >= deadline) {
+        // Answered after the deadline, before its timer ran: too late all the same.
+        lose(expired());
+        return;
+      }
+      // Answers may come out of order; the deadline only moves on.
+      if (sent + leaseMs * leaseShare > deadline) {
+        deadline = sent + leaseMs * leaseShare;
+        watch();
+      }
+      failure = undefined;
+      // Back to the normal period, if a failure had planned a retry sooner.
+      if (nextAt < lastSent + period) plan(lastSent + period);
     };
-    const schedule = () => {
-      if (stopped) return;
-      timer = setTimeout(
-        () => {
-          renewing = renew();
-        },
-        Math.max(leaseMs / 3, 10),
-      );
+
+    watch();
+    plan(basis + period);
+    // A deadline that passed while fn held the event loop (synchronous work starves the
+    // timers) ends the lease as the timer would have.
+    const check = () => {
+      if (performance.now() >= deadline) lose(expired());
     };
-    schedule();
     try {
       const value = await fn(signal, held);
+      check();
       if (lost) throw lost;
       return value;
     } catch (err) {
+      check();
       throw lost ?? err;
     } finally {
       stopped = true;
-      clearTimeout(timer);
-      await renewing;
+      clearTimeout(renewTimer);
+      clearTimeout(expiryTimer);
+      // The work is over: the renewals still in flight have nothing left to keep.
+      renewals.abort();
+      await Promise.all(inFlight);
     }
   }
 

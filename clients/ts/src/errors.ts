@@ -68,6 +68,17 @@ export class LeaseLostError extends ProblemError {
   override name = "LeaseLostError";
 }
 
+/**
+ * The lease ran out by the holder's own clock: no renewal was answered before its local
+ * deadline (see Lease.deadline), so idemd may have given the key to another caller. It is
+ * a LeaseLostError, and is handled as one; its class tells it apart from a lease_lost
+ * that idemd answered. Its status is 0 (no answer came) and its cause the last renewal's
+ * failure, if any.
+ */
+export class LeaseExpiredError extends LeaseLostError {
+  override name = "LeaseExpiredError";
+}
+
 /** idemd has no record of the key. */
 export class NotFoundError extends ProblemError {
   override name = "NotFoundError";

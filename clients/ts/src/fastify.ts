@@ -94,12 +94,16 @@ const plugin: FastifyPluginAsync<FastifyIdempotencyOptions> = async (app, option
       guard.report(request, decision.incident);
       return;
     }
-    await new Promise<void>((resolve) => {
-      void guard.run(request, request.raw, reply.raw, decision.acquired, () => {
-        request.idemdLease = idempotencyLease(request.raw); // L1
-        resolve();
-      });
+    const started = await new Promise<boolean>((resolve) => {
+      void guard
+        .run(request, request.raw, reply.raw, decision.acquired, () => {
+          request.idemdLease = idempotencyLease(request.raw); // L1
+          resolve(true);
+        })
+        .then(() => resolve(false));
     });
+    // The lease was lost before the handler could start: the guard has answered.
+    if (!started) return reply.hijack();
   });
 };
 

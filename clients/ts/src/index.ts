@@ -25,6 +25,7 @@ export {
   FingerprintMismatchError,
   IdemError,
   InProgressError,
+  LeaseExpiredError,
   LeaseLostError,
   NotFoundError,
   PermanentError,

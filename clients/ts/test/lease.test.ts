@@ -94,7 +94,7 @@ describe("run and once hand fn the lease", () => {
     });
     assert.deepEqual(fields(first), { key, attempt: 1, recovered: false });
     assert.deepEqual(fields(second), { key, attempt: 2, recovered: true });
-    // Renewals reach idemd again and hear that the lease is gone.
+    // Its lease runs out by its own clock (or, once the link is back, idemd says so).
     stalled.cut(false);
     await waitFor("the stalled holder's signal to abort", () => first?.signal.aborted === true);
     wake();

@@ -5,6 +5,7 @@ import type { IdemClient, Lease, StoredResponse } from "../client.js";
 import {
   FingerprintMismatchError,
   InProgressError,
+  LeaseExpiredError,
   LeaseLostError,
   ProblemError,
   UnavailableError,
@@ -22,6 +23,7 @@ export type IncidentKind =
   | "complete_failed"
   | "release_failed"
   | "lease_lost"
+  | "lease_expired"
   | "replay_invalid";
 
 export interface Incident {
@@ -143,6 +145,8 @@ export interface Acquired {
   leaseToken: string;
   attempt: number;
   recovered: boolean;
+  /** The performance.now() at which the claim was sent: the lease's deadline is reckoned from it. */
+  sentAt: number;
 }
 
 /** What to do with a request, decided before the handler runs. */
@@ -301,6 +305,7 @@ export class Guard<Req> {
     // it outlives its client, and a lease it took is given back below.
     const waits = this.#o.waitMs > 0;
     let claim: Awaited<ReturnType<IdemClient["claim"]>>;
+    const sentAt = performance.now();
     try {
       claim = await this.#client.claim(derived, {
         fingerprint: fp.fingerprint,
@@ -324,6 +329,7 @@ export class Guard<Req> {
           leaseToken: claim.leaseToken,
           attempt: claim.attempt,
           recovered: claim.recovered,
+          sentAt,
         },
       };
     }
@@ -413,7 +419,8 @@ export class Guard<Req> {
    * Runs the handler under the lease (R1 to R14): records its answer as it passes
    * through, renews the lease, and finishes the key by how the handler ended. `proceed`
    * starts the handler, once idempotencyLease(raw) gives the lease; it is called once,
-   * synchronously. Never rejects.
+   * synchronously, or not at all when the lease was lost before the handler could start
+   * (then the answer is written here). Never rejects.
    */
   async run(req: Req, raw: IncomingMessage, res: ServerResponse, lease: Acquired, proceed: () => void): Promise<void> {
     const recorder = new Recorder(res, this.#stored, this.#o.maxStoredBytes, this.#o.leaseMs);
@@ -434,6 +441,7 @@ export class Guard<Req> {
   ): Promise<void> {
     const { idemdKey: key, leaseToken } = lease;
     let ending: Awaited<Recorder["ending"]>;
+    let started = false;
     try {
       ending = await this.#client.underLease(
         key,
@@ -441,10 +449,12 @@ export class Guard<Req> {
         this.#o.leaseMs,
         undefined,
         (signal, held) => {
+          started = true;
           leases.set(raw, held);
           signal.addEventListener("abort", () => {
             if (signal.reason instanceof LeaseLostError && recorder.status === 0 && !res.headersSent) {
-              // R12: the handler wrote nothing; the key belongs to another request now.
+              // R12, R16: the handler wrote nothing; the key belongs to another request now,
+              // or may.
               const a = problem(409, "lease_lost", "Request taken over", signal.reason.detail, 1);
               recorder.answer(a.status, a.headers as Record<string, string>, a.body);
             }
@@ -458,7 +468,16 @@ export class Guard<Req> {
       );
     } catch (err) {
       if (err instanceof LeaseLostError) {
-        this.#incident(req, { kind: "lease_lost", idemdKey: key, error: err });
+        if (!started) {
+          // R12 or R16 before the handler ran: a claim that waited found the lease gone
+          // when it renewed it, or past its deadline. The handler does not run.
+          const a = problem(409, "lease_lost", "Request taken over", err.detail, 1);
+          recorder.answer(a.status, a.headers as Record<string, string>, a.body);
+        }
+        // R16 (lease_expired) when no renewal was answered before the lease's deadline,
+        // R12 (lease_lost) when idemd said the lease was gone.
+        const kind = err instanceof LeaseExpiredError ? "lease_expired" : "lease_lost";
+        this.#incident(req, { kind, idemdKey: key, error: err });
       }
       return;
     }

@@ -64,6 +64,16 @@ export class Recorder {
       recorder.#end({ kind: "ended" });
       return this;
     } as ServerResponse["end"];
+    // Once the middleware has answered in the handler's place (R12, R16), a handler
+    // that did not watch its signal may still answer; the headers it sets go the way of
+    // the rest of its answer, where Node would throw because the headers were sent.
+    for (const name of ["setHeader", "appendHeader", "removeHeader"] as const) {
+      const own = res[name] as (...a: unknown[]) => unknown;
+      res[name] = function (this: ServerResponse, ...args: unknown[]) {
+        if (recorder.#blocked && this.headersSent) return this;
+        return own.apply(this, args);
+      } as never;
+    }
     res.once("close", () => {
       if (this.#ended) return;
       // The handler may still be running, and may still do the work and answer: give it
