@@ -10,6 +10,7 @@ import {
   STATUS_CODES,
 } from "node:http";
 import { connect, createServer, type Server, type Socket } from "node:net";
+import { setTimeout as sleep } from "node:timers/promises";
 
 export class LossyProxy {
   readonly url: string;
@@ -82,12 +83,14 @@ export interface GateOptions {
    * daemon from before the batch endpoint does, 413 as one with a smaller body limit.
    */
   batchStatus?: number;
+  /** How long to hold a request to this path before forwarding it; default none. */
+  delayMs?: (path: string) => number;
 }
 
 /**
  * A loopback HTTP proxy in front of a real idemd that records every request and holds
  * the first ones until open(i) is called, so that a test can gather a client's calls
- * behind a request in flight.
+ * behind a request in flight. It can also slow the requests to some paths down.
  */
 export class GateProxy {
   readonly url: string;
@@ -114,7 +117,7 @@ export class GateProxy {
     if (address === null || typeof address === "string") throw new Error("no address");
     const proxy = new GateProxy(server, `http://127.0.0.1:${address.port}`, options.hold ?? 1);
     server.on("request", (req: IncomingMessage, res: ServerResponse) => {
-      void proxy.#forward(target, req, res, options.batchStatus).catch((err: unknown) => {
+      void proxy.#forward(target, req, res, options).catch((err: unknown) => {
         res.destroy(err instanceof Error ? err : new Error(String(err)));
       });
     });
@@ -126,12 +129,8 @@ export class GateProxy {
     this.#gates[index]?.open();
   }
 
-  async #forward(
-    target: string,
-    req: IncomingMessage,
-    res: ServerResponse,
-    batchStatus: number | undefined,
-  ): Promise<void> {
+  async #forward(target: string, req: IncomingMessage, res: ServerResponse, options: GateOptions): Promise<void> {
+    const batchStatus = options.batchStatus;
     const chunks: Buffer[] = [];
     for await (const chunk of req) chunks.push(chunk as Buffer);
     const body = Buffer.concat(chunks);
@@ -144,6 +143,8 @@ export class GateProxy {
     const index = this.received.length;
     this.received.push({ path, items });
     await this.#gates[index]?.opened;
+    const delay = options.delayMs?.(path) ?? 0;
+    if (delay > 0) await sleep(delay);
     if (batchStatus !== undefined && path === "/v1/batch") {
       const title = STATUS_CODES[batchStatus] ?? "";
       const codes: Record<number, string> = { 404: "not_found", 413: "payload_too_large" };
@@ -177,6 +178,66 @@ export class GateProxy {
   async close(): Promise<void> {
     for (const gate of this.#gates) gate.open();
     this.#server.closeAllConnections();
+    await new Promise((resolve) => this.#server.close(resolve));
+  }
+}
+
+/**
+ * A loopback TCP proxy in front of a real server that holds every chunk a client sends
+ * for a delay drawn from [minMs, maxMs] before passing it on, in order: a slow server
+ * that still answers. The answers come back at once.
+ */
+export class DelayProxy {
+  readonly url: string;
+  readonly #server: Server;
+  readonly #sockets = new Set<Socket>();
+
+  private constructor(server: Server, url: string) {
+    this.#server = server;
+    this.url = url;
+  }
+
+  static async start(target: string, minMs: number, maxMs: number): Promise<DelayProxy> {
+    const { hostname, port } = new URL(target);
+    const server = createServer();
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const address = server.address();
+    if (address === null || typeof address === "string") throw new Error("no address");
+    const proxy = new DelayProxy(server, `http://127.0.0.1:${address.port}`);
+    server.on("connection", (client) => {
+      const upstream = connect(Number(port), hostname);
+      proxy.#sockets.add(client).add(upstream);
+      // The chunks go on one after the other, so that none overtakes the one before it.
+      let passing = Promise.resolve();
+      const pass = (at: number, then: () => void) => {
+        passing = passing
+          .then(() => sleep(Math.max(0, at - Date.now())))
+          .then(() => {
+            if (!upstream.destroyed) then();
+          });
+      };
+      client.on("data", (chunk) => {
+        pass(Date.now() + minMs + Math.random() * (maxMs - minMs), () => upstream.write(chunk));
+      });
+      client.on("end", () => pass(0, () => upstream.end()));
+      upstream.on("data", (chunk) => client.write(chunk));
+      upstream.on("end", () => client.end());
+      for (const [a, b] of [
+        [client, upstream],
+        [upstream, client],
+      ] as const) {
+        a.on("error", () => b.destroy());
+        a.on("close", () => {
+          b.destroy();
+          proxy.#sockets.delete(a);
+        });
+      }
+    });
+    return proxy;
+  }
+
+  async close(): Promise<void> {
+    for (const s of this.#sockets) s.destroy();
     await new Promise((resolve) => this.#server.close(resolve));
   }
 }
