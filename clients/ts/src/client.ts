@@ -66,6 +66,33 @@ export interface ResponseInit {
   body?: Uint8Array | string;
 }
 
+/**
+ * How far a holder of a key got, as it recorded it (Lease.checkpoint,
+ * IdemClient.recordRecoveryPoint): the next acquisition of the key receives it, so that
+ * the work resumes from there instead of starting over.
+ */
+export interface RecoveryPoint {
+  /** The point reached, for example "charged". */
+  readonly name: string;
+  /** What the holder recorded with it; empty when it recorded nothing. */
+  readonly data: Uint8Array;
+  /** The attempt of the holder that recorded it. */
+  readonly attempt: number;
+  /** When idemd recorded it, by idemd's clock. */
+  readonly recordedAt: Date;
+}
+
+/** Reads the wire form of a recovery point. */
+function fromPoint(wire: api.RecoveryPoint | undefined): RecoveryPoint | undefined {
+  if (wire === undefined) return undefined;
+  return Object.freeze({
+    name: wire.name,
+    data: new Uint8Array(Buffer.from(wire.data ?? "", "base64")),
+    attempt: wire.attempt,
+    recordedAt: new Date(wire.recorded_at),
+  });
+}
+
 /** The answer of a claim that got the lease. */
 export interface Acquired {
   outcome: "acquired";
@@ -77,6 +104,11 @@ export interface Acquired {
   leaseExpiresAt: Date;
   /** When idemd forgets the record if nobody completes or releases it. */
   expiresAt: Date;
+  /**
+   * The last point an earlier holder recorded (a takeover, or a claim after a release
+   * for a retry), to resume from; undefined when none was recorded.
+   */
+  recoveryPoint: RecoveryPoint | undefined;
 }
 
 /** The answer of a claim of a finished key: its stored result. */
@@ -104,6 +136,8 @@ export interface KeyRecord {
   leaseExpiresAt: Date | undefined;
   expiresAt: Date;
   response: StoredResponse | undefined;
+  /** The last point a holder recorded, while the key is not finished. */
+  recoveryPoint: RecoveryPoint | undefined;
 }
 
 /** Options every call takes. */
@@ -188,6 +222,28 @@ export interface Lease {
    * goes on after the lease.
    */
   remainingMs(): number;
+  /**
+   * The last point an earlier holder of the key recorded with checkpoint, which this
+   * lease starts from: handed on by a takeover (recovered) and by a claim after a
+   * release for a retry. Undefined when none was recorded.
+   */
+  readonly recoveryPoint: RecoveryPoint | undefined;
+  /**
+   * Records a recovery point under the lease: name says how far the work got (1 to 128
+   * bytes of UTF-8, for example "charged") and data what the next holder needs to go on
+   * from there (at most the daemon's limit, 4096 bytes by default). It replaces the
+   * point recorded before. Should this holder not finish the key, the next one finds the
+   * point in its recoveryPoint: record one right after each effect that must not be made
+   * twice, with what identifies it.
+   *
+   * When idemd answers that the lease is lost (another caller took the key over, or it
+   * is gone), it throws a LeaseLostError and ends the lease as a renewal answered so
+   * would: the signal aborts with it, and the call that runs the work throws it and
+   * stores nothing. Once the lease is lost, it throws why without asking idemd. Data
+   * over the daemon's limit is a PayloadTooLargeError and records nothing; the lease
+   * goes on. Other failures (UnavailableError) leave the lease as it is.
+   */
+  checkpoint(name: string, data?: Uint8Array | string): Promise<void>;
 }
 
 /** What run returns: the operation's value, and whether it was replayed from an earlier run. */
@@ -325,6 +381,7 @@ export class IdemClient {
         recovered: data.recovered,
         leaseExpiresAt: new Date(data.lease_expires_at),
         expiresAt: new Date(data.expires_at),
+        recoveryPoint: fromPoint(data.recovery_point),
       };
     }
     if (data?.outcome !== "completed" && data?.outcome !== "failed") {
@@ -357,6 +414,40 @@ export class IdemClient {
     await this.#do({ release: body }, options.signal);
   }
 
+  /**
+   * Records a recovery point for key under the lease token: name (1 to 128 bytes of
+   * UTF-8) and data (at most the daemon's limit, 4096 bytes by default; a string is
+   * sent as UTF-8). It replaces the point recorded before; the next acquisition of the
+   * key receives it in Acquired.recoveryPoint. Throws a LeaseLostError when the token is
+   * no longer the key's lease or the key is not pending, a NotFoundError when the key is
+   * gone, and a PayloadTooLargeError for data over the limit. Repeating it is safe.
+   * Work run by run, once, consume, the middlewares or a completer records through its
+   * lease instead (Lease.checkpoint), which also ends the lease when idemd says it is
+   * lost.
+   *
+   * A recovery point is never part of a batch: the contract has no batch item for it,
+   * so it always goes as a request of its own.
+   */
+  async recordRecoveryPoint(
+    key: string,
+    leaseToken: string,
+    name: string,
+    data?: Uint8Array | string,
+    options: CallOptions = {},
+  ): Promise<void> {
+    const body: api.RecoveryPointRequest = { key, lease_token: leaseToken, name };
+    if (data !== undefined && data.length > 0) {
+      body.data = (typeof data === "string" ? Buffer.from(data, "utf8") : Buffer.from(data)).toString("base64");
+    }
+    const record = await this.#call(this.#deadline(options.signal), (signal) =>
+      sdk.recordRecoveryPoint({ client: this.#api, body, signal }),
+    );
+    // The record is read only to know the answer is idemd's: the point is the caller's.
+    if (typeof (record as { state?: unknown } | undefined)?.state !== "string") {
+      throw new IdemError("idem: the recovery point was answered without the record; is the base URL idemd's?");
+    }
+  }
+
   /** Renews the lease for another leaseMs; returns when it now runs out. */
   async extend(
     key: string,
@@ -385,6 +476,7 @@ export class IdemClient {
       leaseExpiresAt: data.lease_expires_at === undefined ? undefined : new Date(data.lease_expires_at),
       expiresAt: new Date(data.expires_at),
       response: fromWire(data.response),
+      recoveryPoint: fromPoint(data.recovery_point),
     };
   }
 
@@ -436,6 +528,7 @@ export class IdemClient {
       value = await this.underLease(key, claim.leaseToken, leaseMs, options.signal, fn, {
         attempt: claim.attempt,
         recovered: claim.recovered,
+        recoveryPoint: claim.recoveryPoint,
         sentAt,
       });
     } catch (err) {
@@ -549,7 +642,10 @@ export class IdemClient {
     leaseMs: number,
     callerSignal: AbortSignal | undefined,
     fn: (signal: AbortSignal, lease: Lease) => Promise<T> | T,
-    acquired: { attempt: number; recovered: boolean; sentAt?: number } = { attempt: 0, recovered: false },
+    acquired: { attempt: number; recovered: boolean; recoveryPoint?: RecoveryPoint | undefined; sentAt?: number } = {
+      attempt: 0,
+      recovered: false,
+    },
   ): Promise<T> {
     let basis = acquired.sentAt ?? performance.now();
     let deadline = basis + leaseMs * leaseShare;
@@ -608,6 +704,30 @@ export class IdemClient {
         return deadline;
       },
       remainingMs: () => (lost ? 0 : Math.max(0, deadline - performance.now())),
+      recoveryPoint: acquired.recoveryPoint,
+      checkpoint: async (name: string, data?: Uint8Array | string) => {
+        if (lost) throw lost;
+        try {
+          await this.recordRecoveryPoint(key, leaseToken, name, data);
+        } catch (err) {
+          if (err instanceof LeaseLostError || err instanceof NotFoundError) {
+            // Ends the lease as an answered renewal would; once the work is over there
+            // is nothing left to end, and the answer is thrown as it came.
+            const cause = new LeaseLostError(
+              {
+                status: err.status,
+                code: "lease_lost",
+                title: "Lease lost",
+                detail: `${JSON.stringify(key)} was taken over, or is gone, before its recovery point ${JSON.stringify(name)} was recorded`,
+              },
+              { cause: err },
+            );
+            lose(cause);
+            throw lost ?? cause;
+          }
+          throw err;
+        }
+      },
     });
     let stopped = false;
     const period = Math.max(leaseMs / 3, 10);

@@ -92,6 +92,15 @@ export class UnavailableError extends ProblemError {
   override name = "UnavailableError";
 }
 
+/**
+ * idemd refused a body over its limits: a recovery point's data over the daemon's
+ * --max-recovery-point-bytes (4096 by default), or a result or request too large. Nothing
+ * was recorded; for a recovery point the lease goes on.
+ */
+export class PayloadTooLargeError extends ProblemError {
+  override name = "PayloadTooLargeError";
+}
+
 /** A finished key whose operation failed for good: run replays the stored failure. */
 export class FailedError extends IdemError {
   override name = "FailedError";
@@ -136,6 +145,7 @@ const byCode: Record<string, new (p: ProblemInit, options?: ErrorOptions) => Pro
   fingerprint_mismatch: FingerprintMismatchError,
   lease_lost: LeaseLostError,
   not_found: NotFoundError,
+  payload_too_large: PayloadTooLargeError,
   store_unavailable: UnavailableError,
   not_replicated: UnavailableError,
 };

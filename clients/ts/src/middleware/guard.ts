@@ -1,7 +1,7 @@
 // The Idempotency-Key middleware's behaviour, shared by the Express middleware and the
 // Fastify plugin: docs/middleware.md, row by row (the row names are in the comments).
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { IdemClient, Lease, StoredResponse } from "../client.js";
+import type { IdemClient, Lease, RecoveryPoint, StoredResponse } from "../client.js";
 import {
   FingerprintMismatchError,
   InProgressError,
@@ -41,6 +41,16 @@ export interface IdempotencyOptions<Req> {
    * private says so with a constant.
    */
   scope: (req: Req) => string | null | undefined | Promise<string | null | undefined>;
+  /**
+   * Put before every idemd key the middleware derives, so that the keys of one route or
+   * service share it: a completer (or the abandoned-keys feed) selects them by it, for
+   * example "orders/". The idemd key of a request becomes the prefix followed by the
+   * derived key; the lease the handler finds, and incidents, carry that full key, and
+   * lookup takes it. The derivation itself does not change. Default "". At most 172
+   * bytes of UTF-8, refused at construction otherwise: a derived key is 83 bytes, and
+   * idemd's keys 255 at most.
+   */
+  keyPrefix?: string;
   /** The methods the middleware applies to; default POST and PATCH. */
   methods?: readonly string[];
   /** Answer 400 to a request of those methods without a key; default off. */
@@ -139,12 +149,19 @@ function originForm(target: string): string {
   return target.startsWith("/") ? target : `/${target}`;
 }
 
+/** The length of a derived key (idemdKey): "idempotency-key:v1:" and 64 hex digits. */
+const derivedKeyBytes = 83;
+/** The longest key idemd takes, in bytes of UTF-8. */
+const maxKeyBytes = 255;
+
 /** The lease the middleware claimed for a request. */
 export interface Acquired {
   idemdKey: string;
   leaseToken: string;
   attempt: number;
   recovered: boolean;
+  /** The last point an earlier holder recorded, to resume from. */
+  recoveryPoint: RecoveryPoint | undefined;
   /** The performance.now() at which the claim was sent: the lease's deadline is reckoned from it. */
   sentAt: number;
 }
@@ -183,6 +200,7 @@ export type BodyRead = { body: Buffer } | { tooLarge: true } | { unreadable: unk
 export class Guard<Req> {
   readonly #client: IdemClient;
   readonly #o: Required<Omit<IdempotencyOptions<Req>, "onIncident">> & Pick<IdempotencyOptions<Req>, "onIncident">;
+
   readonly #methods: Set<string>;
   readonly #stored: Set<string>;
 
@@ -208,9 +226,22 @@ export class Guard<Req> {
     if (!(leaseMs >= 100 && leaseMs <= 3_600_000)) {
       throw new RangeError(`idempotency middleware: leaseMs is ${leaseMs}; idemd's leases last 100 to 3600000 ms`);
     }
+    const keyPrefix = options.keyPrefix ?? "";
+    // A lone surrogate has no UTF-8 form: idemd would get a key other than the one the
+    // lease and lookups name.
+    if (
+      typeof keyPrefix !== "string" ||
+      /\p{Surrogate}/u.test(keyPrefix) ||
+      Buffer.byteLength(keyPrefix, "utf8") > maxKeyBytes - derivedKeyBytes
+    ) {
+      throw new RangeError(
+        `idempotency middleware: keyPrefix must be valid UTF-8 of at most ${maxKeyBytes - derivedKeyBytes} bytes, so that its keys fit idemd's ${maxKeyBytes}`,
+      );
+    }
     this.#client = client;
     this.#o = {
       scope: options.scope,
+      keyPrefix,
       methods: options.methods ?? ["POST", "PATCH"],
       requireKey: options.requireKey ?? false,
       waitMs,
@@ -288,7 +319,7 @@ export class Guard<Req> {
     }
     if (typeof scope !== "string" || scope === "" || /\p{Surrogate}/u.test(scope)) return this.#scopeMissing(undefined);
 
-    const derived = idemdKey(scope, key);
+    const derived = this.#o.keyPrefix + idemdKey(scope, key);
     target = originForm(target);
     const queryAt = target.indexOf("?");
     const fp = fingerprint({
@@ -329,6 +360,7 @@ export class Guard<Req> {
           leaseToken: claim.leaseToken,
           attempt: claim.attempt,
           recovered: claim.recovered,
+          recoveryPoint: claim.recoveryPoint,
           sentAt,
         },
       };
