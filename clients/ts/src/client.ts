@@ -140,6 +140,46 @@ export interface KeyRecord {
   recoveryPoint: RecoveryPoint | undefined;
 }
 
+/** Selects a page of the abandoned-keys feed; the default is the first page of every key. */
+export interface AbandonedOptions extends CallOptions {
+  /** Keeps the keys that begin with it (at most 255 bytes); "" or absent keeps all. */
+  prefix?: string;
+  /** Keeps the keys whose lease ran out at least this long ago; default 0. */
+  olderThanMs?: number;
+  /** Bounds the keys of the page, 1 to 1000; default idemd's (100). */
+  limit?: number;
+  /** The next of the page before, read with the same prefix; absent for the first page. */
+  cursor?: string;
+}
+
+/** A key whose holder left it pending: its lease ran out and nobody has claimed it since. */
+export interface AbandonedKey {
+  key: string;
+  /** The attempt of the holder that left it; a claim now is the next. */
+  attempt: number;
+  /**
+   * The key's fingerprint, which a claim must carry to acquire it; "" when it has none,
+   * and a claim must then carry none.
+   */
+  fingerprint: string;
+  /** The owner label of that holder's claim; "" when it gave none. */
+  owner: string;
+  /** When its lease ran out, by idemd's clock. */
+  leaseExpiredAt: Date;
+  /** The name of the last recovery point recorded, "" for none; a claim receives the whole point. */
+  recoveryPoint: string;
+}
+
+/**
+ * One page of the feed. next is the cursor of the next page, undefined at the end. A
+ * page may hold fewer keys than its limit, even none, and still have a next: idemd
+ * bounds the work one page costs.
+ */
+export interface AbandonedPage {
+  keys: AbandonedKey[];
+  next: string | undefined;
+}
+
 /** Options every call takes. */
 export interface CallOptions {
   /** Cancels the call (and, for run, the operation). */
@@ -478,6 +518,55 @@ export class IdemClient {
       response: fromWire(data.response),
       recoveryPoint: fromPoint(data.recovery_point),
     };
+  }
+
+  /**
+   * Reads a page of the abandoned-keys feed: this caller's keys that are pending under a
+   * lease that ran out, which their holders died or were cut off holding. To finish
+   * them, claim each with its fingerprint (the claim decides who finishes a key; one
+   * held again answers InProgressError), or let a completer do it. Read on with next
+   * until it is undefined (abandonedKeys does).
+   */
+  async abandoned(options: AbandonedOptions = {}): Promise<AbandonedPage> {
+    const query: NonNullable<api.ListAbandonedData["query"]> = {};
+    if (options.prefix) query.prefix = options.prefix;
+    if (options.olderThanMs) query.older_than_ms = Math.ceil(options.olderThanMs);
+    if (options.limit !== undefined) query.limit = options.limit;
+    if (options.cursor) query.cursor = options.cursor;
+    const data = await this.#call(this.#deadline(options.signal), (signal) =>
+      sdk.listAbandoned({ client: this.#api, query, signal }),
+    );
+    if (!Array.isArray(data?.keys)) {
+      throw new IdemError("idem: the feed's answer has no keys; is the base URL idemd's?");
+    }
+    return {
+      keys: data.keys.map((k) => ({
+        key: k.key,
+        attempt: k.attempt,
+        fingerprint: k.fingerprint ?? "",
+        owner: k.owner ?? "",
+        leaseExpiredAt: new Date(k.lease_expired_at),
+        recoveryPoint: k.recovery_point ?? "",
+      })),
+      next: data.next_cursor || undefined,
+    };
+  }
+
+  /**
+   * Yields every key of the abandoned-keys feed, page after page from options.cursor
+   * (or the start), until the last page; a page that cannot be read throws. A key
+   * given up while the pages are read may be listed twice.
+   */
+  async *abandonedKeys(options: AbandonedOptions = {}): AsyncGenerator<AbandonedKey, void, undefined> {
+    let cursor = options.cursor;
+    for (;;) {
+      const page = await this.abandoned({ ...options, ...(cursor === undefined ? {} : { cursor }) });
+      yield* page.keys;
+      if (page.next === undefined) return;
+      // A feed that never moves on would be read forever.
+      if (page.next === cursor) throw new IdemError("idem: the feed answered the same cursor again");
+      cursor = page.next;
+    }
   }
 
   /** Deletes the record of key (it needs the admin scope), or throws a NotFoundError. */

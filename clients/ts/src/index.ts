@@ -2,6 +2,9 @@
 // complete, release, extend, lookup and purge; run, which runs a function at most once
 // per key; once, consume, messageKey and stepKey, for queue consumers.
 export {
+  type AbandonedKey,
+  type AbandonedOptions,
+  type AbandonedPage,
   type Acquired,
   type CallOptions,
   type Claim,
