@@ -38,7 +38,8 @@ waiters that hang up, leases taken over, purges, recovery points and the abandon
 feed, injects faults, and prints a row per sample.
 
 It exits 1 when an acknowledged completion is lost (a lookup or a replay within its
-retention finds it gone or changed) or a measure does not level off:
+retention finds it gone or changed) or a measure does not level off, and 2 when it
+could not run (no redis-server, idemd did not build or start):
 
 %s
 

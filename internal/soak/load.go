@@ -88,8 +88,8 @@ type load struct {
 	stats     *stats
 	book      *ackBook
 	retention time.Duration
-	// longRetention is the retention of the completions the book keeps for the whole
-	// run; zero once the first phase is over.
+	// The completions of the first keepFirst after start are kept for longKeep,
+	// longer than the run, so that every sample checks them again.
 	start     time.Time
 	keepFirst time.Duration
 	longKeep  time.Duration
