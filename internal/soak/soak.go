@@ -442,7 +442,12 @@ var slacks = []struct {
 
 // LevellingRule says in words what levels computes; the command's help and the docs
 // quote it.
-const LevellingRule = `A measure levels off when the largest value of the last third of the samples is at most the largest value of the middle third plus a slack: 25 % (plus 20) for goroutines, 25 % (plus 10) for open fds, 25 % (plus 16 MiB) for RSS, 5 % (plus 40) for metric series, 25 % (plus 100) for Redis keys and 25 % (plus 4 MiB) for Redis used_memory. The first third is warm-up: with a retention much shorter than a third of the run, the records of a steady load reach their steady count in it.`
+const LevellingRule = `A measure levels off when the largest value of the last third of the samples is at
+most the largest value of the middle third plus a slack: 25 % (plus 20) for
+goroutines, 25 % (plus 10) for open fds, 25 % (plus 16 MiB) for RSS, 5 % (plus 40)
+for metric series, 25 % (plus 100) for Redis keys and 25 % (plus 4 MiB) for Redis
+used_memory. The first third is warm-up: with a retention much shorter than a third
+of the run, the records of a steady load reach their steady count in it.`
 
 // levels applies LevellingRule to each measure.
 func levels(rows []Sample) []Level {
