@@ -3,8 +3,10 @@
 // publishes a message carrying the request's idemd key; chargers in Go (charger/) and
 // Python (charger.py) consume the messages from RabbitMQ and charge PostgreSQL once per
 // payment, with the fenced charge of examples/effects, acknowledging each delivery by
-// the table in docs/queues.md. payments_test.go runs it all with retrying callers and
-// chargers killed mid-message.
+// the table in docs/queues.md; a completer (completer/, Go) finishes the requests whose
+// API process died after recording a payment and before publishing it, when their
+// callers never retry. payments_test.go runs it all with retrying callers and chargers
+// killed mid-message, and with an API killed mid-request and callers that never retry.
 package payments
 
 import "github.com/idemd/idemd/examples/effects"
@@ -16,6 +18,12 @@ const (
 	DeadLetters = "payments.dead"
 	// Step is the step of a payment's work that the chargers run.
 	Step = "charge"
+	// KeyPrefix begins every idemd key of the API's POST /payments (the middleware's
+	// key prefix), so that the completer finds that route's abandoned keys.
+	KeyPrefix = "payments/"
+	// PointRecorded is the recovery point the API records once the payment is in
+	// the database, before it publishes the message.
+	PointRecorded = "recorded"
 )
 
 // Schema is the system's tables: effects.Schema (accounts, fences, the ledger), the
