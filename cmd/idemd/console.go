@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 )
 
@@ -23,6 +25,12 @@ func (m *Main) console() server.Console {
 	}
 	if c, ok := m.store.(prometheus.Collector); ok {
 		info.Stats = c
+	}
+	if rs, ok := m.store.(*redisstore.Store); ok {
+		info.AgreedLayout = func(ctx context.Context) (string, string, error) {
+			a, err := rs.AgreeLayout(ctx)
+			return string(a.Layout), a.Reason, err
+		}
 	}
 	return server.Console{Enabled: true, Store: info}
 }

@@ -6,7 +6,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/idemd/idemd/internal/testredis"
 )
 
 func get(t *testing.T, url string) (int, http.Header, []byte) {
@@ -71,5 +74,21 @@ func TestStoreKind(t *testing.T) {
 		if got := storeKind(url); got != want {
 			t.Errorf("storeKind(%q) = %s, want %s", url, got, want)
 		}
+	}
+}
+
+// TestConsoleShowsTheAgreedLayout: over Redis, told no layout, the console's store view
+// shows the layout the daemons agreed on, and why, beside what the flag said.
+func TestConsoleShowsTheAgreedLayout(t *testing.T) {
+	r := testredis.Start(t)
+	m, _, _ := startMain(t, "--store", r.URL(), "--console")
+	status, _, body := get(t, "http://"+m.Addr()+"/console/api/store")
+	var store map[string]any
+	if err := json.Unmarshal(body, &store); err != nil || status != http.StatusOK {
+		t.Fatalf("store view: %d %s", status, body)
+	}
+	layout, _ := store["layout"].(string)
+	if store["kind"] != "redis" || !strings.HasPrefix(layout, "lean-only (auto: ") {
+		t.Errorf("store view of an empty Redis, told no layout: %s", body)
 	}
 }

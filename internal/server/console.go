@@ -41,6 +41,9 @@ type StoreInfo struct {
 	Kind string
 	// Layout is how the store keeps records (for Redis, --redis-record-layout).
 	Layout string
+	// AgreedLayout, when set, says the layout the daemons sharing the store agreed on
+	// and why (for Redis told auto, or none): the console shows it beside Layout.
+	AgreedLayout func(ctx context.Context) (layout, why string, err error)
 	// Location is where the records are: the embedded store's file, or the Redis
 	// addresses without a password.
 	Location string
@@ -463,6 +466,11 @@ func (s *Server) consoleStore(c echo.Context) error {
 	defer cancel()
 	if err := s.engine.Ready(ctx); err != nil {
 		out.Ready, out.ReadyError = false, toProblem(err).detail
+	}
+	if st.AgreedLayout != nil {
+		if layout, why, err := st.AgreedLayout(ctx); err == nil {
+			out.Layout = fmt.Sprintf("%s (%s: %s)", layout, st.Layout, why)
+		}
 	}
 	if s.console.stats != nil {
 		masters, err := s.gatherMasters()
