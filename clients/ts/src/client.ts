@@ -351,6 +351,19 @@ export function newClaimSecret(): string {
 const defaultLeaseMs = 30_000;
 
 let batcherOf: (client: IdemClient) => Batcher | undefined;
+let claimAndRunOf: (client: IdemClient) => CompleterRun;
+
+/** run's path as a completer takes it: fn's result stored as given, an error leaving the key pending. */
+export type CompleterRun = (
+  key: string,
+  fn: (signal: AbortSignal, lease: Lease) => Promise<ResponseInit> | ResponseInit,
+  options: RunOptions,
+) => Promise<{ ran: true; value: ResponseInit } | { ran: false; finished: Finished }>;
+
+/** run's path for a completer of client's keys (the package's own Completer uses it). */
+export function completerRun(client: IdemClient): CompleterRun {
+  return claimAndRunOf(client);
+}
 
 /** How many calls of client wait for its request in flight to return (for tests). */
 export function queuedCalls(client: IdemClient): number {
@@ -367,6 +380,7 @@ export class IdemClient {
 
   static {
     batcherOf = (client) => client.#batcher;
+    claimAndRunOf = (client) => (key, fn, options) => client.#claimAndRun(key, fn, options, (r) => r, true);
   }
 
   constructor(options: ClientOptions) {
@@ -596,6 +610,35 @@ export class IdemClient {
     fn: (signal: AbortSignal, lease: Lease) => Promise<T> | T,
     options: RunOptions = {},
   ): Promise<RunResult<T>> {
+    const ran = await this.#claimAndRun(
+      key,
+      fn,
+      options,
+      (value) => jsonResponse(value === undefined ? "" : JSON.stringify(value)),
+      false,
+    );
+    if (ran.ran) return { value: ran.value, replayed: false };
+    const claim = ran.finished;
+    const stored = parseStored(key, claim.response);
+    if (claim.outcome === "completed") return { value: stored as T, replayed: true };
+    const failure = (stored ?? {}) as { message?: unknown; value?: unknown };
+    throw new FailedError(typeof failure.message === "string" ? failure.message : "failed", failure.value);
+  }
+
+  /**
+   * run's path: claims key, runs fn under the lease and stores store(value), or returns
+   * the finished claim without running fn. An error from fn releases the key for a
+   * retry, unless leavePending: a completer leaves it pending, because a released key
+   * drops out of the abandoned-keys feed it works from; the key is listed again once the
+   * lease runs out. A PermanentError is stored as the key's failure either way.
+   */
+  async #claimAndRun<T>(
+    key: string,
+    fn: (signal: AbortSignal, lease: Lease) => Promise<T> | T,
+    options: RunOptions,
+    store: (value: T) => ResponseInit,
+    leavePending: boolean,
+  ): Promise<{ ran: true; value: T } | { ran: false; finished: Finished }> {
     const leaseMs = options.leaseMs ?? defaultLeaseMs;
     const claimOptions: ClaimOptions = { leaseMs };
     if (options.fingerprint !== undefined) claimOptions.fingerprint = options.fingerprint;
@@ -605,12 +648,7 @@ export class IdemClient {
     // later than the claim's real send.
     const sentAt = performance.now();
     const claim = await this.claim(key, claimOptions);
-    if (claim.outcome !== "acquired") {
-      const stored = parseStored(key, claim.response);
-      if (claim.outcome === "completed") return { value: stored as T, replayed: true };
-      const failure = (stored ?? {}) as { message?: unknown; value?: unknown };
-      throw new FailedError(typeof failure.message === "string" ? failure.message : "failed", failure.value);
-    }
+    if (claim.outcome !== "acquired") return { ran: false, finished: claim };
 
     let value: T;
     try {
@@ -625,18 +663,18 @@ export class IdemClient {
       if (err instanceof PermanentError) {
         const failure = JSON.stringify({ message: err.message, value: err.value });
         await this.release(key, claim.leaseToken, "fail", { response: jsonResponse(failure) });
-      } else {
+      } else if (!leavePending) {
         // If this release fails too, the lease runs out and a later run calls fn again.
         await this.release(key, claim.leaseToken, "retry").catch(() => undefined);
       }
       throw err;
     }
     try {
-      await this.complete(key, claim.leaseToken, jsonResponse(value === undefined ? "" : JSON.stringify(value)));
+      await this.complete(key, claim.leaseToken, store(value));
     } catch (err) {
       throw new ResultNotStoredError(key, value, err);
     }
-    return { value, replayed: false };
+    return { ran: true, value };
   }
 
   /**

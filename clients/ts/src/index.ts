@@ -1,6 +1,7 @@
 // The TypeScript client of idemd, the idempotency service: typed calls for claim,
 // complete, release, extend, lookup and purge; run, which runs a function at most once
-// per key; once, consume, messageKey and stepKey, for queue consumers.
+// per key; once, consume, messageKey and stepKey, for queue consumers; the
+// abandoned-keys feed and the Completer, which finishes the work holders left pending.
 export {
   type AbandonedKey,
   type AbandonedOptions,
@@ -39,4 +40,5 @@ export {
   ResultNotStoredError,
   UnavailableError,
 } from "./errors.js";
+export { Completer, type CompleterOptions, type CompleterStats } from "./completer.js";
 export { messageHeader, messageKey, stepKey } from "./key.js";
