@@ -344,10 +344,18 @@ func TestSentinelFailover(t *testing.T) {
 		Response: engine.Response{Status: 200, Body: []byte("kept")}}); err != nil {
 		t.Fatal(err)
 	}
-	// Let the replica catch up, as a replica acknowledgement would have ensured.
-	if reply, err := sen.Master.Command("WAIT", "1", "5000"); err != nil || reply != ":1" {
-		t.Fatalf("WAIT: %q %v", reply, err)
+	// Let the replica catch up, as a replica acknowledgement would have ensured. WAIT
+	// on a connection of its own would count only that connection's writes, none.
+	// Instead a marker is written after the completion: the replica applies the
+	// master's writes in order, so once it holds the marker it holds the completion.
+	marker := engine.ID{Tenant: engine.DefaultTenant, Key: "replicated"}
+	if _, err := s.Claim(ctx, engine.Claim{ID: marker, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}); err != nil {
+		t.Fatal(err)
 	}
+	wait.For(t, 30*time.Second, "the replica to hold the writes before the failover", func() bool {
+		reply, err := sen.Replica.Command("EXISTS", redisstore.RecordKey(marker), redisstore.LeanKey(marker))
+		return err == nil && reply == ":1"
+	})
 	sen.Master.Stop()
 
 	sawUnavailable := false
