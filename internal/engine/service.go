@@ -118,7 +118,11 @@ func bounded[T any](s *Service, ctx context.Context, call func(context.Context) 
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return v, ctxErr
 	}
-	if callCtx.Err() != nil {
+	// The caller is still there, so a deadline or cancellation in the store's error is
+	// the store's: its call deadline, or one a store set itself, such as a pipeline that
+	// runs to the latest deadline of the calls it carries, which may pass an instant
+	// before callCtx says so.
+	if callCtx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return v, &StoreTimeoutError{Timeout: s.storeTimeout, cause: err}
 	}
 	return v, err

@@ -85,8 +85,9 @@ func toProblem(err error) *problem {
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller went away", cause: err}
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		// Writing the answer outlasted the write timeout: the client does not read.
+	case errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, engine.ErrUnavailable):
+		// Writing the answer outlasted the write timeout: the client does not read. The
+		// same error from the store's own connection is the store's, answered below.
 		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller did not read its answer in time", cause: err}
 	case errors.Is(err, auth.ErrMissingToken):
 		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd"`,
