@@ -5,10 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -16,13 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/examples/payments"
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/testpg"
-	"github.com/idemd/idemd/internal/testrabbit"
 	"github.com/idemd/idemd/internal/wait"
 )
 
@@ -44,54 +36,11 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a crash test of the whole system; it runs without -short")
 	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := filepath.Join(root, "examples/payments/api/dist/server.js")
-	if _, err := os.Stat(api); err != nil {
-		required(t, "the API is not built (make payments-api): %v", err)
-	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		required(t, "node is not installed: %v", err)
-	}
-
-	broker := testrabbit.New(t)
-	pg := testpg.New(t)
-	db, err := pgxpool.New(t.Context(), pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Exec(t.Context(), payments.Schema); err != nil {
-		t.Fatal(err)
-	}
-	for i := range accounts {
-		if _, err := db.Exec(t.Context(), `INSERT INTO accounts VALUES ($1, $2)`, fmt.Sprint("acct-", i), opening); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := t.TempDir()
-	for name, pkg := range map[string]string{"idemd": "./cmd/idemd", "charger": "./examples/payments/charger",
-		"completer": "./examples/payments/completer"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), pkg)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	idemdURL := testdaemon.Start(t, filepath.Join(bin, "idemd"), "/readyz", "--log-level", "warn")
-	env := append(testdaemon.Env(), "IDEMD_URL="+idemdURL, "DATABASE_URL="+pg.URL, "AMQP_URL="+broker.URL)
-
-	addr := testdaemon.FreeAddr(t)
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	sys := startSystem(t)
+	db, bin, env, addr, node, api := sys.db, sys.bin, sys.env, sys.addr, sys.node, sys.api
 	apiURL := "http://" + addr
 	// The API's lease is short, so that a dead request's key is abandoned soon after.
-	apiEnv := append(slices.Clip(env), "PORT="+port, "LEASE_MS=1000", "CRASH_BEFORE_PUBLISH="+crashRate)
+	apiEnv := append(slices.Clip(env), "PORT="+sys.port, "LEASE_MS=1000", "CRASH_BEFORE_PUBLISH="+crashRate)
 	var apiStarts atomic.Int64
 	apiReady := func() bool {
 		resp, err := http.Get(apiURL + "/healthz")
@@ -173,7 +122,7 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 
 	// No key is left pending: each is finished by the API or by the completer, or
 	// was never claimed (the request died before its claim reached idemd).
-	client, err := idem.New(idemdURL)
+	client, err := idem.New(sys.idemdURL)
 	if err != nil {
 		t.Fatal(err)
 	}

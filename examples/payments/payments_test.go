@@ -55,55 +55,14 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a crash test of the whole system; it runs without -short")
 	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
-	api := filepath.Join(root, "examples/payments/api/dist/server.js")
+	sys := startSystem(t)
+	root, db, bin := sys.root, sys.db, sys.bin
 	python := filepath.Join(root, "clients/python/.venv/bin/python")
-	if _, err := os.Stat(api); err != nil {
-		required(t, "the API is not built (make examples/payments/api/dist/server.js): %v", err)
-	}
 	if _, err := os.Stat(python); err != nil {
 		required(t, "the Python client's venv is missing (make clients/python/.venv/installed): %v", err)
 	}
-	node, err := exec.LookPath("node")
-	if err != nil {
-		required(t, "node is not installed: %v", err)
-	}
-
-	broker := testrabbit.New(t)
-	pg := testpg.New(t)
-	db, err := pgxpool.New(t.Context(), pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	if _, err := db.Exec(t.Context(), payments.Schema); err != nil {
-		t.Fatal(err)
-	}
-	for i := range accounts {
-		if _, err := db.Exec(t.Context(), `INSERT INTO accounts VALUES ($1, $2)`, fmt.Sprint("acct-", i), opening); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := t.TempDir()
-	for name, pkg := range map[string]string{"idemd": "./cmd/idemd", "charger": "./examples/payments/charger"} {
-		cmd := exec.Command("go", "build", "-o", filepath.Join(bin, name), pkg)
-		cmd.Dir = root
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	idemdURL := testdaemon.Start(t, filepath.Join(bin, "idemd"), "/readyz", "--log-level", "warn")
-	env := append(testdaemon.Env(), "IDEMD_URL="+idemdURL, "DATABASE_URL="+pg.URL, "AMQP_URL="+broker.URL,
-		"LEASE_MS=1500", "PAUSE_MS=20")
-
-	addr := testdaemon.FreeAddr(t)
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env := append(slices.Clip(sys.env), "LEASE_MS=1500", "PAUSE_MS=20")
+	addr, port, node, api := sys.addr, sys.port, sys.node, sys.api
 	apiProc, err := startProcess(t, append(slices.Clip(env), "PORT="+port), node, api)
 	if err != nil {
 		t.Fatal(err)
@@ -250,6 +209,66 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 		requests.Load(), retries.Load(), payingUsers*perUser, len(accepted), ledger, redeliveries, kills.Load())
 	t.Log(msg)
 	fmt.Println(msg)
+}
+
+// system is what both tests of the whole system start the same way: RabbitMQ,
+// PostgreSQL with the schema and the accounts, idemd, and the binaries they run (idemd,
+// the Go charger and the completer) built from this repository; env is what every
+// process of the system is given, and addr where the API is to listen.
+type system struct {
+	root, bin, node, api string
+	idemdURL             string
+	db                   *pgxpool.Pool
+	env                  []string
+	addr, port           string
+}
+
+// startSystem starts the system, saying so and skipping (or failing, where CI asks for
+// every part) when the API is not built or node is missing.
+func startSystem(t *testing.T) *system {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := &system{root: root, api: filepath.Join(root, "examples/payments/api/dist/server.js")}
+	if _, err := os.Stat(sys.api); err != nil {
+		required(t, "the API is not built (make payments-api): %v", err)
+	}
+	if sys.node, err = exec.LookPath("node"); err != nil {
+		required(t, "node is not installed: %v", err)
+	}
+
+	broker := testrabbit.New(t)
+	pg := testpg.New(t)
+	if sys.db, err = pgxpool.New(t.Context(), pg.URL); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sys.db.Close)
+	if _, err := sys.db.Exec(t.Context(), payments.Schema); err != nil {
+		t.Fatal(err)
+	}
+	for i := range accounts {
+		if _, err := sys.db.Exec(t.Context(), `INSERT INTO accounts VALUES ($1, $2)`, fmt.Sprint("acct-", i), opening); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sys.bin = t.TempDir()
+	for name, pkg := range map[string]string{"idemd": "./cmd/idemd", "charger": "./examples/payments/charger",
+		"completer": "./examples/payments/completer"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(sys.bin, name), pkg)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	sys.idemdURL = testdaemon.Start(t, filepath.Join(sys.bin, "idemd"), "/readyz", "--log-level", "warn")
+	sys.env = append(testdaemon.Env(), "IDEMD_URL="+sys.idemdURL, "DATABASE_URL="+pg.URL, "AMQP_URL="+broker.URL)
+	sys.addr = testdaemon.FreeAddr(t)
+	if _, sys.port, err = net.SplitHostPort(sys.addr); err != nil {
+		t.Fatal(err)
+	}
+	return sys
 }
 
 // pay sends one POST /payments and returns the payment's ID when the API accepted it.
