@@ -29,6 +29,8 @@ type notifier struct {
 	channels map[string]*channel
 	// closed is set by close; a watch after it fails instead of reconnecting.
 	closed bool
+	// subscribeWait bounds how long watch waits for Redis to confirm a subscription.
+	subscribeWait time.Duration
 }
 
 type subscription struct {
@@ -48,6 +50,16 @@ type channel struct {
 	ready chan struct{}
 }
 
+// wake tells each watcher to look at its record again; n.mu is held.
+func (ch *channel) wake() {
+	for w := range ch.watchers {
+		select {
+		case w.c <- struct{}{}:
+		default:
+		}
+	}
+}
+
 type watch struct {
 	n     *notifier
 	name  string
@@ -60,11 +72,14 @@ func (w *watch) C() <-chan struct{} { return w.c }
 func (w *watch) Close() { w.close.Do(func() { w.n.unwatch(w) }) }
 
 func newNotifier(client Client) *notifier {
-	return &notifier{client: client, subs: map[string]*subscription{}, channels: map[string]*channel{}}
+	return &notifier{client: client, subs: map[string]*subscription{}, channels: map[string]*channel{},
+		subscribeWait: subscribeWait}
 }
 
-// subscribeWait bounds how long watch waits for Redis to confirm a subscription; past
-// it the waiter still re-checks the record on its own schedule.
+// subscribeWait bounds how long watch waits for Redis to confirm a subscription. A
+// watch that returns before the confirmation is woken when it comes (see receive), so
+// that its waiter looks at the record again: a change made before Redis took the
+// subscription in sent its message to nobody.
 const subscribeWait = time.Second
 
 // versionScript answers the server's version as a number (0x070000 for 7.0.0); Redis
@@ -154,10 +169,15 @@ func (n *notifier) watch(ctx context.Context, name string) (*watch, error) {
 		ch.sub.cancel = cancel
 		go n.receive(ctx, ch.sub)
 	})
-	timer := time.NewTimer(subscribeWait)
+	timer := time.NewTimer(n.subscribeWait)
 	defer timer.Stop()
 	select {
 	case <-ch.ready:
+		// The caller reads the record after this; a wake-up from before is stale.
+		select {
+		case <-w.c:
+		default:
+		}
 	case <-timer.C:
 	case <-ctx.Done():
 		w.Close()
@@ -216,6 +236,9 @@ func (n *notifier) receive(ctx context.Context, sub *subscription) {
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
+				// A confirmation that comes late, or again after go-redis reconnected and
+				// resubscribed, may follow messages that went to nobody: every watcher
+				// looks at its record again.
 				n.mu.Lock()
 				if ch, ok := n.channels[m.Channel]; ok {
 					select {
@@ -223,18 +246,14 @@ func (n *notifier) receive(ctx context.Context, sub *subscription) {
 					default:
 						close(ch.ready)
 					}
+					ch.wake()
 				}
 				n.mu.Unlock()
 			}
 		case *redis.Message:
 			n.mu.Lock()
 			if ch, ok := n.channels[m.Channel]; ok {
-				for w := range ch.watchers {
-					select {
-					case w.c <- struct{}{}:
-					default:
-					}
-				}
+				ch.wake()
 			}
 			n.mu.Unlock()
 		}
