@@ -306,6 +306,8 @@ type RecoveryPoint struct {
 type RecoveryPointRequest struct {
 	// Data What the next holder needs to resume, base64-encoded; at most the daemon's
 	// --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.
+	// A client that seals (docs/sealing.md) sends an envelope here, which idemd keeps
+	// as it keeps any bytes.
 	Data *[]byte `json:"data,omitempty"`
 
 	// Key The idempotency key, 1 to 255 bytes of UTF-8.
@@ -340,6 +342,9 @@ type StoredResponse struct {
 
 	// Headers Header names are RFC 9110 tokens and values hold no CR, LF, NUL or other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer, Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
 	Headers *map[string][]string `json:"headers,omitempty"`
+
+	// Sealed The response's headers and body, sealed by the client with a key idemd does not hold (an AEAD envelope, base64-encoded; docs/sealing.md gives its format). idemd stores and answers it as given and reads only its first bytes, to refuse what is not an envelope; the status stays readable. With it, `headers` and `body` are absent, whatever the status. A plain response may not carry a header named `Idemd-Sealed`, the name under which a store keeps the mark of a sealed one.
+	Sealed *[]byte `json:"sealed,omitempty"`
 
 	// Status A final HTTP status; a 1xx cannot be replayed as an answer.
 	Status int `json:"status"`

@@ -94,6 +94,23 @@ type Response struct {
 	Body    []byte
 }
 
+// SealedHeader is the header under which a store keeps the mark of a sealed response:
+// a response whose only header is this one, with the value "1", holds in its body the
+// envelope a client sealed its headers and body in. The HTTP layer answers it as the
+// contract's `sealed` member and refuses the name in a plain response.
+const SealedHeader = "Idemd-Sealed"
+
+// Sealed is the envelope of a sealed response, or nil for a plain one.
+func (r *Response) Sealed() []byte {
+	if r == nil || len(r.Headers) != 1 {
+		return nil
+	}
+	if v := r.Headers[SealedHeader]; len(v) == 1 && v[0] == "1" {
+		return r.Body
+	}
+	return nil
+}
+
 // Size is what the response counts against the stored-response limit.
 func (r *Response) Size() int {
 	if r == nil {

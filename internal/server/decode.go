@@ -211,6 +211,9 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 	if r.Status < 200 || r.Status > 599 {
 		return engine.Response{}, invalid("%s.status is %d; it must be a final HTTP status, 200 to 599", field, r.Status)
 	}
+	if r.Sealed != nil {
+		return s.sealedResponse(field, r)
+	}
 	resp := engine.Response{Status: r.Status}
 	if r.Headers != nil {
 		names := slices.Sorted(maps.Keys(*r.Headers))
@@ -224,6 +227,8 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 				return engine.Response{}, invalid("%s: not a valid header name (an RFC 9110 token)", at)
 			case unreplayable[lower] || strings.HasPrefix(lower, "proxy-"):
 				return engine.Response{}, invalid("%s: a hop-by-hop or framing header, which the server replaying the response sets itself", at)
+			case strings.EqualFold(name, engine.SealedHeader):
+				return engine.Response{}, invalid("%s: the name is reserved for the mark of a sealed response; send the envelope as %s.sealed", at, field)
 			}
 			for i, v := range (*r.Headers)[name] {
 				if !httpguts.ValidHeaderFieldValue(v) {
@@ -244,6 +249,62 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 			detail: fmt.Sprintf("%s is %d bytes (body and headers), over the limit of %d", field, n, s.limits.MaxResponseBytes)}
 	}
 	return resp, nil
+}
+
+// The first bytes of a sealed envelope (docs/sealing.md): a marker no UTF-8 text
+// holds, the version, and the length of the key id that follows.
+const (
+	sealMarker    = 0xC1
+	sealVersion   = 1
+	sealMaxKeyID  = 32
+	sealFixedSize = 3 + 16 + 12 + 16 // head, salt, nonce, tag
+)
+
+// sealedResponse keeps a sealed response as the store marks it. idemd cannot open the
+// envelope; it reads its head only, to refuse what no client would be able to open.
+func (s *Server) sealedResponse(field string, r api.StoredResponse) (engine.Response, error) {
+	switch {
+	case r.Headers != nil:
+		return engine.Response{}, invalid("%s.headers: a sealed response carries its headers inside %s.sealed", field, field)
+	case r.Body != nil:
+		return engine.Response{}, invalid("%s.body: a sealed response carries its body inside %s.sealed", field, field)
+	}
+	env := *r.Sealed
+	if err := validEnvelope(env); err != nil {
+		return engine.Response{}, invalid("%s.sealed: %v", field, err)
+	}
+	resp := engine.Response{Status: r.Status, Headers: map[string][]string{engine.SealedHeader: {"1"}}, Body: env}
+	if n := resp.Size(); n > s.limits.MaxResponseBytes {
+		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
+			detail: fmt.Sprintf("%s is %d bytes (the envelope and its mark), over the limit of %d", field, n, s.limits.MaxResponseBytes)}
+	}
+	return resp, nil
+}
+
+func validEnvelope(env []byte) error {
+	if len(env) < 3 || env[0] != sealMarker {
+		return errors.New("not a sealed envelope (its first byte is 0xC1)")
+	}
+	if env[1] != sealVersion {
+		return fmt.Errorf("envelope version %d; this daemon knows version %d", env[1], sealVersion)
+	}
+	n := int(env[2])
+	if n < 1 || n > sealMaxKeyID {
+		return fmt.Errorf("a key id of %d bytes; it is 1 to %d", n, sealMaxKeyID)
+	}
+	if len(env) < sealFixedSize+n {
+		return fmt.Errorf("%d bytes, shorter than the %d of an empty sealed result", len(env), sealFixedSize+n)
+	}
+	for _, c := range env[3 : 3+n] {
+		if !validKeyIDByte(c) {
+			return errors.New("the key id holds a byte other than a letter, a digit, '.', '_' or '-'")
+		}
+	}
+	return nil
+}
+
+func validKeyIDByte(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-'
 }
 
 func (s *Server) completion(tenant string, r api.CompleteRequest) (engine.Completion, error) {

@@ -411,6 +411,10 @@ func apiResponse(r *engine.Response) *api.StoredResponse {
 		return nil
 	}
 	out := &api.StoredResponse{Status: r.Status}
+	if env := r.Sealed(); env != nil {
+		out.Sealed = &env
+		return out
+	}
 	if r.Headers != nil {
 		out.Headers = &r.Headers
 	}

@@ -122,6 +122,10 @@ export type StoredResponse = {
      * The body, base64-encoded. A 204 or 304 response has none.
      */
     body?: string;
+    /**
+     * The response's headers and body, sealed by the client with a key idemd does not hold (an AEAD envelope, base64-encoded; docs/sealing.md gives its format). idemd stores and answers it as given and reads only its first bytes, to refuse what is not an envelope; the status stays readable. With it, `headers` and `body` are absent, whatever the status. A plain response may not carry a header named `Idemd-Sealed`, the name under which a store keeps the mark of a sealed one.
+     */
+    sealed?: string;
 };
 
 export type CompleteRequest = {
@@ -243,6 +247,8 @@ export type RecoveryPointRequest = {
     /**
      * What the next holder needs to resume, base64-encoded; at most the daemon's
      * --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.
+     * A client that seals (docs/sealing.md) sends an envelope here, which idemd keeps
+     * as it keeps any bytes.
      *
      */
     data?: string;

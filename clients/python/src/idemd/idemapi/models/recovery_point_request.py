@@ -19,6 +19,8 @@ class RecoveryPointRequest:
         name (str): The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
         data (str | Unset): What the next holder needs to resume, base64-encoded; at most the daemon's
             --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.
+            A client that seals (docs/sealing.md) sends an envelope here, which idemd keeps
+            as it keeps any bytes.
     """
 
     key: str

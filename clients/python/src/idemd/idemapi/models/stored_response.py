@@ -23,11 +23,17 @@ class StoredResponse:
             other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer,
             Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
         body (str | Unset): The body, base64-encoded. A 204 or 304 response has none.
+        sealed (str | Unset): The response's headers and body, sealed by the client with a key idemd does not hold (an
+            AEAD envelope, base64-encoded; docs/sealing.md gives its format). idemd stores and answers it as given and reads
+            only its first bytes, to refuse what is not an envelope; the status stays readable. With it, `headers` and
+            `body` are absent, whatever the status. A plain response may not carry a header named `Idemd-Sealed`, the name
+            under which a store keeps the mark of a sealed one.
     """
 
     status: int
     headers: StoredResponseHeaders | Unset = UNSET
     body: str | Unset = UNSET
+    sealed: str | Unset = UNSET
 
     def to_dict(self) -> dict[str, Any]:
         status = self.status
@@ -37,6 +43,8 @@ class StoredResponse:
             headers = self.headers.to_dict()
 
         body = self.body
+
+        sealed = self.sealed
 
         field_dict: dict[str, Any] = {}
 
@@ -49,6 +57,8 @@ class StoredResponse:
             field_dict["headers"] = headers
         if body is not UNSET:
             field_dict["body"] = body
+        if sealed is not UNSET:
+            field_dict["sealed"] = sealed
 
         return field_dict
 
@@ -68,10 +78,13 @@ class StoredResponse:
 
         body = d.pop("body", UNSET)
 
+        sealed = d.pop("sealed", UNSET)
+
         stored_response = cls(
             status=status,
             headers=headers,
             body=body,
+            sealed=sealed,
         )
 
         return stored_response
