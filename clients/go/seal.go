@@ -1,0 +1,363 @@
+package idem
+
+import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// Sealing: the client seals the results it stores and the recovery points it records
+// with keys idemd never sees, and opens them when they come back (docs/sealing.md).
+//
+// An envelope is
+//
+//	0xC1 | version 1 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
+//
+// sealed with AES-256-GCM under a key derived for the one message, HKDF-SHA256(ring key,
+// salt, "idemd seal v1"), so that random nonces never meet the 2^32-messages-per-key
+// limit of GCM with a fixed key. The associated data binds the envelope's head, the
+// tenant, the idemd key and, for a result, its readable status or, for a recovery
+// point, its name: an envelope moved to another key, tenant, status or point fails to
+// open.
+
+const (
+	sealMarker   = 0xC1
+	sealVersion  = 1
+	sealSaltLen  = 16
+	sealNonceLen = 12
+	sealTagLen   = 16
+	sealKeyLen   = 32
+	sealMaxKeyID = 32
+	sealInfo     = "idemd seal v1"
+)
+
+// ErrUnsealable matches every error of a sealed result or recovery point that cannot
+// be opened; errors.As gives the *SealError with the reason.
+var ErrUnsealable = errors.New("idemd: a sealed result cannot be opened")
+
+// The reasons of a SealError.
+const (
+	// SealUnknownKey: the envelope names a key the ring does not hold.
+	SealUnknownKey = "unknown_key"
+	// SealInvalid: not an envelope, or one that fails to open: tampered with, moved to
+	// another key, tenant, status or point, or sealed with other bytes under the id.
+	SealInvalid = "invalid"
+	// SealMissing: the ring requires sealed results (RequireSealed) and this one is plain.
+	SealMissing = "not_sealed"
+)
+
+// SealError says why a sealed result or recovery point could not be opened. The
+// operation is not run again for it: the key is done, and its result is unreadable here.
+type SealError struct {
+	Reason string
+	// KeyID is the id the envelope names, when it has one.
+	KeyID string
+}
+
+func (e *SealError) Error() string {
+	switch e.Reason {
+	case SealUnknownKey:
+		return fmt.Sprintf("idemd: the result is sealed with key %q, which the key ring does not hold", e.KeyID)
+	case SealMissing:
+		return "idemd: the result is not sealed, and the key ring requires sealed results"
+	}
+	return "idemd: the sealed result does not open: tampered with, moved, or sealed with other key bytes"
+}
+
+// Is makes errors.Is(err, ErrUnsealable) true.
+func (e *SealError) Is(target error) bool { return target == ErrUnsealable }
+
+// SealKey is one key of a ring: an id of 1 to 32 letters, digits, '.', '_' or '-',
+// and 32 random bytes.
+type SealKey struct {
+	ID  string
+	Key []byte
+}
+
+// KeyRing holds the keys that open sealed results, and the one that seals. Rotating is
+// making a ring whose first key is new and keeping the old ones in it for as long as
+// results sealed with them are retained.
+type KeyRing struct {
+	sealWith      SealKey
+	keys          map[string]cipherKey
+	requireSealed bool
+}
+
+type cipherKey []byte
+
+// NewKeyRing makes a ring; the first key seals, and every key opens.
+func NewKeyRing(keys ...SealKey) (*KeyRing, error) {
+	if len(keys) == 0 {
+		return nil, errors.New("idemd: a key ring needs at least one key")
+	}
+	r := &KeyRing{sealWith: keys[0], keys: map[string]cipherKey{}}
+	for i, k := range keys {
+		if err := validKeyID(k.ID); err != nil {
+			return nil, fmt.Errorf("idemd: key ring entry %d: %w", i, err)
+		}
+		if len(k.Key) != sealKeyLen {
+			return nil, fmt.Errorf("idemd: key %q is %d bytes; a sealing key is %d random bytes", k.ID, len(k.Key), sealKeyLen)
+		}
+		if _, dup := r.keys[k.ID]; dup {
+			return nil, fmt.Errorf("idemd: key id %q is in the ring twice", k.ID)
+		}
+		r.keys[k.ID] = slices.Clone(k.Key)
+	}
+	r.sealWith.Key = r.keys[keys[0].ID]
+	return r, nil
+}
+
+// ParseKeyRing reads a ring from its text form, as the IDEMD_SEAL_KEYS variable and
+// key files hold it: entries "id=base64 of 32 bytes" separated by commas or newlines,
+// the first of which seals. Blank lines and lines starting with '#' are skipped.
+func ParseKeyRing(text string) (*KeyRing, error) {
+	var keys []SealKey
+	for _, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		for _, entry := range strings.Split(line, ",") {
+			entry = strings.TrimSpace(entry)
+			if entry == "" {
+				continue
+			}
+			id, b64, ok := strings.Cut(entry, "=")
+			if !ok {
+				return nil, fmt.Errorf("idemd: key ring entry %d is not id=base64", len(keys))
+			}
+			key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
+			if err != nil {
+				return nil, fmt.Errorf("idemd: key %q: not standard base64: %w", strings.TrimSpace(id), err)
+			}
+			keys = append(keys, SealKey{ID: strings.TrimSpace(id), Key: key})
+		}
+	}
+	return NewKeyRing(keys...)
+}
+
+// RequireSealed returns a ring that refuses plain results and recovery points with a
+// SealError (SealMissing) instead of passing them through. A ring that allows them
+// reads what was stored before sealing was turned on; one that requires them also
+// stops whoever can write the store from slipping in a plain result of their own.
+func (r *KeyRing) RequireSealed() *KeyRing {
+	c := *r
+	c.requireSealed = true
+	return &c
+}
+
+// SealingKeyID is the id of the key that seals.
+func (r *KeyRing) SealingKeyID() string { return r.sealWith.ID }
+
+func validKeyID(id string) error {
+	if id == "" || len(id) > sealMaxKeyID {
+		return fmt.Errorf("key id %q: 1 to %d bytes", id, sealMaxKeyID)
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("key id %q: only letters, digits, '.', '_' and '-'", id)
+		}
+	}
+	return nil
+}
+
+// sealContext is what an envelope is bound to besides its head.
+type sealContext struct {
+	tenant, key string
+	// point is the recovery point's name; empty for a result, whose status binds it.
+	point  string
+	status int
+	isPt   bool
+}
+
+func (c sealContext) aad(head []byte) []byte {
+	b := slices.Clone(head)
+	if c.isPt {
+		b = append(b, 'P')
+	} else {
+		b = append(b, 'R')
+	}
+	b = appendString16(b, c.tenant)
+	b = appendString16(b, c.key)
+	if c.isPt {
+		b = appendString16(b, c.point)
+	} else {
+		b = binary.BigEndian.AppendUint16(b, uint16(c.status))
+	}
+	return b
+}
+
+func appendString16(b []byte, s string) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+func aeadFor(key cipherKey, salt []byte) (cipher.AEAD, error) {
+	sub, err := hkdf.Key(sha256.New, key, salt, sealInfo, sealKeyLen)
+	if err != nil {
+		return nil, err
+	}
+	block, err := aes.NewCipher(sub)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+// seal makes an envelope of plaintext with the ring's sealing key; random gives the
+// salt and nonce (crypto/rand outside the shared vectors' tests).
+func (r *KeyRing) seal(ctx sealContext, plaintext []byte, random io.Reader) ([]byte, error) {
+	id := r.sealWith.ID
+	env := make([]byte, 0, 3+len(id)+sealSaltLen+sealNonceLen+len(plaintext)+sealTagLen)
+	env = append(env, sealMarker, sealVersion, byte(len(id)))
+	env = append(env, id...)
+	head := len(env)
+	env = env[:head+sealSaltLen+sealNonceLen]
+	if _, err := io.ReadFull(random, env[head:]); err != nil {
+		return nil, err
+	}
+	salt, nonce := env[head:head+sealSaltLen], env[head+sealSaltLen:]
+	aead, err := aeadFor(r.sealWith.Key, salt)
+	if err != nil {
+		return nil, err
+	}
+	return aead.Seal(env, nonce, plaintext, ctx.aad(env[:head])), nil
+}
+
+// open opens an envelope sealed under ctx with any key of the ring.
+func (r *KeyRing) open(ctx sealContext, env []byte) ([]byte, error) {
+	if len(env) < 3 || env[0] != sealMarker || env[1] != sealVersion {
+		return nil, &SealError{Reason: SealInvalid}
+	}
+	n := int(env[2])
+	head := 3 + n
+	if n == 0 || len(env) < head+sealSaltLen+sealNonceLen+sealTagLen {
+		return nil, &SealError{Reason: SealInvalid}
+	}
+	id := string(env[3:head])
+	key, ok := r.keys[id]
+	if !ok {
+		return nil, &SealError{Reason: SealUnknownKey, KeyID: id}
+	}
+	salt, nonce := env[head:head+sealSaltLen], env[head+sealSaltLen:head+sealSaltLen+sealNonceLen]
+	aead, err := aeadFor(key, salt)
+	if err != nil {
+		return nil, err
+	}
+	plain, err := aead.Open(nil, nonce, env[head+sealSaltLen+sealNonceLen:], ctx.aad(env[:head]))
+	if err != nil {
+		return nil, &SealError{Reason: SealInvalid, KeyID: id}
+	}
+	return plain, nil
+}
+
+// responsePlaintext is what a result's envelope holds: its headers, names in byte
+// order and each name's values in order, then its body.
+//
+//	u16 names | per name: u16 len, name, u16 values, per value: u32 len, value | body
+func responsePlaintext(h http.Header, body []byte) []byte {
+	names := make([]string, 0, len(h))
+	for name := range h {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	b := binary.BigEndian.AppendUint16(nil, uint16(len(names)))
+	for _, name := range names {
+		b = appendString16(b, name)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(h[name])))
+		for _, v := range h[name] {
+			b = binary.BigEndian.AppendUint32(b, uint32(len(v)))
+			b = append(b, v...)
+		}
+	}
+	return append(b, body...)
+}
+
+var errPlaintext = &SealError{Reason: SealInvalid}
+
+func parseResponsePlaintext(b []byte) (http.Header, []byte, error) {
+	r := bytes.NewReader(b)
+	var names uint16
+	if binary.Read(r, binary.BigEndian, &names) != nil {
+		return nil, nil, errPlaintext
+	}
+	h := http.Header{}
+	read := func(n int) (string, bool) {
+		if n > r.Len() {
+			return "", false
+		}
+		s := make([]byte, n)
+		_, _ = r.Read(s)
+		return string(s), true
+	}
+	for range names {
+		var n, values uint16
+		if binary.Read(r, binary.BigEndian, &n) != nil {
+			return nil, nil, errPlaintext
+		}
+		name, ok := read(int(n))
+		if !ok || binary.Read(r, binary.BigEndian, &values) != nil {
+			return nil, nil, errPlaintext
+		}
+		vs := make([]string, 0, values)
+		for range values {
+			var m uint32
+			if binary.Read(r, binary.BigEndian, &m) != nil {
+				return nil, nil, errPlaintext
+			}
+			v, ok := read(int(m))
+			if !ok {
+				return nil, nil, errPlaintext
+			}
+			vs = append(vs, v)
+		}
+		h[name] = vs
+	}
+	body := b[len(b)-r.Len():]
+	return h, body, nil
+}
+
+// sealResponse seals a result's headers and body, bound to its status.
+func (r *KeyRing) sealResponse(tenant, key string, resp Response, random io.Reader) ([]byte, error) {
+	return r.seal(sealContext{tenant: tenant, key: key, status: resp.Status}, responsePlaintext(resp.Header, resp.Body), random)
+}
+
+// openResponse opens a sealed result into its headers and body.
+func (r *KeyRing) openResponse(tenant, key string, status int, env []byte) (http.Header, []byte, error) {
+	plain, err := r.open(sealContext{tenant: tenant, key: key, status: status}, env)
+	if err != nil {
+		return nil, nil, err
+	}
+	return parseResponsePlaintext(plain)
+}
+
+// sealPoint seals a recovery point's data, bound to its name.
+func (r *KeyRing) sealPoint(tenant, key, name string, data []byte, random io.Reader) ([]byte, error) {
+	return r.seal(sealContext{tenant: tenant, key: key, point: name, isPt: true}, data, random)
+}
+
+// openPoint opens a recovery point's data. Data that is not an envelope is passed
+// through, as recorded before sealing was turned on, unless the ring requires sealing.
+func (r *KeyRing) openPoint(tenant, key, name string, data []byte) ([]byte, error) {
+	if len(data) == 0 || data[0] != sealMarker {
+		if r.requireSealed {
+			return nil, &SealError{Reason: SealMissing}
+		}
+		return data, nil
+	}
+	return r.open(sealContext{tenant: tenant, key: key, point: name, isPt: true}, data)
+}
+
+var cryptoRandom io.Reader = rand.Reader

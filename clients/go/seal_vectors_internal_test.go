@@ -1,0 +1,299 @@
+package idem
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+// sealing.json pins the envelope for every language (clients/testdata/README.md):
+// each seal vector is reproduced byte for byte from its fixed salt and nonce and opens
+// again, and each refusal fails with its reason. -update-seal-vectors writes the file
+// from the cases below, with this package as the reference.
+var updateSealVectors = flag.Bool("update-seal-vectors", false, "write clients/testdata/sealing.json")
+
+type sealVectorKey struct {
+	ID        string `json:"id"`
+	KeyBase64 string `json:"key_base64"`
+}
+
+type sealVector struct {
+	Name            string              `json:"name"`
+	Kind            string              `json:"kind"`
+	Tenant          string              `json:"tenant"`
+	Key             string              `json:"key"`
+	Status          int                 `json:"status,omitempty"`
+	Headers         map[string][]string `json:"headers,omitempty"`
+	BodyBase64      *string             `json:"body_base64,omitempty"`
+	Point           string              `json:"point,omitempty"`
+	DataBase64      *string             `json:"data_base64,omitempty"`
+	KeyID           string              `json:"key_id"`
+	RandomBase64    string              `json:"random_base64"`
+	PlaintextBase64 string              `json:"plaintext_base64"`
+	AADBase64       string              `json:"aad_base64"`
+	SealedBase64    string              `json:"sealed_base64"`
+}
+
+type sealRefusal struct {
+	Name         string `json:"name"`
+	Kind         string `json:"kind"`
+	Tenant       string `json:"tenant"`
+	Key          string `json:"key"`
+	Status       int    `json:"status,omitempty"`
+	Point        string `json:"point,omitempty"`
+	SealedBase64 string `json:"sealed_base64"`
+	Error        string `json:"error"`
+	KeyID        string `json:"key_id,omitempty"`
+}
+
+type sealVectorFile struct {
+	Description string          `json:"description"`
+	Ring        []sealVectorKey `json:"ring"`
+	Vectors     []sealVector    `json:"vectors"`
+	Refusals    []sealRefusal   `json:"refusals"`
+}
+
+// derived gives n bytes that anyone can recompute: SHA-256 of a label, repeated.
+func derived(label string, n int) []byte {
+	var out []byte
+	for i := 0; len(out) < n; i++ {
+		sum := sha256.Sum256(fmt.Appendf(nil, "%s/%d", label, i))
+		out = append(out, sum[:]...)
+	}
+	return out[:n]
+}
+
+func b64(b []byte) string { return base64.StdEncoding.EncodeToString(b) }
+
+func b64p(b []byte) *string { s := b64(b); return &s }
+
+func (f *sealVectorFile) ring(t *testing.T) *KeyRing {
+	t.Helper()
+	var keys []SealKey
+	for _, k := range f.Ring {
+		key, err := base64.StdEncoding.DecodeString(k.KeyBase64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, SealKey{ID: k.ID, Key: key})
+	}
+	r, err := NewKeyRing(keys...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// ringSealingWith is the file's ring with id first, so that it seals.
+func (f *sealVectorFile) ringSealingWith(t *testing.T, id string) *KeyRing {
+	t.Helper()
+	r := f.ring(t)
+	k, ok := r.keys[id]
+	if !ok {
+		t.Fatalf("no key %q in the ring", id)
+	}
+	r.sealWith = SealKey{ID: id, Key: k}
+	return r
+}
+
+func mustB64(t *testing.T, s string) []byte {
+	t.Helper()
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (v sealVector) context() sealContext {
+	if v.Kind == "recovery_point" {
+		return sealContext{tenant: v.Tenant, key: v.Key, point: v.Point, isPt: true}
+	}
+	return sealContext{tenant: v.Tenant, key: v.Key, status: v.Status}
+}
+
+func (v sealVector) plaintext(t *testing.T) []byte {
+	if v.Kind == "recovery_point" {
+		return mustB64(t, *v.DataBase64)
+	}
+	return responsePlaintext(http.Header(v.Headers), mustB64(t, *v.BodyBase64))
+}
+
+func TestSealVectors(t *testing.T) {
+	path := filepath.Join("..", "testdata", "sealing.json")
+	if *updateSealVectors {
+		writeSealVectors(t, path)
+	}
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f sealVectorFile
+	if err := json.Unmarshal(raw, &f); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Vectors) == 0 || len(f.Refusals) == 0 {
+		t.Fatal("sealing.json has no vectors or no refusals")
+	}
+	for _, v := range f.Vectors {
+		t.Run(v.Name, func(t *testing.T) {
+			ring := f.ringSealingWith(t, v.KeyID)
+			plain := v.plaintext(t)
+			if !bytes.Equal(plain, mustB64(t, v.PlaintextBase64)) {
+				t.Fatalf("plaintext %x, want %x", plain, mustB64(t, v.PlaintextBase64))
+			}
+			var env []byte
+			var err error
+			random := bytes.NewReader(mustB64(t, v.RandomBase64))
+			if v.Kind == "recovery_point" {
+				env, err = ring.sealPoint(v.Tenant, v.Key, v.Point, plain, random)
+			} else {
+				env, err = ring.sealResponse(v.Tenant, v.Key, Response{Status: v.Status, Header: http.Header(v.Headers), Body: mustB64(t, *v.BodyBase64)}, random)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := mustB64(t, v.SealedBase64); !bytes.Equal(env, want) {
+				t.Fatalf("sealed %x\nwant   %x", env, want)
+			}
+			if aad := v.context().aad(env[:3+len(v.KeyID)]); !bytes.Equal(aad, mustB64(t, v.AADBase64)) {
+				t.Fatalf("associated data %x, want %x", aad, mustB64(t, v.AADBase64))
+			}
+			// Any ring holding the key opens it, whichever key that ring seals with.
+			opener := f.ring(t)
+			if v.Kind == "recovery_point" {
+				data, err := opener.openPoint(v.Tenant, v.Key, v.Point, env)
+				if err != nil || !bytes.Equal(data, plain) {
+					t.Fatalf("open: %q %v", data, err)
+				}
+				return
+			}
+			h, body, err := opener.openResponse(v.Tenant, v.Key, v.Status, env)
+			if err != nil || !bytes.Equal(body, mustB64(t, *v.BodyBase64)) || (len(v.Headers) > 0 || len(h) > 0) && !reflect.DeepEqual(map[string][]string(h), v.Headers) {
+				t.Fatalf("open: %v %q %v", h, body, err)
+			}
+		})
+	}
+	for _, r := range f.Refusals {
+		t.Run("refused/"+r.Name, func(t *testing.T) {
+			ring := f.ring(t)
+			var err error
+			if r.Kind == "recovery_point" {
+				_, err = ring.openPoint(r.Tenant, r.Key, r.Point, mustB64(t, r.SealedBase64))
+			} else {
+				_, _, err = ring.openResponse(r.Tenant, r.Key, r.Status, mustB64(t, r.SealedBase64))
+			}
+			var se *SealError
+			if !errors.As(err, &se) || se.Reason != r.Error || se.KeyID != r.KeyID || !errors.Is(err, ErrUnsealable) {
+				t.Fatalf("open: %v, want %s (key id %q)", err, r.Error, r.KeyID)
+			}
+		})
+	}
+}
+
+func writeSealVectors(t *testing.T, path string) {
+	f := sealVectorFile{
+		Description: "Sealed results and recovery points (docs/sealing.md). Every client seals each vector from its ring key and random bytes to exactly sealed_base64, opens it with the whole ring, and fails each refusal with its error.",
+	}
+	for _, id := range []string{"k-2026-11", "k-2026-05", "ops.backup_1"} {
+		f.Ring = append(f.Ring, sealVectorKey{ID: id, KeyBase64: b64(derived("key/"+id, 32))})
+	}
+	resp := func(name, keyID, tenant, key string, status int, h map[string][]string, body []byte) sealVector {
+		return sealVector{Name: name, Kind: "response", Tenant: tenant, Key: key, Status: status, Headers: h, BodyBase64: b64p(body), KeyID: keyID}
+	}
+	point := func(name, keyID, tenant, key, pt string, data []byte) sealVector {
+		return sealVector{Name: name, Kind: "recovery_point", Tenant: tenant, Key: key, Point: pt, DataBase64: b64p(data), KeyID: keyID}
+	}
+	cases := []sealVector{
+		resp("a JSON answer", "k-2026-11", "payments", "order-1001", 201,
+			map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1001"}},
+			[]byte(`{"id":"ch_1","amount":4200,"email":"ada@example.com"}`)),
+		resp("no headers, no body", "k-2026-11", "default", "k", 200, nil, []byte{}),
+		resp("a 204 keeps its headers", "k-2026-05", "payments", "refund/77", 204,
+			map[string][]string{"Etag": {`"v7"`}}, []byte{}),
+		resp("names in byte order, values in order, non-ASCII", "ops.backup_1", "t\u00e9nant", "cl\u00e9-\u96ea", 422,
+			map[string][]string{"x-b": {"2"}, "X-A": {"one", "two", "caf\u00e9"}, "Set-Cookie": {"a=1", "b=2"}},
+			[]byte(`{"error":"card declined"}`)),
+		resp("a binary body", "k-2026-11", "default", "blob", 200,
+			map[string][]string{"Content-Type": {"application/octet-stream"}}, derived("body", 300)),
+		point("a recovery point", "k-2026-11", "payments", "order-1001", "charged", []byte(`{"charge":"ch_1"}`)),
+		point("an empty recovery point", "k-2026-05", "default", "k", "started", []byte{}),
+	}
+	for i, v := range cases {
+		ring := f.ringSealingWith(t, v.KeyID)
+		random := derived(fmt.Sprintf("random/%d", i), sealSaltLen+sealNonceLen)
+		v.RandomBase64 = b64(random)
+		plain := v.plaintext(t)
+		v.PlaintextBase64 = b64(plain)
+		env, err := ring.seal(v.context(), plain, bytes.NewReader(random))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v.SealedBase64 = b64(env)
+		v.AADBase64 = b64(v.context().aad(env[:3+len(v.KeyID)]))
+		f.Vectors = append(f.Vectors, v)
+	}
+	r0, p0 := f.Vectors[0], f.Vectors[5]
+	env := mustB64(t, r0.SealedBase64)
+	flip := func(at int) string { b := bytes.Clone(env); b[at] ^= 1; return b64(b) }
+	unknown := func() string {
+		// Sealed under an id the ring does not hold.
+		r, err := NewKeyRing(SealKey{ID: "k-2025-01", Key: derived("key/k-2025-01", 32)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := r.seal(r0.context(), mustB64(t, r0.PlaintextBase64), bytes.NewReader(derived("random/unknown", 28)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b64(e)
+	}
+	otherBytes := func() string {
+		// Sealed under a ring id with other key bytes.
+		r, err := NewKeyRing(SealKey{ID: "k-2026-11", Key: derived("key/impostor", 32)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := r.seal(r0.context(), mustB64(t, r0.PlaintextBase64), bytes.NewReader(derived("random/impostor", 28)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b64(e)
+	}
+	refuse := func(name string, v sealVector, sealed, reason, keyID string) sealRefusal {
+		return sealRefusal{Name: name, Kind: v.Kind, Tenant: v.Tenant, Key: v.Key, Status: v.Status, Point: v.Point,
+			SealedBase64: sealed, Error: reason, KeyID: keyID}
+	}
+	moved := func(v sealVector, change func(*sealVector)) sealVector { change(&v); return v }
+	f.Refusals = []sealRefusal{
+		refuse("a key the ring does not hold", r0, unknown(), SealUnknownKey, "k-2025-01"),
+		refuse("other bytes under a ring key's id", r0, otherBytes(), SealInvalid, "k-2026-11"),
+		refuse("a flipped ciphertext byte", r0, flip(len(env)-20), SealInvalid, "k-2026-11"),
+		refuse("a flipped tag byte", r0, flip(len(env)-1), SealInvalid, "k-2026-11"),
+		refuse("a flipped salt byte", r0, flip(3+len(r0.KeyID)), SealInvalid, "k-2026-11"),
+		refuse("moved to another key", moved(r0, func(v *sealVector) { v.Key = "order-1002" }), r0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("moved to another tenant", moved(r0, func(v *sealVector) { v.Tenant = "orders" }), r0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("its status changed", moved(r0, func(v *sealVector) { v.Status = 200 }), r0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a recovery point under another name", moved(p0, func(v *sealVector) { v.Point = "published" }), p0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a recovery point's envelope as a result", sealVector{Kind: "response", Tenant: p0.Tenant, Key: p0.Key, Status: 200}, p0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("cut short", r0, b64(env[:3+len(r0.KeyID)+sealSaltLen+sealNonceLen+sealTagLen-1]), SealInvalid, ""),
+		refuse("a later version", r0, func() string { b := bytes.Clone(env); b[1] = 2; return b64(b) }(), SealInvalid, ""),
+		refuse("not an envelope", r0, b64([]byte(`{"id":"ch_1"}`)), SealInvalid, ""),
+	}
+	out, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(out, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
