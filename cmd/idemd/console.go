@@ -31,6 +31,18 @@ func (m *Main) console() server.Console {
 			a, err := rs.AgreeLayout(ctx)
 			return string(a.Layout), a.Reason, err
 		}
+		info.Topology = func(ctx context.Context) ([]server.StoreNode, error) {
+			nodes, err := rs.Topology(ctx)
+			out := make([]server.StoreNode, 0, len(nodes))
+			for _, n := range nodes {
+				sn := server.StoreNode{Address: n.Address, RoundTrip: n.RoundTrip, Err: n.Err}
+				for _, r := range n.Replicas {
+					sn.Replicas = append(sn.Replicas, server.StoreReplica(r))
+				}
+				out = append(out, sn)
+			}
+			return out, err
+		}
 	}
 	return server.Console{Enabled: true, Store: info}
 }

@@ -8,8 +8,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 func get(t *testing.T, url string) (int, http.Header, []byte) {
@@ -90,5 +92,43 @@ func TestConsoleShowsTheAgreedLayout(t *testing.T) {
 	layout, _ := store["layout"].(string)
 	if store["kind"] != "redis" || !strings.HasPrefix(layout, "lean-only (auto: ") {
 		t.Errorf("store view of an empty Redis, told no layout: %s", body)
+	}
+}
+
+// TestConsoleShowsReplicas: over Sentinel, the store view names the master the
+// Sentinels chose, by its own address, with its PING, and its replica with the state of
+// its link, its lag and its PING.
+func TestConsoleShowsReplicas(t *testing.T) {
+	sen := testredis.StartSentinel(t)
+	m, _, _ := startMain(t, "--store", sen.URL(), "--console")
+	var view struct {
+		Kind    string
+		Masters []struct {
+			Address  string
+			PingMs   *float64 `json:"ping_ms"`
+			Replicas []struct {
+				Address  string
+				State    string
+				LagBytes *int64   `json:"lag_bytes"`
+				PingMs   *float64 `json:"ping_ms"`
+			}
+		}
+	}
+	var body []byte
+	wait.For(t, 20*time.Second, "the replica shown online", func() bool {
+		var status int
+		status, _, body = get(t, "http://"+m.Addr()+"/console/api/store")
+		if err := json.Unmarshal(body, &view); err != nil || status != http.StatusOK {
+			t.Fatalf("store view: %d %s", status, body)
+		}
+		return len(view.Masters) == 1 && len(view.Masters[0].Replicas) == 1 && view.Masters[0].Replicas[0].State == "online"
+	})
+	master := view.Masters[0]
+	replica := master.Replicas[0]
+	if view.Kind != "sentinel" || master.Address != sen.Master.Addr() || master.PingMs == nil || *master.PingMs <= 0 {
+		t.Errorf("master: %s, want %s with its PING", body, sen.Master.Addr())
+	}
+	if replica.Address != sen.Replica.Addr() || replica.LagBytes == nil || replica.PingMs == nil || *replica.PingMs <= 0 {
+		t.Errorf("replica: %s, want %s with its lag and PING", body, sen.Replica.Addr())
 	}
 }

@@ -50,6 +50,32 @@ type StoreInfo struct {
 	// Stats, when set, is the store's own collector; the console reads the
 	// idemd_redis_* series from it, per master.
 	Stats prometheus.Collector
+	// Topology, when set, reads the store's masters and their replicas now, with
+	// their round trips from this daemon.
+	Topology func(ctx context.Context) ([]StoreNode, error)
+}
+
+// StoreNode is one master of the store, as StoreInfo.Topology reads it.
+type StoreNode struct {
+	Address   string
+	RoundTrip time.Duration
+	// Err says why the master did not answer.
+	Err      error
+	Replicas []StoreReplica
+}
+
+// StoreReplica is one replica of a master: the link as its master reports it, and a
+// round trip from this daemon.
+// Its fields are those of redisstore.Replica, in the same order, so that the daemon
+// converts one into the other.
+type StoreReplica struct {
+	Address   string
+	State     string
+	LagBytes  int64
+	SinceAck  time.Duration
+	RoundTrip time.Duration
+	// Err says why the replica did not answer a PING.
+	Err error
 }
 
 // consoleCSP lets the page load its own script and style sheet and call its own
@@ -445,6 +471,25 @@ type consoleMaster struct {
 	RoundTripMs *float64 `json:"round_trip_ms"`
 	Pipelines   *float64 `json:"pipelines"`
 	QueuedCalls *float64 `json:"queued_calls"`
+	// PingMs is the time a PING took as the view was read; nil when it failed (Error)
+	// or the store reads no topology.
+	PingMs   *float64         `json:"ping_ms"`
+	Error    string           `json:"error,omitempty"`
+	Replicas []consoleReplica `json:"replicas"`
+}
+
+type consoleReplica struct {
+	Address   string   `json:"address"`
+	State     string   `json:"state"`
+	LagBytes  int64    `json:"lag_bytes"`
+	SinceAckS float64  `json:"since_ack_s"`
+	PingMs    *float64 `json:"ping_ms"`
+	Error     string   `json:"error,omitempty"`
+}
+
+func millisOf(d time.Duration) *float64 {
+	ms := float64(d) / float64(time.Millisecond)
+	return &ms
 }
 
 type consoleStoreView struct {
@@ -454,6 +499,8 @@ type consoleStoreView struct {
 	Ready      bool            `json:"ready"`
 	ReadyError string          `json:"ready_error,omitempty"`
 	Masters    []consoleMaster `json:"masters"`
+	// TopologyError says why the masters and replicas could not all be read.
+	TopologyError string `json:"topology_error,omitempty"`
 }
 
 func (s *Server) consoleStore(c echo.Context) error {
@@ -479,7 +526,49 @@ func (s *Server) consoleStore(c echo.Context) error {
 		}
 		out.Masters = masters
 	}
+	if st.Topology != nil {
+		nodes, err := st.Topology(ctx)
+		if err != nil {
+			out.TopologyError = err.Error()
+		}
+		out.Masters = mergeTopology(out.Masters, nodes, st.Kind != "cluster")
+	}
 	return s.reply(c, answer{http.StatusOK, "ok", out})
+}
+
+// mergeTopology adds each master's PING and replicas to the row of its series, or a
+// row of its own. single says the store has one master, whose series may carry
+// another name for it (a Sentinel's failover client calls its master FailoverClient).
+func mergeTopology(masters []consoleMaster, nodes []StoreNode, single bool) []consoleMaster {
+	for _, n := range nodes {
+		i := slices.IndexFunc(masters, func(m consoleMaster) bool { return m.Address == n.Address })
+		if i < 0 && single && len(nodes) == 1 && len(masters) == 1 {
+			i = 0
+			masters[0].Address = n.Address
+		}
+		if i < 0 {
+			masters = append(masters, consoleMaster{Address: n.Address})
+			i = len(masters) - 1
+		}
+		m := &masters[i]
+		if n.Err != nil {
+			m.Error = n.Err.Error()
+		} else {
+			m.PingMs = millisOf(n.RoundTrip)
+		}
+		m.Replicas = []consoleReplica{}
+		for _, r := range n.Replicas {
+			cr := consoleReplica{Address: r.Address, State: r.State, LagBytes: r.LagBytes, SinceAckS: r.SinceAck.Seconds()}
+			if r.Err != nil {
+				cr.Error = r.Err.Error()
+			} else {
+				cr.PingMs = millisOf(r.RoundTrip)
+			}
+			m.Replicas = append(m.Replicas, cr)
+		}
+	}
+	slices.SortFunc(masters, func(a, b consoleMaster) int { return strings.Compare(a.Address, b.Address) })
+	return masters
 }
 
 // gatherMasters reads the store's per-master series: idemd_redis_round_trip_seconds,

@@ -23,6 +23,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 	"github.com/idemd/idemd/internal/testredis"
 	"github.com/idemd/idemd/internal/wait"
@@ -609,20 +610,29 @@ func TestConsoleInBrowser(t *testing.T) {
 	})
 
 	t.Run("the store", func(t *testing.T) {
-		r := testredis.Start(t)
-		store := redisStoreFor(t, r)
-		rd := newConsoleDaemon(t, store, false, server.StoreInfo{Kind: "redis", Layout: "lean-only", Location: r.Addr(), Stats: store})
+		sen := testredis.StartSentinel(t)
+		store, err := redisstore.Open(sen.URL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		rd := newConsoleDaemon(t, store, false, server.StoreInfo{Kind: "sentinel", Layout: "lean-only", Location: sen.Addr(),
+			Stats: store, Topology: topologyOf(store)})
 		expectStatus(t, "a claim, for a round trip", rd.call(alphaUse, http.MethodPost, "/v1/claim", map[string]any{"key": "k"}), http.StatusCreated, "")
 		ctx := tab(t, browser, rd, alphaUse)
 		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-store")))
-		waitFor(t, ctx, `document.querySelectorAll('#masters-rows tr').length === 1`)
-		for sel, want := range map[string]string{"#s-kind": "redis", "#s-layout": "lean-only", "#s-ready": "yes: the store takes writes"} {
+		waitFor(t, ctx, `document.querySelectorAll('#masters-rows tr.master').length === 1 && document.querySelectorAll('#masters-rows tr.replica').length === 1`)
+		for sel, want := range map[string]string{"#s-kind": "sentinel", "#s-layout": "lean-only", "#s-ready": "yes: the store takes writes"} {
 			if got := textOf(t, ctx, sel); got != want {
 				t.Errorf("%s shows %q, want %q", sel, got, want)
 			}
 		}
-		if got := textOf(t, ctx, "#masters-rows td:nth-child(2)"); !strings.HasSuffix(got, " ms") {
-			t.Errorf("the master's round trip reads %q", got)
+		master, replica := textOf(t, ctx, "#masters-rows tr.master"), textOf(t, ctx, "#masters-rows tr.replica")
+		if !strings.Contains(master, sen.Master.Addr()) || !strings.Contains(master, " ms") {
+			t.Errorf("the master's row reads %q, want %s and a round trip", master, sen.Master.Addr())
+		}
+		if !strings.Contains(replica, sen.Replica.Addr()) || !strings.Contains(replica, "bytes behind") || !strings.Contains(replica, " ms") {
+			t.Errorf("the replica's row reads %q, want %s, its lag and its PING", replica, sen.Replica.Addr())
 		}
 		screenshot(t, ctx, "store")
 	})
@@ -652,5 +662,21 @@ func inert(t *testing.T, ctx context.Context, root string) {
 	sel := js(root + " img, " + root + " script, " + root + " svg:not(.chart-svg), " + root + " b, " + root + " html")
 	if n := eval[int](t, ctx, `document.querySelectorAll(`+sel+`).length`); n != 0 {
 		t.Errorf("%d elements of a payload under %s", n, root)
+	}
+}
+
+// topologyOf hands the console a Redis store's topology, as the daemon does.
+func topologyOf(store *redisstore.Store) func(context.Context) ([]server.StoreNode, error) {
+	return func(ctx context.Context) ([]server.StoreNode, error) {
+		nodes, err := store.Topology(ctx)
+		var out []server.StoreNode
+		for _, n := range nodes {
+			sn := server.StoreNode{Address: n.Address, RoundTrip: n.RoundTrip, Err: n.Err}
+			for _, r := range n.Replicas {
+				sn.Replicas = append(sn.Replicas, server.StoreReplica(r))
+			}
+			out = append(out, sn)
+		}
+		return out, err
 	}
 }

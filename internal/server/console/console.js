@@ -638,15 +638,35 @@
     field(dl, 'location', st.location, 's-location');
     field(dl, 'ready', st.ready ? 'yes: the store takes writes' : `no: ${st.ready_error || 'not ready'}`, 's-ready');
     const num = (v, digits, unit) => (v === null || v === undefined ? '—' : `${v.toFixed(digits)}${unit}`);
-    $('masters-rows').replaceChildren(...st.masters.map((m) => el('tr', null,
-      el('td', null, el('code', null, m.address)),
-      el('td', null, num(m.round_trip_ms, 2, ' ms')),
-      el('td', null, num(m.pipelines, 0, '')),
-      el('td', null, num(m.queued_calls, 0, '')))));
+    const ping = (n) => (n.error ? `no answer: ${n.error}` : num(n.ping_ms, 2, ' ms'));
+    const rows = [];
+    for (const m of st.masters) {
+      rows.push(el('tr', { class: 'master' },
+        el('td', null, 'master'),
+        el('td', null, el('code', null, m.address)),
+        el('td', null, ping(m)),
+        el('td', null, num(m.round_trip_ms, 2, ' ms')),
+        el('td', null, num(m.pipelines, 0, '')),
+        el('td', null, num(m.queued_calls, 0, '')),
+        el('td', null, '')));
+      for (const r of m.replicas || []) {
+        rows.push(el('tr', { class: 'replica' },
+          el('td', null, 'replica'),
+          el('td', null, el('code', null, r.address)),
+          el('td', null, ping(r)),
+          el('td', null, '—'),
+          el('td', null, '—'),
+          el('td', null, '—'),
+          el('td', null, `${r.state}, ${r.lag_bytes} bytes behind, last ack ${r.since_ack_s} s ago`)));
+      }
+    }
+    $('masters-rows').replaceChildren(...rows);
     $('masters-table').hidden = st.masters.length === 0;
-    $('masters-note').textContent = st.kind === 'embedded'
-      ? 'The embedded store is one file on this daemon\'s disk: it has no masters or replicas.'
-      : 'A master appears once this daemon has sent it a pipeline. Replicas are not listed: the store reports its masters only.';
+    let note = 'A master appears once this daemon has sent it a pipeline.';
+    if (st.kind === 'embedded') note = 'The embedded store is one file on this daemon\'s disk: it has no masters or replicas.';
+    else if (st.masters.some((m) => m.replicas)) note = 'PING now is measured from this daemon as the view is read; the pipeline round trip is the shortest lately. Replicas are listed as their master reports them.';
+    if (st.topology_error) note += ` Reading the masters and replicas failed: ${st.topology_error}`;
+    $('masters-note').textContent = note;
   }
 
   start();
