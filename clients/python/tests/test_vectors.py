@@ -1,5 +1,6 @@
-"""The shared vectors in clients/testdata/, which the Go and TypeScript middlewares read
-too: the same header gives the same key, the same request the same fingerprint."""
+"""The shared vectors in clients/testdata/, which the Go and TypeScript clients read too:
+the same header gives the same key, the same request the same fingerprint, the same key
+and random bytes the same sealed envelope."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import idemd
+from idemd import _seal
 from idemd._middleware import InvalidKey, hashed_body, idemd_key, media_type, parse_key
 from idemd._middleware import fingerprint as fingerprint_of
 
@@ -87,3 +90,66 @@ def test_wsgi_request_target(environ: dict[str, str], path: bytes, query: bytes)
     from idemd.wsgi import _target
 
     assert _target(environ) == (path, query)
+
+
+def sealing_vectors() -> dict[str, Any]:
+    found: dict[str, Any] = json.loads((TESTDATA / "sealing.json").read_text())
+    assert found["vectors"], "sealing.json has no vectors"
+    assert found["refusals"], "sealing.json has no refusals"
+    return found
+
+
+SEALING = sealing_vectors()
+RING_KEYS = {k["id"]: base64.b64decode(k["key_base64"]) for k in SEALING["ring"]}
+
+
+def whole_ring() -> idemd.KeyRing:
+    return idemd.KeyRing([idemd.SealKey(k["id"], RING_KEYS[k["id"]]) for k in SEALING["ring"]])
+
+
+@pytest.mark.parametrize("v", SEALING["vectors"], ids=lambda v: v["name"])
+def test_sealing(v: dict[str, Any]) -> None:
+    """Sealed with the vector's key and random bytes, every byte is the vector's; opened
+    with the whole ring, it is the result or the data again."""
+    drawn = base64.b64decode(v["random_base64"])
+    asked: list[int] = []
+
+    def random(n: int) -> bytes:
+        asked.append(n)
+        return drawn
+
+    ring = idemd.KeyRing([idemd.SealKey(v["key_id"], RING_KEYS[v["key_id"]])])
+    sealing = idemd.Sealing(v["tenant"], ring, random=random)
+    head = _seal.envelope_head_of(v["key_id"])
+    opener = idemd.Sealing(v["tenant"], whole_ring())
+    if v["kind"] == "response":
+        response = idemd.Response(v["status"], v.get("headers", {}), base64.b64decode(v["body_base64"]))
+        plaintext = _seal.response_plaintext(response.headers, response.body)
+        aad = head + _seal.result_aad(v["tenant"], v["key"], v["status"])
+        envelope = sealing.seal_response(v["key"], response)
+        assert opener.open_response(v["key"], v["status"], envelope) == response
+    else:
+        data = base64.b64decode(v["data_base64"])
+        plaintext = data
+        aad = head + _seal.point_aad(v["tenant"], v["key"], v["point"])
+        envelope = sealing.seal_point(v["key"], v["point"], data)
+        assert opener.open_point(v["key"], v["point"], envelope) == data
+    assert asked == [28]
+    assert plaintext == base64.b64decode(v["plaintext_base64"])
+    assert aad == base64.b64decode(v["aad_base64"])
+    assert envelope == base64.b64decode(v["sealed_base64"])
+
+
+@pytest.mark.parametrize("v", SEALING["refusals"], ids=lambda v: v["name"])
+def test_sealing_refusal(v: dict[str, Any]) -> None:
+    """Each refusal fails to open with the whole ring, with its reason and key id."""
+    sealing = idemd.Sealing(v["tenant"], whole_ring())
+    envelope = base64.b64decode(v["sealed_base64"])
+    if v["kind"] == "response":
+        with pytest.raises(idemd.Unsealable) as refused:
+            sealing.open_response(v["key"], v["status"], envelope)
+    else:
+        with pytest.raises(idemd.Unsealable) as refused:
+            sealing.open_point(v["key"], v["point"], envelope)
+    assert (refused.value.reason, refused.value.key_id) == (v["error"], v.get("key_id", ""))
+    assert isinstance(refused.value, idemd.IdemdError)

@@ -6,6 +6,9 @@ at most once per key (``run``, ``once``, the ``idempotent`` decorator), and rais
 exception class per outcome a caller branches on. :class:`Completer` and
 :class:`AsyncCompleter` finish the keys that holders left pending. :mod:`idemd.asgi`
 and :mod:`idemd.wsgi` make web handlers idempotent by their ``Idempotency-Key`` header.
+A client given :class:`Sealing` (a tenant and a :class:`KeyRing`) seals the results and
+recovery points it stores and opens them when they come back; one that does not open
+raises :class:`Unsealable`.
 The code generated from the contract is :mod:`idemd.idemapi`.
 """
 
@@ -26,11 +29,13 @@ from ._errors import (
     Permanent,
     Problem,
     Unavailable,
+    Unsealable,
 )
 from ._keys import MESSAGE_HEADER, message_key, step_key
 from ._lease import AsyncLease, Lease
 from ._middleware import Incident
 from ._middleware import idemd_key as middleware_key
+from ._seal import KeyRing, Sealing, SealKey
 from ._types import (
     AbandonedKey,
     AbandonedPage,
@@ -60,6 +65,7 @@ __all__ = [
     "IdemdError",
     "InProgress",
     "Incident",
+    "KeyRing",
     "Lease",
     "LeaseExpired",
     "LeaseLost",
@@ -73,7 +79,10 @@ __all__ = [
     "ReleaseMode",
     "Response",
     "Result",
+    "SealKey",
+    "Sealing",
     "Unavailable",
+    "Unsealable",
     "Verdict",
     "current_lease",
     "message_key",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from ._types import Response
@@ -88,6 +88,36 @@ class Failed(IdemdError):
     def __init__(self, response: Response) -> None:
         self.response = response
         super().__init__(f"the operation failed permanently (stored status {response.status})")
+
+
+UnsealableReason = Literal["unknown_key", "invalid", "not_sealed"]
+
+
+class Unsealable(IdemdError):
+    """A sealed result or recovery point that cannot be opened (docs/sealing.md):
+    ``reason`` is ``unknown_key`` (sealed with a key the client's ring does not hold, or
+    the client has no ring), ``invalid`` (not an envelope, or one that fails to open:
+    changed in the store, moved to another key, tenant, status or point, or sealed with
+    other bytes under the same id) or ``not_sealed`` (plain, and the client requires
+    sealed ones). ``key_id`` is the id the envelope names, "" when it has none.
+
+    The key is done and its answer unreadable here: ``run`` raises it and does not run
+    the function; it is no reason to run the operation again."""
+
+    def __init__(self, reason: UnsealableReason, key_id: str = "") -> None:
+        self.reason: UnsealableReason = reason
+        self.key_id = key_id
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        if self.reason == "unknown_key":
+            return f"idemd: the result is sealed with key {self.key_id!r}, which the key ring does not hold"
+        if self.reason == "not_sealed":
+            return "idemd: the result is not sealed, and the key ring requires sealed results"
+        return "idemd: the sealed result does not open: tampered with, moved, or sealed with other key bytes"
+
+    def __reduce__(self) -> tuple[type[Unsealable], tuple[UnsealableReason, str]]:
+        return (Unsealable, (self.reason, self.key_id))
 
 
 class Permanent(Exception):
