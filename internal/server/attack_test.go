@@ -68,7 +68,7 @@ func TestMetricLabelsAreBounded(t *testing.T) {
 // newDaemonWith is newDaemon with service options and a log of its own.
 func newDaemonWith(t testing.TB, store engine.Store, log io.Writer, opts ...engine.Option) *daemon {
 	t.Helper()
-	srv := server.New(engine.NewService(store, time.Hour, opts...), server.Config{
+	srv := server.New(engine.NewService(store, time.Hour, append([]engine.Option{engine.WithStoreTimeout(time.Minute)}, opts...)...), server.Config{
 		Limits: server.Limits{MaxResponseBytes: 1024},
 		Logger: slog.New(slog.NewTextHandler(log, nil)),
 	})
@@ -279,7 +279,7 @@ func TestUnparsableRequestsGetAProblem(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	hs := httptest.NewUnstartedServer(server.New(engine.NewService(store, time.Hour), server.Config{}))
+	hs := httptest.NewUnstartedServer(server.New(engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{}))
 	hs.Listener = server.Listener(hs.Listener)
 	hs.Start()
 	t.Cleanup(hs.Close)

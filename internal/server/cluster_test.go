@@ -66,9 +66,9 @@ func TestClusterSeveralDaemons(t *testing.T) {
 
 	t.Run("a waiter on one daemon wakes on a completion through another", func(t *testing.T) {
 		key := freshKey("cluster-wake")
-		tok := ds[1].acquire(key, "lease_ms", 20000)
+		tok := ds[1].acquire(key, "lease_ms", 60000)
 		waited := make(chan answer, 1)
-		go func() { waited <- ds[0].claim(map[string]any{"key": key, "wait_ms": 10000}) }()
+		go func() { waited <- ds[0].claim(map[string]any{"key": key, "wait_ms": 30000}) }()
 		waitForMetric(t, ds[0], "idemd_claim_waiters 1")
 		if a := ds[2].complete(key, tok, 201, []byte("done")); a.status != 200 {
 			t.Fatalf("complete through the third daemon: %d %s", a.status, a.raw)

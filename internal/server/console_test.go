@@ -88,7 +88,7 @@ func newConsoleDaemon(t *testing.T, store engine.Store, open bool, info server.S
 		}
 		cfg.Auth = keyring
 	}
-	hs := httptest.NewServer(server.New(engine.NewService(store, 24*time.Hour), cfg))
+	hs := httptest.NewServer(server.New(engine.NewService(store, 24*time.Hour, engine.WithStoreTimeout(time.Minute)), cfg))
 	t.Cleanup(hs.Close)
 	return &authDaemon{t: t, url: hs.URL, logs: logs}
 }
@@ -118,7 +118,7 @@ func wantConsoleHeaders(t *testing.T, what string, a authAnswer) {
 }
 
 func TestConsoleIsOffByDefault(t *testing.T) {
-	hs := httptest.NewServer(server.New(engine.NewService(consoleStore(t), time.Hour), server.Config{}))
+	hs := httptest.NewServer(server.New(engine.NewService(consoleStore(t), time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{}))
 	t.Cleanup(hs.Close)
 	d := &authDaemon{t: t, url: hs.URL}
 	for _, path := range []string{"/console/", "/console/console.js", "/console/api/whoami", "/console/api/store"} {

@@ -27,7 +27,7 @@ func TestTenantCapsUseTheEnginesRetention(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour), server.Config{Auth: cfg}))
+	hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{Auth: cfg}))
 	t.Cleanup(hs.Close)
 	d := &authDaemon{t: t, url: hs.URL}
 

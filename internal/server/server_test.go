@@ -510,12 +510,14 @@ func TestWaitForCompletion(t *testing.T) { forEachStore(t, testWaitForCompletion
 
 func testWaitForCompletion(t *testing.T, d *daemon) {
 	key := freshKey("wait")
-	tok := d.acquire(key, "lease_ms", 20000)
+	tok := d.acquire(key, "lease_ms", 60000)
 
 	waited := make(chan answer, 1)
-	go func() { waited <- d.claim(map[string]any{"key": key, "wait_ms": 10000}) }()
+	go func() { waited <- d.claim(map[string]any{"key": key, "wait_ms": 30000}) }()
 	// The waiter is counted once it is waiting; complete only then, so the test shows a
-	// wake-up rather than a lucky first look.
+	// wake-up rather than a lucky first look. The wait is the longest allowed and the
+	// lease outlasts it: a notification late on a loaded machine still lands within
+	// it, and a lost one still ends in 409.
 	waitForMetric(t, d, "idemd_claim_waiters 1")
 	d.complete(key, tok, 200, []byte("done"))
 	// Without the notification the waiter would answer 409 when its wait ran out.
@@ -541,9 +543,9 @@ func TestWaitAcquiresAfterRelease(t *testing.T) { forEachStore(t, testWaitAcquir
 
 func testWaitAcquiresAfterRelease(t *testing.T, d *daemon) {
 	key := freshKey("wait-release")
-	tok := d.acquire(key, "lease_ms", 20000)
+	tok := d.acquire(key, "lease_ms", 60000)
 	waited := make(chan answer, 1)
-	go func() { waited <- d.claim(map[string]any{"key": key, "wait_ms": 10000}) }()
+	go func() { waited <- d.claim(map[string]any{"key": key, "wait_ms": 30000}) }()
 	waitForMetric(t, d, "idemd_claim_waiters 1")
 	d.post("/v1/release", map[string]any{"key": key, "lease_token": tok, "mode": "retry"})
 	if a := <-waited; a.status != 201 || a.num("attempt") != 2 {

@@ -104,7 +104,7 @@ func newAuthDaemon(t *testing.T) *authDaemon {
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
-	srv := server.New(engine.NewService(store, 24*time.Hour), server.Config{
+	srv := server.New(engine.NewService(store, 24*time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{
 		Limits: server.Limits{MaxResponseBytes: 1024},
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
 		Auth:   keyring,

@@ -53,7 +53,7 @@ func tracedDaemon(t *testing.T) (string, *tracetest.SpanRecorder) {
 	recorder := tracetest.NewSpanRecorder()
 	provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
 	t.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
-	srv := server.New(engine.NewService(store, time.Hour), server.Config{Auth: keyring, Tracing: provider})
+	srv := server.New(engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{Auth: keyring, Tracing: provider})
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
 	return hs.URL, recorder
@@ -144,7 +144,7 @@ func TestTracingOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour), server.Config{}))
+	hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{}))
 	defer hs.Close()
 	req, _ := http.NewRequest(http.MethodGet, hs.URL+"/v1/records/k", nil)
 	req.Header.Set("traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")

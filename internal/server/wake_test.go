@@ -35,9 +35,9 @@ func TestWaitWakesAcrossDaemons(t *testing.T) {
 	for _, end := range []string{"complete", "fail", "retry"} {
 		t.Run(end, func(t *testing.T) {
 			key := freshKey("across-" + end)
-			tok := b.acquire(key, "lease_ms", 20000)
+			tok := b.acquire(key, "lease_ms", 60000)
 			waited := make(chan answer, 1)
-			go func() { waited <- a.claim(map[string]any{"key": key, "wait_ms": 10000}) }()
+			go func() { waited <- a.claim(map[string]any{"key": key, "wait_ms": 30000}) }()
 			waitForMetric(t, a, "idemd_claim_waiters 1")
 
 			var ended answer
