@@ -6,6 +6,7 @@ of its own; both hand back concurrent futures."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import http.server
 import threading
@@ -13,6 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import httpx
 import pytest
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
@@ -283,6 +285,53 @@ def test_a_batch_refused_as_too_large_is_resent_call_by_call_and_batching_stays_
         for call in calls:
             assert call.result(TIMEOUT).outcome == "acquired"
         assert proxy.paths()[index:] == ["/v1/claim", "/v1/batch of 2", "/v1/claim", "/v1/claim"]
+
+
+def test_sealed_results_share_a_batch_and_come_back_opened(
+    connect: Connect, gate: Callable[..., GateProxy], daemon: Daemon
+) -> None:
+    """Completes and releases in mode fail go in a batch as {status, sealed}, which
+    idemd keeps as given; claims answered in a batch open what they replay, and one
+    whose result does not open gets Unsealable alone."""
+    ring = idemd.KeyRing([idemd.SealKey("batch-1", bytes(range(32)))])
+    proxy = gate(hold=(0, 2, 4))
+    caller = connect(proxy.url, sealing=idemd.Sealing("default", ring))
+    k1, k2, foreign = fresh_key("sealed-1"), fresh_key("sealed-2"), fresh_key("sealed-foreign")
+    other = idemd.Sealing("default", idemd.KeyRing([idemd.SealKey("batch-other", bytes(32))]))
+    with idemd.Client(daemon.url, sealing=other) as c:
+        c.complete(foreign, c.claim(foreign).token, idemd.Response(200, body=b"theirs"))
+
+    held = held_claim(proxy, caller)
+    claims = [caller.queue("claim", k1), caller.queue("claim", k2)]
+    proxy.open(0)
+    a1, a2 = (call.result(TIMEOUT) for call in claims)
+    assert held.result(TIMEOUT).outcome == "acquired"
+
+    made = idemd.Response(201, {"Location": ["/orders/9"]}, b"made for ada@example.com")
+    declined = idemd.Response(402, body=b"card 4242 declined")
+    held = held_claim(proxy, caller)
+    completed = caller.queue("complete", k1, a1.token, made)
+    released = caller.queue("release", k2, a2.token, "fail", declined)
+    proxy.open(2)
+    assert completed.result(TIMEOUT) is None
+    assert released.result(TIMEOUT) is None
+    for key, status, secret in ((k1, 201, b"ada@example.com"), (k2, 402, b"4242")):
+        raw = httpx.get(f"{daemon.url}/v1/records/{key}", timeout=TIMEOUT).json()["response"]
+        assert set(raw) == {"status", "sealed"}
+        assert raw["status"] == status
+        assert secret not in base64.b64decode(raw["sealed"])
+
+    held = held_claim(proxy, caller)
+    replays = [caller.queue("claim", k1), caller.queue("claim", k2), caller.queue("claim", foreign)]
+    proxy.open(4)
+    assert held.result(TIMEOUT).outcome == "acquired"
+    assert replays[0].result(TIMEOUT).response == made
+    assert replays[1].result(TIMEOUT).response == declined
+    refused = failure(replays[2])
+    assert isinstance(refused, idemd.Unsealable), repr(refused)
+    assert (refused.reason, refused.key_id) == ("unknown_key", "batch-other")
+    batches = ["/v1/batch of 2", "/v1/batch of 2", "/v1/batch of 3"]
+    assert proxy.paths() == [path for batch in batches for path in ("/v1/claim", batch)]
 
 
 def test_with_batching_off_every_call_is_its_own_request(

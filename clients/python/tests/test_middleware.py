@@ -5,6 +5,7 @@ runs once per framework and expects the same answers."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
@@ -42,6 +43,8 @@ class Served:
     state: Orders
     framework: str
     incidents: list[str] = field(default_factory=list)
+    #: The error of each incident, in the same order.
+    errors: list[BaseException | None] = field(default_factory=list)
 
     def expect_incidents(self, kinds: list[str]) -> None:
         """The incidents reported so far are ``kinds``. The hook runs after the answer is
@@ -116,10 +119,13 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
     framework: str = request.param
     servers: list[_Uvicorn | _Werkzeug] = []
 
-    def start(idemd_url: str = daemon.url, retries: int = 3, **options: Any) -> Served:
+    def start(
+        idemd_url: str = daemon.url, retries: int = 3, sealing: idemd.Sealing | None = None, **options: Any
+    ) -> Served:
         served = Served("", Orders(), framework)
 
         def on_incident(_: Any, incident: Incident) -> None:
+            served.errors.append(incident.error)
             served.incidents.append(incident.kind)
 
         options.setdefault("on_incident", on_incident)
@@ -128,7 +134,7 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
             app = starlette_app(served.state)
             app.add_middleware(
                 asgi.IdempotencyMiddleware,
-                client=idemd.AsyncClient(idemd_url, retries=retries),
+                client=idemd.AsyncClient(idemd_url, retries=retries, sealing=sealing),
                 scope=_asgi_user,
                 **options,
             )
@@ -137,7 +143,10 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
             inner = flask_app(served.state) if framework == "flask" else django_app(served.state)
             server = _Werkzeug(
                 wsgi.IdempotencyMiddleware(
-                    inner, idemd.Client(idemd_url, retries=retries), scope=_wsgi_user, **options
+                    inner,
+                    idemd.Client(idemd_url, retries=retries, sealing=sealing),
+                    scope=_wsgi_user,
+                    **options,
                 )
             )
         servers.append(server)
@@ -641,6 +650,101 @@ def test_key_prefix(serve: ServeFn, daemon: Daemon) -> None:
     assert (replay.status_code, replay.content) == (201, again.content)
     assert replay.headers["idempotent-replayed"] == "true"
     assert s.state.runs["resume"] == 2
+
+
+def _sealing(*ids: str) -> idemd.Sealing:
+    keys = [idemd.SealKey(i, hashlib.sha256(i.encode()).digest()) for i in ids]
+    return idemd.Sealing("default", idemd.KeyRing(keys))
+
+
+def _raw_response(url: str, ikey: str) -> dict[str, Any]:
+    record = http.get(f"{url}/v1/records/{ikey}").json()
+    response: dict[str, Any] = record["response"]
+    return response
+
+
+def test_sealed_answers(serve: ServeFn, daemon: Daemon) -> None:
+    """R1 and P1 under sealing: the answer is stored as an envelope, only its status
+    readable, and replays identically. P5: a service whose ring lacks its key, and one
+    without a ring, answer 502 stored_response_unsealable with the incident
+    replay_unsealable carrying the error, and the handler does not run."""
+    s = serve(sealing=_sealing("mw-old"))
+    key = fresh_key("sealed")
+    first = s.post(key=key)
+    assert first.status_code == 201
+    raw = _raw_response(daemon.url, idemd.middleware_key("user-1", key))
+    assert set(raw) == {"status", "sealed"}
+    assert raw["status"] == 201
+    envelope = base64.b64decode(raw["sealed"])
+    assert envelope.startswith(b"\xc1\x01\x06mw-old")
+    assert first.content not in envelope
+    assert b"/orders/1" not in envelope
+
+    rotated = serve(sealing=_sealing("mw-new", "mw-old"))
+    for service in (s, rotated):
+        again = service.post(key=key)
+        assert (again.status_code, again.content) == (201, first.content)
+        assert again.headers["location"] == first.headers["location"]
+        assert again.headers["content-type"] == first.headers["content-type"]
+        assert again.headers["idempotent-replayed"] == "true"
+        assert "set-cookie" not in again.headers
+    assert s.state.runs["orders"] == 1
+    assert rotated.state.runs["orders"] == 0
+
+    for ring in (_sealing("mw-new"), None):
+        other = serve(sealing=ring)
+        refused = other.post(key=key)
+        assert refused.status_code == 502
+        assert refused.headers["content-type"] == "application/problem+json"
+        assert refused.json()["code"] == "stored_response_unsealable"
+        assert "idempotent-replayed" not in refused.headers
+        other.expect_incidents(["replay_unsealable"])
+        err = other.errors[0]
+        assert isinstance(err, idemd.Unsealable)
+        assert (err.reason, err.key_id) == ("unknown_key", "mw-old")
+        assert other.state.runs["orders"] == 0
+    assert s.incidents == []
+
+
+def test_sealed_not_stored_and_recovery_points(serve: ServeFn, daemon: Daemon) -> None:
+    """R10 under sealing: the 409 response_not_stored the middleware stores is sealed
+    too, and replays. The handler's recovery point is sealed in idemd, and the retry
+    after a 500 starts from it opened."""
+    s = serve(sealing=_sealing("mw-old"), max_stored_bytes=1000)
+    key = fresh_key("sealed-big")
+    assert s.post("/big", key=key).status_code == 200
+    raw = _raw_response(daemon.url, idemd.middleware_key("user-1", key))
+    assert set(raw) == {"status", "sealed"}
+    assert raw["status"] == 409
+    assert b"response_not_stored" not in base64.b64decode(raw["sealed"])
+    again = s.post("/big", key=key)
+    assert (again.status_code, again.json()["code"]) == (409, "response_not_stored")
+    assert again.headers["idempotent-replayed"] == "true"
+    s.expect_incidents(["result_not_stored"])
+
+    key = fresh_key("sealed-resume")
+    ikey = idemd.middleware_key("user-1", key)
+    s.state.resume_status = 500
+    assert s.post("/resume", key=key).status_code == 500
+    point = http.get(f"{daemon.url}/v1/records/{ikey}").json()["recovery_point"]
+    data = base64.b64decode(point["data"])
+    assert point["name"] == "handled"
+    assert data.startswith(b"\xc1\x01\x06mw-old")
+    assert s.framework.encode() not in data
+    # A service whose ring lacks the point's key runs nothing from it, and gives the
+    # key back for a retry.
+    other = serve(sealing=_sealing("mw-new"))
+    refused = other.post("/resume", key=key)
+    assert (refused.status_code, refused.json()["code"]) == (502, "stored_response_unsealable")
+    other.expect_incidents(["replay_unsealable"])
+    assert other.state.runs["resume"] == 0
+    assert http.get(f"{daemon.url}/v1/records/{ikey}").json()["state"] == "released"
+    s.state.resume_status = 201
+    resumed = s.post("/resume", key=key)
+    assert resumed.json() == {"key": ikey, "resumed": ["handled", f"by {s.framework}"]}
+    assert set(_raw_response(daemon.url, ikey)) == {"status", "sealed"}
+    # Django's views count in the state of the service started last.
+    assert s.state.runs + other.state.runs == {"big": 1, "resume": 2}
 
 
 def test_key_prefix_is_checked_at_construction(daemon: Daemon) -> None:

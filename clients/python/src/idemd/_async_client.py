@@ -18,9 +18,10 @@ from ._batch import ANSWERS, AsyncBatcher, Operation, Outcome, Resend, answered,
 from ._client import DEFAULT_LEASE, api_client, default_owner, json_response
 from ._consume import Verdict, verdict_of
 from ._current import leased
-from ._errors import Failed, IdemdError, Permanent, transport_failure, unexpected_answer
+from ._errors import Failed, IdemdError, Permanent, Unsealable, transport_failure, unexpected_answer
 from ._keys import KeySpec, key_for
 from ._lease import AsyncKeeper, AsyncLease, claim_waited, local_deadline
+from ._seal import Sealing
 from ._transport import AsyncRetryTransport, extra_time
 from ._types import AbandonedKey, AbandonedPage, Claim, Record, ReleaseMode, Response, Result
 from .idemapi.api.claims import batch as batch_api
@@ -32,7 +33,7 @@ from .idemapi.api.claims import release as release_api
 from .idemapi.api.records import list_abandoned as abandoned_api
 from .idemapi.api.records import lookup as lookup_api
 from .idemapi.api.records import purge as purge_api
-from .idemapi.models import AbandonedKeys, KeyRecord, LeaseExtended
+from .idemapi.models import AbandonedKeys, ClaimAcquired, ClaimFinished, KeyRecord, LeaseExtended
 from .idemapi.types import UNSET
 
 P = ParamSpec("P")
@@ -67,9 +68,13 @@ class AsyncClient:
         retention: float | None = None,
         backoff: float = 0.05,
         batching: bool = True,
+        sealing: Sealing | None = None,
     ) -> None:
+        if sealing is not None and not isinstance(sealing, Sealing):
+            raise TypeError("sealing is an idemd.Sealing")
         self._base_url = base_url
         self._token = token
+        self.sealing = sealing
         self._transport = AsyncRetryTransport(timeout, retries, backoff)
         self._api = api_client(base_url, token, self._transport)
         self.owner = owner or default_owner()
@@ -133,21 +138,44 @@ class AsyncClient:
         secret: str | None = None,
     ) -> Claim:
         """See :meth:`idemd.Client.claim`."""
+        return await self._claim(key, fingerprint, lease, wait, owner, secret)
+
+    async def _claim(
+        self,
+        key: str,
+        fingerprint: str,
+        lease: float | None,
+        wait: float | None,
+        owner: str | None = None,
+        secret: str | None = None,
+        release: bool = True,
+    ) -> Claim:
+        """See :meth:`idemd.Client._claim`."""
         body = _wire.claim_request(
             key, fingerprint, owner or self.owner, secret or _wire.new_secret(), lease, wait
         )
-        return _wire.claim(await self._do(Operation("claim", body, wait=wait or 0.0)))
+        parsed: ClaimAcquired | ClaimFinished = await self._do(Operation("claim", body, wait=wait or 0.0))
+        try:
+            return _wire.claim(parsed, key, self.sealing)
+        except Unsealable as err:
+            if release and isinstance(parsed, ClaimAcquired):
+                try:
+                    # Shielded: a cancelled caller must still free the lease it got.
+                    await asyncio.shield(self.release(key, parsed.lease_token, "retry"))
+                except IdemdError as release_err:
+                    err.add_note(f"and releasing the key failed: {release_err}")
+            raise
 
     async def complete(self, key: str, token: str, response: Response) -> None:
         """See :meth:`idemd.Client.complete`."""
-        body = _wire.complete_request(key, token, response, self.retention)
+        body = _wire.complete_request(key, token, response, self.retention, self.sealing)
         await self._do(Operation("complete", body))
 
     async def release(
         self, key: str, token: str, mode: ReleaseMode = "retry", response: Response | None = None
     ) -> None:
         """See :meth:`idemd.Client.release`."""
-        body = _wire.release_request(key, token, mode, response, self.retention)
+        body = _wire.release_request(key, token, mode, response, self.retention, self.sealing)
         await self._do(Operation("release", body))
 
     async def extend(self, key: str, token: str, lease: float) -> datetime.datetime:
@@ -158,7 +186,7 @@ class AsyncClient:
 
     async def record_recovery_point(self, key: str, token: str, name: str, data: bytes = b"") -> None:
         """See :meth:`idemd.Client.record_recovery_point`."""
-        body = _wire.recovery_point_request(key, token, name, data)
+        body = _wire.recovery_point_request(key, token, name, data, self.sealing)
         _wire.expect(await self._call(recovery_point_api.asyncio_detailed, body=body), KeyRecord)
 
     async def abandoned(
@@ -194,7 +222,8 @@ class AsyncClient:
 
     async def lookup(self, key: str) -> Record:
         """See :meth:`idemd.Client.lookup`."""
-        return _wire.record(_wire.expect(await self._call(lookup_api.asyncio_detailed, key=key), KeyRecord))
+        parsed = _wire.expect(await self._call(lookup_api.asyncio_detailed, key=key), KeyRecord)
+        return _wire.record(parsed, key, self.sealing)
 
     async def purge(self, key: str) -> None:
         """See :meth:`idemd.Client.purge`."""
@@ -229,7 +258,7 @@ class AsyncClient:
         """See :meth:`idemd.Client._claim_and_run`; without ``release``, a cancelled
         caller leaves the key pending too."""
         sent = time.monotonic()
-        claim = await self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
+        claim = await self._claim(key, fingerprint, lease, wait, release=release)
         if claim.outcome == "completed":
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":

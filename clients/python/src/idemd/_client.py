@@ -16,9 +16,10 @@ from . import _fork, _wire
 from ._batch import ANSWERS, Batcher, Operation, Outcome, Resend, answered, batch_request, failed
 from ._consume import Verdict, verdict_of
 from ._current import leased
-from ._errors import Failed, IdemdError, Permanent, transport_failure, unexpected_answer
+from ._errors import Failed, IdemdError, Permanent, Unsealable, transport_failure, unexpected_answer
 from ._keys import KeySpec, key_for
 from ._lease import Keeper, Lease, claim_waited, local_deadline
+from ._seal import Sealing
 from ._transport import RetryTransport, extra_time
 from ._types import AbandonedKey, AbandonedPage, Claim, Record, ReleaseMode, Response, Result
 from .idemapi import AuthenticatedClient
@@ -32,7 +33,7 @@ from .idemapi.api.claims import release as release_api
 from .idemapi.api.records import list_abandoned as abandoned_api
 from .idemapi.api.records import lookup as lookup_api
 from .idemapi.api.records import purge as purge_api
-from .idemapi.models import AbandonedKeys, KeyRecord, LeaseExtended
+from .idemapi.models import AbandonedKeys, ClaimAcquired, ClaimFinished, KeyRecord, LeaseExtended
 from .idemapi.types import UNSET
 
 P = ParamSpec("P")
@@ -79,6 +80,11 @@ class Client:
     as one ``POST /v1/batch`` when it returns, each answered as it would be alone. No
     timer delays a lone call. A daemon without the batch endpoint is detected on the
     first batch, and calls go one by one from then on.
+
+    With ``sealing`` (:class:`Sealing`: a tenant and a :class:`KeyRing`), the headers
+    and body of every result the client stores, and the data of every recovery point it
+    records, are sealed with keys idemd never sees, and opened when they come back
+    (docs/sealing.md). One that does not open raises :class:`Unsealable`.
     """
 
     def __init__(
@@ -92,9 +98,13 @@ class Client:
         retention: float | None = None,
         backoff: float = 0.05,
         batching: bool = True,
+        sealing: Sealing | None = None,
     ) -> None:
+        if sealing is not None and not isinstance(sealing, Sealing):
+            raise TypeError("sealing is an idemd.Sealing")
         self._base_url = base_url
         self._token = token
+        self.sealing = sealing
         self._transport = RetryTransport(timeout, retries, backoff)
         self._api = api_client(base_url, token, self._transport)
         self.owner = owner or default_owner()
@@ -163,21 +173,46 @@ class Client:
 
         Raises :class:`InProgress` when another caller holds a live lease (with ``wait``,
         after waiting up to that many seconds for it to finish) and
-        :class:`FingerprintMismatch` when the key was used with another fingerprint.
+        :class:`FingerprintMismatch` when the key was used with another fingerprint, and
+        :class:`Unsealable` when the result it replays, or the recovery point of the
+        lease it acquired, does not open (that lease is then released for a retry).
         ``secret`` replaces the claim's own fresh secret: a claim carrying the live
         lease's secret gets that lease back, so never derive it from anything that a
         redelivery of the same job shares.
         """
+        return self._claim(key, fingerprint, lease, wait, owner, secret)
+
+    def _claim(
+        self,
+        key: str,
+        fingerprint: str,
+        lease: float | None,
+        wait: float | None,
+        owner: str | None = None,
+        secret: str | None = None,
+        release: bool = True,
+    ) -> Claim:
+        """claim; a lease acquired with a recovery point that does not open is released
+        for a retry with ``release``, and left pending under its lease without."""
         # The secret is made once per call, so that every resend of this claim carries it.
         body = _wire.claim_request(
             key, fingerprint, owner or self.owner, secret or _wire.new_secret(), lease, wait
         )
-        return _wire.claim(self._do(Operation("claim", body, wait=wait or 0.0)))
+        parsed: ClaimAcquired | ClaimFinished = self._do(Operation("claim", body, wait=wait or 0.0))
+        try:
+            return _wire.claim(parsed, key, self.sealing)
+        except Unsealable as err:
+            if release and isinstance(parsed, ClaimAcquired):
+                try:
+                    self.release(key, parsed.lease_token, "retry")
+                except IdemdError as release_err:
+                    err.add_note(f"and releasing the key failed: {release_err}")
+            raise
 
     def complete(self, key: str, token: str, response: Response) -> None:
         """Store the result of the operation the lease was for; repeating it is safe.
         Raises :class:`LeaseLost` when the lease was taken over."""
-        body = _wire.complete_request(key, token, response, self.retention)
+        body = _wire.complete_request(key, token, response, self.retention, self.sealing)
         self._do(Operation("complete", body))
 
     def release(
@@ -185,7 +220,7 @@ class Client:
     ) -> None:
         """Give the lease back: ``retry`` frees the key, ``fail`` stores ``response`` as a
         terminal failure that later claims replay."""
-        body = _wire.release_request(key, token, mode, response, self.retention)
+        body = _wire.release_request(key, token, mode, response, self.retention, self.sealing)
         self._do(Operation("release", body))
 
     def extend(self, key: str, token: str, lease: float) -> datetime.datetime:
@@ -206,7 +241,7 @@ class Client:
         also marks the lease lost when idemd says it is.
 
         It always goes as a request of its own: a batch has no item for it."""
-        body = _wire.recovery_point_request(key, token, name, data)
+        body = _wire.recovery_point_request(key, token, name, data, self.sealing)
         _wire.expect(self._call(recovery_point_api.sync_detailed, body=body), KeyRecord)
 
     def abandoned(
@@ -251,8 +286,10 @@ class Client:
             cursor = _wire.next_cursor(cursor, page)
 
     def lookup(self, key: str) -> Record:
-        """The record of ``key``; :class:`NotFound` when there is none."""
-        return _wire.record(_wire.expect(self._call(lookup_api.sync_detailed, key=key), KeyRecord))
+        """The record of ``key``; :class:`NotFound` when there is none, and
+        :class:`Unsealable` when its result or recovery point does not open."""
+        parsed = _wire.expect(self._call(lookup_api.sync_detailed, key=key), KeyRecord)
+        return _wire.record(parsed, key, self.sealing)
 
     def purge(self, key: str) -> None:
         """Delete the record of ``key`` (the token needs the admin scope)."""
@@ -281,6 +318,10 @@ class Client:
         :func:`idemd.current_lease` while ``fn`` runs. A claim that waited for more than
         a third of the lease is renewed once before ``fn`` starts.
 
+        A stored response that does not open (sealed with a key the client's ring does
+        not hold, changed in the store, or plain under ``require_sealed``) raises
+        :class:`Unsealable` and ``fn`` does not run: the key is done.
+
         An exception from ``fn`` releases the key for a retry and propagates; a
         :class:`Permanent` one stores its response as a terminal failure instead, and
         later calls raise :class:`Failed` with it. ``fn``'s lease starts from the
@@ -303,7 +344,7 @@ class Client:
         runs out, and the abandoned-keys feed lists it again (a Completer's way: a key
         released would drop out of the feed it works from)."""
         sent = time.monotonic()
-        claim = self.claim(key, fingerprint=fingerprint, lease=lease, wait=wait)
+        claim = self._claim(key, fingerprint, lease, wait, release=release)
         if claim.outcome == "completed":
             return Result(claim.response or Response(), replayed=True)
         if claim.outcome == "failed":

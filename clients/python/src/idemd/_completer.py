@@ -219,6 +219,10 @@ class Completer:
     finishes it: a key another caller or completer holds is skipped, and so is one
     finished since it was listed.
 
+    With a client given sealing, the handler's recovery point is opened and its result
+    stored sealed; a point that does not open (:class:`Unsealable`) is an error of the
+    key, which stays pending for a completer whose ring holds its key.
+
     Options: ``prefix`` selects the keys, for example a middleware's ``key_prefix``; it
     is required, and may be empty only with ``all_keys=True`` (then every abandoned key
     of the tenant goes to this one handler), so that a prefix left empty by mistake is an

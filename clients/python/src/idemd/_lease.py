@@ -251,7 +251,8 @@ class Lease:
     for the function's writes; ``recovered`` is True when this lease took the key over
     from a holder whose lease ran out, which may have done the work already
     (docs/effects.md). ``recovery_point`` is the last point an earlier holder recorded
-    with :meth:`checkpoint`, which this lease starts from (None when none was), and
+    with :meth:`checkpoint`, which this lease starts from (None when none was; its data
+    opened when the client seals, as :meth:`checkpoint` seals what it records), and
     ``key`` the full idemd key, a middleware's ``key_prefix`` included.
 
     A lease made by hand, without ``deadline``, is never reckoned lost by the clock, and

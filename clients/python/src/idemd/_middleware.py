@@ -212,6 +212,7 @@ IncidentKind = Literal[
     "lease_lost",
     "lease_expired",
     "replay_invalid",
+    "replay_unsealable",
 ]
 
 
@@ -373,6 +374,18 @@ def replay(stored: Response | None) -> Answer:
     headers.append(("idempotent-replayed", "true"))
     headers.append(("content-length", str(len(stored.body))))
     return Answer(stored.status, headers, stored.body)
+
+
+def unsealable() -> Answer:
+    """The answer when the stored answer does not open (P5): the operation ran, so the
+    handler must not run again, and an envelope is nothing the client can use."""
+    return problem(
+        502,
+        "stored_response_unsealable",
+        "Stored response cannot be opened",
+        "the answer stored for this Idempotency-Key is sealed with a key this service does not hold, "
+        "or does not open",
+    )
 
 
 def refusal(err: IdemdError, fail_open: bool) -> tuple[Answer | None, IncidentKind | None]:

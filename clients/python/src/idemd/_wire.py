@@ -10,7 +10,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from ._errors import Problem, problem_class, unexpected_answer
+from ._errors import Problem, Unsealable, problem_class, unexpected_answer
+from ._seal import Sealing, point_without_ring, unopened
 from ._types import AbandonedKey, AbandonedPage, Claim, Record, RecoveryPoint, ReleaseMode, Response
 from .idemapi import types as api_types
 from .idemapi.models import (
@@ -68,20 +69,30 @@ def claim_request(
     )
 
 
-def complete_request(key: str, token: str, response: Response, retention: float | None) -> CompleteRequest:
+def complete_request(
+    key: str, token: str, response: Response, retention: float | None, sealing: Sealing | None
+) -> CompleteRequest:
     return CompleteRequest(
-        key=key, lease_token=token, response=to_stored(response), retention_ms=millis(retention)
+        key=key,
+        lease_token=token,
+        response=to_stored(key, response, sealing),
+        retention_ms=millis(retention),
     )
 
 
 def release_request(
-    key: str, token: str, mode: ReleaseMode, response: Response | None, retention: float | None
+    key: str,
+    token: str,
+    mode: ReleaseMode,
+    response: Response | None,
+    retention: float | None,
+    sealing: Sealing | None,
 ) -> ReleaseRequest:
     return ReleaseRequest(
         key=key,
         lease_token=token,
         mode=mode,
-        response=UNSET if response is None else to_stored(response),
+        response=UNSET if response is None else to_stored(key, response, sealing),
         retention_ms=millis(retention),
     )
 
@@ -90,7 +101,11 @@ def extend_request(key: str, token: str, lease: float) -> ExtendRequest:
     return ExtendRequest(key=key, lease_token=token, lease_ms=round(lease * 1000))
 
 
-def recovery_point_request(key: str, token: str, name: str, data: bytes) -> RecoveryPointRequest:
+def recovery_point_request(
+    key: str, token: str, name: str, data: bytes, sealing: Sealing | None
+) -> RecoveryPointRequest:
+    if sealing is not None:
+        data = sealing.seal_point(key, name, data)
     return RecoveryPointRequest(
         key=key,
         lease_token=token,
@@ -99,10 +114,13 @@ def recovery_point_request(key: str, token: str, name: str, data: bytes) -> Reco
     )
 
 
-def recovery_point(p: WirePoint | Any) -> RecoveryPoint | None:
+def recovery_point(p: WirePoint | Any, key: str, sealing: Sealing | None) -> RecoveryPoint | None:
+    """The recovery point of ``key`` as its holder recorded it, opened when sealed;
+    Unsealable when it does not open."""
     if not isinstance(p, WirePoint):
         return None
     data = base64.b64decode(p.data) if isinstance(p.data, str) else b""
+    data = point_without_ring(data) if sealing is None else sealing.open_point(key, p.name, data)
     return RecoveryPoint(name=p.name, data=data, attempt=p.attempt, recorded_at=p.recorded_at)
 
 
@@ -137,7 +155,12 @@ def _text(value: str | Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def to_stored(r: Response) -> StoredResponse:
+def to_stored(key: str, r: Response, sealing: Sealing | None) -> StoredResponse:
+    """A result as idemd stores it: sealed, with only its status readable, when the
+    client seals."""
+    if sealing is not None:
+        sealed = base64.b64encode(sealing.seal_response(key, r)).decode("ascii")
+        return StoredResponse(status=r.status, sealed=sealed)
     headers: Any = UNSET
     if r.headers:
         headers = StoredResponseHeaders.from_dict({k: list(v) for k, v in r.headers.items()})
@@ -147,14 +170,25 @@ def to_stored(r: Response) -> StoredResponse:
     return StoredResponse(status=r.status, headers=headers, body=body)
 
 
-def from_stored(s: StoredResponse | Any) -> Response | None:
+def from_stored(s: StoredResponse | Any, key: str, sealing: Sealing | None) -> Response | None:
+    """A stored result of ``key``, opened when sealed; Unsealable when it does not open
+    (a sealed one and no ring, or a plain one under require_sealed)."""
     if not isinstance(s, StoredResponse):
         return None
+    if isinstance(s.sealed, str):
+        try:
+            envelope = base64.b64decode(s.sealed, validate=True)
+        except ValueError:
+            raise Unsealable("invalid") from None
+        if sealing is None:
+            raise unopened(envelope)
+        return sealing.open_response(key, s.status, envelope)
     headers: dict[str, list[str]] = {}
     if isinstance(s.headers, StoredResponseHeaders):
         headers = {k: list(v) for k, v in s.headers.additional_properties.items()}
     body = base64.b64decode(s.body) if isinstance(s.body, str) else b""
-    return Response(status=s.status, headers=headers, body=body)
+    plain = Response(status=s.status, headers=headers, body=body)
+    return plain if sealing is None else sealing.plain_response(plain)
 
 
 def expect(answer: api_types.Response[Any], *kinds: type) -> Any:
@@ -189,7 +223,9 @@ def problem(wire: WireProblem, headers: Mapping[str, str] | None = None) -> Prob
     )
 
 
-def claim(parsed: ClaimAcquired | ClaimFinished) -> Claim:
+def claim(parsed: ClaimAcquired | ClaimFinished, key: str, sealing: Sealing | None) -> Claim:
+    """The claim of ``key``, its result or recovery point opened; Unsealable when one
+    does not open."""
     if isinstance(parsed, ClaimAcquired):
         return Claim(
             outcome="acquired",
@@ -198,17 +234,19 @@ def claim(parsed: ClaimAcquired | ClaimFinished) -> Claim:
             lease_expires_at=parsed.lease_expires_at,
             expires_at=parsed.expires_at,
             recovered=parsed.recovered,
-            recovery_point=recovery_point(parsed.recovery_point),
+            recovery_point=recovery_point(parsed.recovery_point, key, sealing),
         )
     return Claim(
         outcome=parsed.outcome,
         attempt=parsed.attempt,
         expires_at=parsed.expires_at,
-        response=from_stored(parsed.response),
+        response=from_stored(parsed.response, key, sealing),
     )
 
 
-def record(parsed: KeyRecord) -> Record:
+def record(parsed: KeyRecord, key: str, sealing: Sealing | None) -> Record:
+    """The record of ``key`` (bound to the key asked for, not the one answered), its
+    result and recovery point opened; Unsealable when one does not open."""
     return Record(
         key=parsed.key,
         state=parsed.state,
@@ -221,6 +259,6 @@ def record(parsed: KeyRecord) -> Record:
         lease_expires_at=parsed.lease_expires_at
         if isinstance(parsed.lease_expires_at, datetime.datetime)
         else None,
-        response=from_stored(parsed.response),
-        recovery_point=recovery_point(parsed.recovery_point),
+        response=from_stored(parsed.response, key, sealing),
+        recovery_point=recovery_point(parsed.recovery_point, key, sealing),
     )

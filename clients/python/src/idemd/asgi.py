@@ -10,6 +10,10 @@ returns or is stopped before its last chunk, e.g. because the client went away) 
 but cannot be replayed whole: ``409 response_not_stored`` is stored for it, as for an
 answer too large to store (R10). So is an exception raised after the status of a
 result went out (R15); after a 5xx, or before any status, the key is released (R4).
+With a client given sealing (:class:`idemd.Sealing`), every answer the middleware
+stores is sealed, ``409 response_not_stored`` included, and every replay opened; a
+stored answer that does not open is answered ``502 stored_response_unsealable`` with
+the incident ``replay_unsealable``, and the handler does not run (P5).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 
 from ._async_client import AsyncClient
 from ._current import leased
-from ._errors import IdemdError, LeaseLost, Problem
+from ._errors import IdemdError, LeaseLost, Problem, Unsealable
 from ._lease import AsyncKeeper, AsyncLease, claim_waited, local_deadline
 from ._middleware import (
     NOT_STORED,
@@ -40,6 +44,7 @@ from ._middleware import (
     refusal,
     replay,
     taken_over,
+    unsealable,
 )
 from ._types import Claim
 
@@ -189,6 +194,12 @@ class IdempotencyMiddleware:
         sent = time.monotonic()
         try:
             claim = await self._claim(ikey, digest, replayed_receive)
+        except Unsealable as err:  # P5
+            if replayed_receive.gone():
+                return
+            await _answer(send, unsealable())
+            o.incident(scope, "replay_unsealable", ikey, err)
+            return
         except IdemdError as err:  # C3-C6
             if replayed_receive.gone():  # C3a: nobody is there to answer
                 return

@@ -19,6 +19,10 @@ WSGI servers join repeated header lines into one value with commas, so two
 WSGI tells an application nothing of its client before the answer is written, so a
 duplicate whose claim waits (``wait``) keeps waiting, up to ``wait``, after its client
 has gone; the ASGI middleware stops at the disconnect (C3a).
+With a client given sealing (:class:`idemd.Sealing`), every answer the middleware
+stores is sealed, ``409 response_not_stored`` included, and every replay opened; a
+stored answer that does not open is answered ``502 stored_response_unsealable`` with
+the incident ``replay_unsealable``, and the handler does not run (P5).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._client import Client
 from ._current import leased
-from ._errors import IdemdError, LeaseLost, Problem
+from ._errors import IdemdError, LeaseLost, Problem, Unsealable
 from ._lease import Keeper, Lease, claim_waited, local_deadline
 from ._middleware import (
     NOT_STORED,
@@ -51,6 +55,7 @@ from ._middleware import (
     refusal,
     replay,
     taken_over,
+    unsealable,
 )
 from ._types import ReleaseMode, Response
 
@@ -169,6 +174,9 @@ class IdempotencyMiddleware:
         sent = time.monotonic()
         try:
             claim = self.client.claim(ikey, fingerprint=digest, lease=o.lease, wait=o.wait or None)
+        except Unsealable as err:  # P5
+            o.incident(environ, "replay_unsealable", ikey, err)
+            return _answer(start_response, unsealable())
         except IdemdError as err:  # C3-C6
             answer, kind = refusal(err, o.fail_open)
             if answer is None:
