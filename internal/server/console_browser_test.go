@@ -319,6 +319,30 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a sealed result and recovery point", func(t *testing.T) {
+		// The envelopes' heads are what the console reads; it holds no key to open them.
+		lease := seed.claim(alphaAdmin, "receipt-9", nil)
+		a := d.call(alphaAdmin, http.MethodPost, "/v1/complete", map[string]any{"key": "receipt-9", "lease_token": lease,
+			"response": map[string]any{"status": 201, "sealed": envelope(1, "k-2026-11", 60)}})
+		expectStatus(t, "complete sealed", a, http.StatusOK, "")
+		lease = seed.claim(alphaAdmin, "refund-5", map[string]any{"lease_ms": 90000})
+		seed.point(alphaAdmin, "refund-5", lease, "refunded", envelope(1, "k-2026-05", 50))
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx, chromedp.SendKeys(chromedp.CSS("#key"), "receipt-9"), chromedp.Click(chromedp.CSS("#lookup")),
+			chromedp.WaitVisible(chromedp.CSS("#record")))
+		if got := textOf(t, ctx, "#f-sealed"); !strings.HasPrefix(got, "sealed by its client with key k-2026-11 (envelope version 1), 72 bytes") {
+			t.Errorf("a sealed result shows %q", got)
+		}
+		if eval[bool](t, ctx, `document.getElementById('f-body') !== null || document.getElementById('f-headers') !== null`) {
+			t.Error("a sealed result is shown with a body or headers")
+		}
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#key"), "refund-5"), chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `document.getElementById('f-key') && document.getElementById('f-key').textContent === 'refund-5'`)
+		if got := textOf(t, ctx, "#f-point-sealed"); !strings.HasPrefix(got, "sealed by its client with key k-2026-05") {
+			t.Errorf("a sealed recovery point shows %q", got)
+		}
+	})
+
 	t.Run("a middleware's key", func(t *testing.T) {
 		key := "payments:" + idem.MiddlewareKey("user-42", "checkout-2026-05-01")
 		lease := seed.claim(alphaAdmin, key, map[string]any{"owner": "payments-api"})

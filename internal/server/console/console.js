@@ -194,6 +194,15 @@
     return el('div', null, size, shown);
   }
 
+  // sealedNote describes an envelope a client sealed (docs/sealing.md): its version and
+  // the id of the key that opens it, which the console does not hold.
+  function sealedNote(bytes) {
+    const n = bytes.length > 2 ? bytes[2] : 0;
+    if (bytes.length < 3 + n || bytes[0] !== 0xc1) return `sealed, ${bytes.length} bytes, not an envelope this console reads`;
+    const id = String.fromCharCode(...bytes.subarray(3, 3 + n));
+    return `sealed by its client with key ${id} (envelope version ${bytes[1]}), ${bytes.length} bytes: not readable here`;
+  }
+
   function field(dl, label, value, id) {
     const dd = el('dd', id ? { id } : null, value === '' || value === null || value === undefined ? '—' : value);
     dl.append(el('dt', null, label), dd);
@@ -394,6 +403,10 @@
       const rdl = el('dl', { class: 'fields-list' });
       field(rdl, 'status', String(rec.response.status), 'f-status');
       resp.append(rdl);
+      if (rec.response.sealed !== undefined) {
+        field(rdl, 'sealed', sealedNote(bytesOf(rec.response.sealed)), 'f-sealed');
+        return finishRecord(rec);
+      }
       const rows = [];
       for (const [name, values] of Object.entries(rec.response.headers || {})) {
         for (const value of values) rows.push(el('tr', null, el('td', null, el('code', null, name)), el('td', null, value)));
@@ -409,7 +422,10 @@
     } else {
       resp.append(el('p', { class: 'muted' }, 'none stored'));
     }
+    finishRecord(rec);
+  }
 
+  function finishRecord(rec) {
     const point = $('rec-point');
     point.replaceChildren();
     const rp = rec.recovery_point;
@@ -418,7 +434,13 @@
       field(pdl, 'name', rp.name, 'f-point-name');
       field(pdl, 'attempt', String(rp.attempt), 'f-point-attempt');
       field(pdl, 'recorded', when(rp.recorded_at), 'f-point-recorded');
-      point.append(pdl, preview(bytesOf(rp.data), 'f-point-data'));
+      const data = bytesOf(rp.data);
+      if (data.length > 0 && data[0] === 0xc1) {
+        field(pdl, 'data', sealedNote(data), 'f-point-sealed');
+        point.append(pdl);
+      } else {
+        point.append(pdl, preview(data, 'f-point-data'));
+      }
     } else {
       point.append(el('p', { class: 'muted' }, 'none recorded'));
     }
