@@ -39,7 +39,8 @@ type AbandonedKey struct {
 	// LeaseExpiredAt is when its lease ran out, by idemd's clock.
 	LeaseExpiredAt time.Time
 	// RecoveryPoint is the name of the last recovery point recorded, "" for none; a
-	// claim of the key receives the whole point.
+	// claim of the key receives the whole point, its data opened when it is sealed
+	// (names are never sealed).
 	RecoveryPoint string
 }
 

@@ -389,6 +389,10 @@ func (r *answerReader) response(out *idemapi.StoredResponse) bool {
 			b, ok := r.base64()
 			out.Body = &b
 			return ok
+		case string(name) == "sealed" && r.first(&seen, 8):
+			b, ok := r.base64()
+			out.Sealed = &b
+			return ok
 		case string(name) == "headers" && r.first(&seen, 4):
 			h := map[string][]string{}
 			out.Headers = &h
@@ -407,7 +411,7 @@ func (r *answerReader) response(out *idemapi.StoredResponse) bool {
 				return ok
 			})
 		default:
-			return r.unknown(name, "status", "body", "headers")
+			return r.unknown(name, "status", "body", "headers", "sealed")
 		}
 	})
 }

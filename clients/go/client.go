@@ -3,7 +3,8 @@
 // abandoned-keys feed; Do, which runs a function at most once per key; Once and
 // Consume, for queue consumers; Middleware, which makes an HTTP handler idempotent by
 // its Idempotency-Key header; and Completer, which finishes the work of holders that
-// died, from the recovery points they recorded.
+// died, from the recovery points they recorded. WithSealing seals the results and
+// recovery points the client stores with keys idemd never sees.
 //
 // The package depends on the standard library and the generated idemapi client only.
 package idem
@@ -37,6 +38,9 @@ type Client struct {
 	replays   *replayCache
 	// batches gathers concurrent calls (WithBatching); nil sends each on its own.
 	batches *batcher
+	// tenant and ring seal what the client stores (WithSealing); ring is nil without.
+	tenant string
+	ring   *KeyRing
 }
 
 type settings struct {
@@ -51,6 +55,10 @@ type settings struct {
 
 	replayBytes int
 	replayAge   time.Duration
+
+	sealing    bool
+	sealTenant string
+	sealRing   *KeyRing
 }
 
 // Option configures a Client.
@@ -93,13 +101,16 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if s.owner == "" {
 		s.owner = "go-" + randomHex(8)
 	}
+	if err := checkSealing(&s); err != nil {
+		return nil, err
+	}
 	doer := &retryDoer{client: s.http, retries: s.retries, backoff: s.backoff}
 	api, err := idemapi.NewClient(baseURL, idemapi.WithHTTPClient(doer))
 	if err != nil {
 		return nil, err
 	}
 	c := &Client{api: api, owner: s.owner, token: s.token, timeout: s.timeout, retention: s.retention,
-		replays: newReplayCache(s.replayBytes, s.replayAge)}
+		replays: newReplayCache(s.replayBytes, s.replayAge), tenant: s.sealTenant, ring: s.sealRing}
 	if s.batching {
 		c.batches = &batcher{c: c}
 	}
@@ -223,6 +234,11 @@ func ptr[T comparable](v T) *T {
 // Claim asks for the lease on key. It returns ErrInProgress (a *Problem with the
 // RetryAfter) when another caller holds a live lease, and ErrFingerprintMismatch when
 // the key was used with another fingerprint.
+//
+// When the stored response it replays, or the recovery point the lease starts from,
+// does not open (see WithSealing), Claim returns the claim without it, and an error
+// matching ErrUnsealable. A claim that acquired then holds the lease: release it, or
+// let it run out.
 func (c *Client) Claim(ctx context.Context, key string, opts ClaimOptions) (*Claim, error) {
 	return c.claim(ctx, key, opts, false)
 }
@@ -251,16 +267,24 @@ func (c *Client) claim(ctx context.Context, key string, opts ClaimOptions, share
 			// Not idemd's answer (a wrong base URL): nothing may run on it.
 			return nil, errors.New("idem: the claim was answered 201 without a lease token; is the base URL idemd's?")
 		}
-		return &Claim{Outcome: Acquired, Token: out.LeaseToken, Attempt: out.Attempt, LeaseExpiresAt: out.LeaseExpiresAt,
-			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered, RecoveryPoint: fromPoint(out.RecoveryPoint)}, nil
+		cl := &Claim{Outcome: Acquired, Token: out.LeaseToken, Attempt: out.Attempt, LeaseExpiresAt: out.LeaseExpiresAt,
+			ExpiresAt: out.ExpiresAt, Recovered: out.Recovered}
+		var err error
+		cl.RecoveryPoint, err = c.openPoint(key, out.RecoveryPoint)
+		return cl, err
 	}
 	out := res.finished
 	if res.status != http.StatusOK || out == nil || !out.Outcome.Valid() {
 		// Not idemd's answer (a wrong base URL): callers would take it for a lease.
 		return nil, fmt.Errorf("idem: the claim was answered %d without a lease or a stored outcome; is the base URL idemd's?", res.status)
 	}
-	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt,
-		Response: fromStored(out.Response)}
+	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt}
+	var err error
+	if cl.Response, err = c.openResponse(key, out.Response); err != nil {
+		// Nothing goes to the replay cache: every claim asks idemd again, and fails as
+		// this one did until the ring holds the key.
+		return cl, err
+	}
 	// The claim matched the stored fingerprint exactly, so it is the record's.
 	c.replays.put(key, opts.Fingerprint, cl.Outcome, cl.Attempt, cl.ExpiresAt, cl.Response, time.Now(), gen)
 	return cl, nil
@@ -276,7 +300,11 @@ func (c *Client) Complete(ctx context.Context, key, token string, r Response) er
 func (c *Client) complete(ctx context.Context, key, token string, r Response) (*finishedRecord, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
-	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: toStored(r),
+	stored, err := c.storedResponse(key, r)
+	if err != nil {
+		return nil, err
+	}
+	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: stored,
 		RetentionMs: ptr(c.retention.Milliseconds())}
 	return recordOf(c.do(ctx, idemapi.BatchItem{Complete: &body}))
 }
@@ -305,7 +333,10 @@ func (c *Client) release(ctx context.Context, key, token string, mode ReleaseMod
 	body := idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: idemapi.ReleaseRequestMode(mode),
 		RetentionMs: ptr(c.retention.Milliseconds())}
 	if r != nil {
-		stored := toStored(*r)
+		stored, err := c.storedResponse(key, *r)
+		if err != nil {
+			return nil, err
+		}
 		body.Response = &stored
 	}
 	return recordOf(c.do(ctx, idemapi.BatchItem{Release: &body}))
@@ -326,7 +357,9 @@ func (c *Client) Extend(ctx context.Context, key, token string, lease time.Durat
 	return res.extended.LeaseExpiresAt, nil
 }
 
-// Lookup returns the record of key, or ErrNotFound.
+// Lookup returns the record of key, or ErrNotFound. When its response or recovery point
+// does not open (see WithSealing), it returns the record without it, and an error
+// matching ErrUnsealable.
 func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
@@ -339,7 +372,7 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 		return nil, err
 	}
 	rec := &Record{Key: out.Key, State: string(out.State), Attempt: out.Attempt, CreatedAt: out.CreatedAt,
-		UpdatedAt: out.UpdatedAt, ExpiresAt: out.ExpiresAt, RecoveryPoint: fromPoint(out.RecoveryPoint), Response: fromStored(out.Response)}
+		UpdatedAt: out.UpdatedAt, ExpiresAt: out.ExpiresAt}
 	if out.Fingerprint != nil {
 		rec.Fingerprint = *out.Fingerprint
 	}
@@ -349,7 +382,10 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 	if out.LeaseExpiresAt != nil {
 		rec.LeaseExpiresAt = *out.LeaseExpiresAt
 	}
-	return rec, nil
+	var pointErr, responseErr error
+	rec.RecoveryPoint, pointErr = c.openPoint(key, out.RecoveryPoint)
+	rec.Response, responseErr = c.openResponse(key, out.Response)
+	return rec, cmp.Or(responseErr, pointErr)
 }
 
 // Purge deletes the record of key (it needs the admin scope), or returns ErrNotFound.

@@ -80,6 +80,11 @@ type CompleterStats struct {
 // A handler that fails does not free the key for a retry as Do would: a key released
 // is no longer pending and would drop out of the feed the completer works from. It
 // stays pending, and the feed lists it again once its lease runs out.
+//
+// On a client made WithSealing, the handler's lease carries the recovery point opened,
+// and the result it returns is stored sealed. A key whose point does not open (a key
+// the ring does not hold) runs no handler: it goes to OnError, as an error matching
+// ErrUnsealable, and stays pending.
 type Completer struct {
 	c *Client
 	o CompleterOptions

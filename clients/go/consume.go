@@ -70,6 +70,10 @@ const requeueDelay = time.Second
 //     a later delivery of it is dead-lettered without running fn.
 //   - idemd could not be asked, or did not store the outcome: Requeue. fn does not run
 //     without a lease.
+//   - The stored result, or the recovery point fn would start from, does not open
+//     (WithSealing): Requeue, with the error matching ErrUnsealable; fn does not run.
+//     The message is not acknowledged, so that a consumer whose ring holds the key
+//     can take it, and the error shows that one is needed.
 //
 // fn finds its lease, with its attempt and whether it recovered the key from a
 // consumer that died holding it, with LeaseFrom(ctx); a recovered lease means that

@@ -66,6 +66,11 @@ func (o DoOptions) lease() time.Duration {
 //
 // Another caller holding the key is ErrInProgress (wait with DoOptions.Wait); a key
 // used with another fingerprint is ErrFingerprintMismatch.
+//
+// With WithSealing, a stored result that does not open is an error matching
+// ErrUnsealable, with Replayed true: fn does not run, for the key is done. So is a
+// recovery point the lease would start from that does not open; then the key is
+// released for a retry, and fn does not run either.
 func (c *Client) Do(ctx context.Context, key, fingerprint string, fn func(ctx context.Context) (Response, error), opts ...DoOptions) (Result, error) {
 	var o DoOptions
 	if len(opts) > 0 {
@@ -93,8 +98,24 @@ func (c *Client) claimAndRun(ctx context.Context, key, fingerprint string, fn fu
 	// of it.
 	sent := time.Now()
 	cl, err := c.Claim(ctx, key, ClaimOptions{Fingerprint: fingerprint, Lease: o.lease(), Wait: o.Wait})
-	if err != nil {
+	switch {
+	case err == nil:
+	case cl == nil:
 		return Result{}, err
+	case cl.Outcome == Acquired:
+		// The recovery point the lease starts from does not open: the work cannot
+		// resume from it, and nothing runs. The key goes back for a holder whose ring
+		// opens it, unless failures leave it pending.
+		if failure == releaseForRetry {
+			rctx, cancel := c.callContext(context.WithoutCancel(ctx), 0)
+			defer cancel()
+			_ = c.Release(rctx, key, cl.Token, Retry, nil)
+		}
+		return Result{}, err
+	default:
+		// The key is done, and its result does not open here: running the work
+		// again would do it twice.
+		return Result{Replayed: true}, err
 	}
 	var stored Response
 	if cl.Response != nil {

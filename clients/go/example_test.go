@@ -301,3 +301,46 @@ func diedAfterRefunding(client *idem.Client, key, refundID string) {
 		panic(err)
 	}
 }
+
+func ExampleWithSealing() {
+	ctx := context.Background()
+	// In a service the ring comes from a secret store, as IDEMD_SEAL_KEYS or a key file:
+	// "k-2026-11=<base64 of 32 random bytes>", the first key sealing.
+	ring, err := idem.ParseKeyRing("k-2026-11=89T1OpfRF7vU7+7/NCy983Vqqz7M12Gr28FEz8hSg0g=")
+	if err != nil {
+		panic(err)
+	}
+	client, err := idem.New(daemonURL, idem.WithSealing("default", ring))
+	if err != nil {
+		panic(err)
+	}
+	key := freshKey("sign-up")
+	res, err := client.Do(ctx, key, "", func(ctx context.Context) (idem.Response, error) {
+		return idem.Response{Status: 201, Body: []byte(`{"email":"ada@example.com"}`)}, nil
+	})
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(res.Status, string(res.Body))
+
+	// idemd keeps the status and an envelope it cannot open; this client opens it.
+	rec, err := client.Lookup(ctx, key)
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println(rec.State, rec.Response.Status, string(rec.Response.Body))
+
+	// A client without the key cannot read it, and runs nothing for the key.
+	other, _ := idem.New(daemonURL)
+	_, err = other.Do(ctx, key, "", func(ctx context.Context) (idem.Response, error) {
+		panic("never runs: the key is done")
+	})
+	var sealErr *idem.SealError
+	if errors.As(err, &sealErr) {
+		fmt.Println("without the ring:", sealErr.Reason, sealErr.KeyID)
+	}
+	// Output:
+	// 201 {"email":"ada@example.com"}
+	// completed 201 {"email":"ada@example.com"}
+	// without the ring: unknown_key k-2026-11
+}

@@ -104,6 +104,8 @@ func FuzzBatchResults(f *testing.F) {
 		`{"results":[]}`, `{"results":null}`, `{"Results":[{"status":200}]}`, `{"results":[{"status":200,"STATUS":201}]}`,
 		`{"results":[{"status":200,"status":201}]}`, `{"results":[{"status":2.5e2}]}`, `{"results":[{"status":-0}]}`, `{"results":[{"status":01}]}`,
 		`{"results":[{"status":200,"record":{"fingerprint":"a\"b","state":"x"}}]}`, `{"results":[{"status":200,"record":{"expires_at":"yesterday"}}]}`,
+		`{"results":[{"status":200,"finished":{"outcome":"completed","attempt":1,"expires_at":"2026-11-24T17:19:31Z","response":{"status":201,"sealed":"wQEJay0yMDI2LTEx287J6GPzMDK534obpItrU7BlMakHuMRXt/0XaxZj0j7+zGgzl6eNaG8NdK8EXfZwVIUBSQ=="}}}]}`,
+		`{"results":[{"status":200,"finished":{"response":{"sealed":"","sealed":"AA=="}}}]}`, `{"results":[{"status":200,"finished":{"response":{"Sealed":"AA=="}}}]}`,
 		`{"results":[{"status":200,"finished":{"response":{"body":"not base64!"}}}]}`,
 		`{"results":[{"status":200,"finished":{"response":{"headers":{"a":["1"],"a":["2"]}}}}]}`,
 		`{"results":[{"status":99999999999999999999}]}`, `{"results":[{"status":200}]} trailing`, `{"results":[{"status":200},]}`, `{"results":[{"status":200}]`, "",
@@ -153,6 +155,10 @@ func FuzzEncode(f *testing.F) {
 		if absent&128 == 0 {
 			h := map[string][]string{header: {value, owner}, "content-type": {value}, "x-none": nil}
 			resp.Headers = &h
+		}
+		if absent&(64|128) == 64|128 {
+			// A sealed response carries neither.
+			resp.Sealed = &body
 		}
 		items := []idemapi.BatchItem{
 			{Claim: &idemapi.ClaimRequest{ClaimSecret: set(1, token), Fingerprint: set(2, fingerprint), Key: key, LeaseMs: msPtr(4), Owner: set(8, owner), WaitMs: msPtr(16)}},

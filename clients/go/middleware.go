@@ -59,6 +59,11 @@ const (
 	IncidentLeaseExpired IncidentKind = "lease_expired"
 	// IncidentReplayInvalid: a stored answer could not be replayed.
 	IncidentReplayInvalid IncidentKind = "replay_invalid"
+	// IncidentReplayUnsealable: a stored answer does not open (see WithSealing): it is
+	// sealed with a key the client's ring does not hold, or changed in the store, or
+	// plain under a ring that requires sealing. The request got 502 and the handler did
+	// not run; Incident.Err is the *SealError.
+	IncidentReplayUnsealable IncidentKind = "replay_unsealable"
 )
 
 // Incident is what the incident hook receives.
@@ -211,7 +216,11 @@ func defaultStoreStatus(status int) bool {
 //     before the handler answered frees the key, so that a retry runs the handler
 //     again; a panic after a status to store keeps a response_not_stored failure;
 //   - when idemd cannot be reached the answer is 503 (WithFailOpen to let requests
-//     through instead); when idemd answers an error, 503 and never fail-open.
+//     through instead); when idemd answers an error, 503 and never fail-open;
+//   - with a client made WithSealing, every answer stored is sealed, including the
+//     response_not_stored failures; a stored answer that does not open is 502
+//     stored_response_unsealable (incident replay_unsealable), and the handler does
+//     not run.
 //
 // The handler finds the lease it runs under with LeaseFrom(r.Context()): its attempt
 // and whether it recovered the key from a request whose lease ran out, for fencing its
@@ -343,6 +352,10 @@ func (m *middleware) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sent := time.Now()
 	cl, err := m.c.claim(claimCtx, idemdKey,
 		ClaimOptions{Fingerprint: Fingerprint(r, body), Lease: m.s.lease, Wait: m.s.wait}, true)
+	if errors.Is(err, ErrUnsealable) {
+		m.unsealable(w, r, idemdKey, cl, err)
+		return
+	}
 	if err != nil {
 		if claimCtx.Err() != nil {
 			// The client left while the claim waited: nobody is there to answer, and
@@ -405,6 +418,19 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, key string, 
 			"the request was not run: its Idempotency-Key could not be checked", retry)
 		m.incident(r, IncidentIdemdRefused, key, err)
 	}
+}
+
+// unsealable answers a claim whose stored answer, or the recovery point its lease
+// would start from, does not open (P5). The handler does not run: the key is done, or
+// its work cannot resume from where it stopped. A lease taken is given back for a
+// retry, which a service whose ring opens the point can take.
+func (m *middleware) unsealable(w http.ResponseWriter, r *http.Request, key string, cl *Claim, err error) {
+	if cl != nil && cl.Outcome == Acquired {
+		m.release(r, key, cl.Token)
+	}
+	writeProblem(w, http.StatusBadGateway, "stored_response_unsealable", "Stored response cannot be opened",
+		"what is stored for this Idempotency-Key is sealed with a key this service does not hold, or does not open; the request was not run", 0)
+	m.incident(r, IncidentReplayUnsealable, key, err)
 }
 
 // run runs the handler under the lease, which the handler finds with LeaseFrom, and

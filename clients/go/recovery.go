@@ -40,13 +40,18 @@ func fromPoint(p *idemapi.RecoveryPoint) *RecoveryPoint {
 // acquisition of the key receives it in Claim.RecoveryPoint. It returns ErrLeaseLost
 // when token is no longer the key's lease or the key is not pending, ErrNotFound when
 // the key is gone, and a *Problem matching ErrPayloadTooLarge for data over the limit.
-// Repeating it is safe. Work run by Do, Consume, Middleware or a Completer records
+// Repeating it is safe. A client with WithSealing seals data (even nil), which makes it
+// 31 bytes and the key id longer against the limit. Work run by Do, Consume, Middleware or a Completer records
 // through its lease instead (Lease.Checkpoint), which also ends the lease when idemd
 // says it is lost.
 //
 // A recovery point is never part of a batch: the contract has no batch item for it,
 // so it always goes as a request of its own.
 func (c *Client) RecordRecoveryPoint(ctx context.Context, key, token, name string, data []byte) error {
+	data, err := c.pointData(key, name, data)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
 	body := idemapi.RecoveryPointRequest{Key: key, LeaseToken: token, Name: name}

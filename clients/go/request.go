@@ -108,21 +108,29 @@ func appendResponse(b []byte, r *idemapi.StoredResponse) []byte {
 	b = append(b, '{')
 	if r.Body != nil {
 		b = appendMember(b, "body")
-		if *r.Body == nil {
-			b = append(b, "null"...)
-		} else {
-			b = append(b, '"')
-			b = base64.StdEncoding.AppendEncode(b, *r.Body)
-			b = append(b, '"')
-		}
+		b = appendBase64(b, *r.Body)
 	}
 	if r.Headers != nil {
 		b = appendMember(b, "headers")
 		b = appendHeaders(b, *r.Headers)
 	}
+	if r.Sealed != nil {
+		b = appendMember(b, "sealed")
+		b = appendBase64(b, *r.Sealed)
+	}
 	b = appendMember(b, "status")
 	b = strconv.AppendInt(b, int64(r.Status), 10)
 	return append(b, '}')
+}
+
+// appendBase64 writes bytes as json.Marshal does: a base64 string, or null for nil.
+func appendBase64(b, data []byte) []byte {
+	if data == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '"')
+	b = base64.StdEncoding.AppendEncode(b, data)
+	return append(b, '"')
 }
 
 // appendHeaders writes the map as json.Marshal does: names in order, a nil list of
@@ -192,6 +200,9 @@ func responseSize(r *idemapi.StoredResponse) int {
 	n := 64
 	if r.Body != nil {
 		n += base64.StdEncoding.EncodedLen(len(*r.Body))
+	}
+	if r.Sealed != nil {
+		n += base64.StdEncoding.EncodedLen(len(*r.Sealed))
 	}
 	if r.Headers != nil {
 		for name, values := range *r.Headers {

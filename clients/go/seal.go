@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
 	"crypto/hkdf"
@@ -12,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -43,7 +43,8 @@ const (
 )
 
 // ErrUnsealable matches every error of a sealed result or recovery point that cannot
-// be opened; errors.As gives the *SealError with the reason.
+// be opened, and of a plain one that a ring requiring sealing refuses; errors.As gives
+// the *SealError with the reason.
 var ErrUnsealable = errors.New("idemd: a sealed result cannot be opened")
 
 // The reasons of a SealError.
@@ -68,11 +69,14 @@ type SealError struct {
 func (e *SealError) Error() string {
 	switch e.Reason {
 	case SealUnknownKey:
-		return fmt.Sprintf("idemd: the result is sealed with key %q, which the key ring does not hold", e.KeyID)
+		return fmt.Sprintf("idemd: sealed with key %q, which the client's key ring does not hold", e.KeyID)
 	case SealMissing:
-		return "idemd: the result is not sealed, and the key ring requires sealed results"
+		return "idemd: not sealed, and the client's key ring requires sealing"
 	}
-	return "idemd: the sealed result does not open: tampered with, moved, or sealed with other key bytes"
+	if e.KeyID != "" {
+		return fmt.Sprintf("idemd: sealed with key %q but does not open: changed in the store, moved, or sealed with other key bytes", e.KeyID)
+	}
+	return "idemd: not a sealed envelope this client can read"
 }
 
 // Is makes errors.Is(err, ErrUnsealable) true.
@@ -183,7 +187,8 @@ type sealContext struct {
 }
 
 func (c sealContext) aad(head []byte) []byte {
-	b := slices.Clone(head)
+	b := make([]byte, 0, len(head)+9+len(c.tenant)+len(c.key)+len(c.point))
+	b = append(b, head...)
 	if c.isPt {
 		b = append(b, 'P')
 	} else {
@@ -219,34 +224,58 @@ func aeadFor(key cipherKey, salt []byte) (cipher.AEAD, error) {
 // seal makes an envelope of plaintext with the ring's sealing key; random gives the
 // salt and nonce (crypto/rand outside the shared vectors' tests).
 func (r *KeyRing) seal(ctx sealContext, plaintext []byte, random io.Reader) ([]byte, error) {
+	return r.sealInPlace(ctx, append(r.envelope(len(plaintext)), plaintext...), random)
+}
+
+// envelope begins an envelope for n bytes of plaintext: its head, then room for the
+// salt and nonce, with capacity for the plaintext to be appended and its tag.
+func (r *KeyRing) envelope(n int) []byte {
 	id := r.sealWith.ID
-	env := make([]byte, 0, 3+len(id)+sealSaltLen+sealNonceLen+len(plaintext)+sealTagLen)
-	env = append(env, sealMarker, sealVersion, byte(len(id)))
-	env = append(env, id...)
-	head := len(env)
-	env = env[:head+sealSaltLen+sealNonceLen]
-	if _, err := io.ReadFull(random, env[head:]); err != nil {
+	head := 3 + len(id)
+	env := make([]byte, head+sealSaltLen+sealNonceLen, head+sealSaltLen+sealNonceLen+n+sealTagLen)
+	env[0], env[1], env[2] = sealMarker, sealVersion, byte(len(id))
+	copy(env[3:], id)
+	return env
+}
+
+// sealInPlace seals an envelope that envelope began and the plaintext was appended
+// to: it draws the salt and nonce from random, and encrypts the plaintext where it
+// is, so that a large result is not copied once more.
+func (r *KeyRing) sealInPlace(ctx sealContext, env []byte, random io.Reader) ([]byte, error) {
+	head := 3 + int(env[2])
+	start := head + sealSaltLen + sealNonceLen
+	if _, err := io.ReadFull(random, env[head:start]); err != nil {
 		return nil, err
 	}
-	salt, nonce := env[head:head+sealSaltLen], env[head+sealSaltLen:]
+	salt, nonce := env[head:head+sealSaltLen], env[head+sealSaltLen:start]
 	aead, err := aeadFor(r.sealWith.Key, salt)
 	if err != nil {
 		return nil, err
 	}
-	return aead.Seal(env, nonce, plaintext, ctx.aad(env[:head])), nil
+	// Seal's output overlaps its input exactly, as crypto/cipher allows.
+	return aead.Seal(env[:start], nonce, env[start:], ctx.aad(env[:head])), nil
+}
+
+// envelopeHead reads an envelope's head: the key id it names, and its length, where
+// the salt starts. Anything else is SealInvalid, without a key id.
+func envelopeHead(env []byte) (id string, head int, err error) {
+	if len(env) < 3 || env[0] != sealMarker || env[1] != sealVersion {
+		return "", 0, &SealError{Reason: SealInvalid}
+	}
+	n := int(env[2])
+	head = 3 + n
+	if n == 0 || len(env) < head+sealSaltLen+sealNonceLen+sealTagLen {
+		return "", 0, &SealError{Reason: SealInvalid}
+	}
+	return string(env[3:head]), head, nil
 }
 
 // open opens an envelope sealed under ctx with any key of the ring.
 func (r *KeyRing) open(ctx sealContext, env []byte) ([]byte, error) {
-	if len(env) < 3 || env[0] != sealMarker || env[1] != sealVersion {
-		return nil, &SealError{Reason: SealInvalid}
+	id, head, err := envelopeHead(env)
+	if err != nil {
+		return nil, err
 	}
-	n := int(env[2])
-	head := 3 + n
-	if n == 0 || len(env) < head+sealSaltLen+sealNonceLen+sealTagLen {
-		return nil, &SealError{Reason: SealInvalid}
-	}
-	id := string(env[3:head])
 	key, ok := r.keys[id]
 	if !ok {
 		return nil, &SealError{Reason: SealUnknownKey, KeyID: id}
@@ -263,17 +292,43 @@ func (r *KeyRing) open(ctx sealContext, env []byte) ([]byte, error) {
 	return plain, nil
 }
 
+// unknownKey is what opening env gives a client without a ring: SealUnknownKey naming
+// the envelope's key, or SealInvalid for what is not an envelope.
+func unknownKey(env []byte) error {
+	id, _, err := envelopeHead(env)
+	if err != nil {
+		return err
+	}
+	return &SealError{Reason: SealUnknownKey, KeyID: id}
+}
+
 // responsePlaintext is what a result's envelope holds: its headers, names in byte
 // order and each name's values in order, then its body.
 //
 //	u16 names | per name: u16 len, name, u16 values, per value: u32 len, value | body
 func responsePlaintext(h http.Header, body []byte) []byte {
-	names := make([]string, 0, len(h))
+	return appendResponsePlaintext(make([]byte, 0, responsePlaintextSize(h, body)), h, body)
+}
+
+func responsePlaintextSize(h http.Header, body []byte) int {
+	n := 2 + len(body)
+	for name, values := range h {
+		n += 4 + len(name)
+		for _, v := range values {
+			n += 4 + len(v)
+		}
+	}
+	return n
+}
+
+func appendResponsePlaintext(b []byte, h http.Header, body []byte) []byte {
+	var small [8]string
+	names := small[:0]
 	for name := range h {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	b := binary.BigEndian.AppendUint16(nil, uint16(len(names)))
+	b = binary.BigEndian.AppendUint16(b, uint16(len(names)))
 	for _, name := range names {
 		b = appendString16(b, name)
 		b = binary.BigEndian.AppendUint16(b, uint16(len(h[name])))
@@ -285,53 +340,88 @@ func responsePlaintext(h http.Header, body []byte) []byte {
 	return append(b, body...)
 }
 
-var errPlaintext = &SealError{Reason: SealInvalid}
-
+// parseResponsePlaintext reads what responsePlaintext wrote. An envelope that opened
+// was sealed by a client, so a layout that does not read is SealInvalid as well. The
+// body shares b.
 func parseResponsePlaintext(b []byte) (http.Header, []byte, error) {
-	r := bytes.NewReader(b)
-	var names uint16
-	if binary.Read(r, binary.BigEndian, &names) != nil {
-		return nil, nil, errPlaintext
-	}
-	h := http.Header{}
-	read := func(n int) (string, bool) {
-		if n > r.Len() {
-			return "", false
+	invalid := func() (http.Header, []byte, error) { return nil, nil, &SealError{Reason: SealInvalid} }
+	take := func(n int) ([]byte, bool) {
+		if n > len(b) {
+			return nil, false
 		}
-		s := make([]byte, n)
-		_, _ = r.Read(s)
-		return string(s), true
+		s := b[:n]
+		b = b[n:]
+		return s, true
 	}
+	u16 := func() (int, bool) {
+		s, ok := take(2)
+		if !ok {
+			return 0, false
+		}
+		return int(binary.BigEndian.Uint16(s)), true
+	}
+	names, ok := u16()
+	if !ok {
+		return invalid()
+	}
+	h := make(http.Header, names)
 	for range names {
-		var n, values uint16
-		if binary.Read(r, binary.BigEndian, &n) != nil {
-			return nil, nil, errPlaintext
+		n, ok := u16()
+		if !ok {
+			return invalid()
 		}
-		name, ok := read(int(n))
-		if !ok || binary.Read(r, binary.BigEndian, &values) != nil {
-			return nil, nil, errPlaintext
+		name, ok := take(n)
+		if !ok {
+			return invalid()
+		}
+		values, ok := u16()
+		if !ok {
+			return invalid()
 		}
 		vs := make([]string, 0, values)
 		for range values {
-			var m uint32
-			if binary.Read(r, binary.BigEndian, &m) != nil {
-				return nil, nil, errPlaintext
-			}
-			v, ok := read(int(m))
+			m, ok := take(4)
 			if !ok {
-				return nil, nil, errPlaintext
+				return invalid()
 			}
-			vs = append(vs, v)
+			v, ok := take(int(binary.BigEndian.Uint32(m)))
+			if !ok {
+				return invalid()
+			}
+			vs = append(vs, string(v))
 		}
-		h[name] = vs
+		h[string(name)] = vs
 	}
-	body := b[len(b)-r.Len():]
-	return h, body, nil
+	return h, b, nil
 }
 
 // sealResponse seals a result's headers and body, bound to its status.
 func (r *KeyRing) sealResponse(tenant, key string, resp Response, random io.Reader) ([]byte, error) {
-	return r.seal(sealContext{tenant: tenant, key: key, status: resp.Status}, responsePlaintext(resp.Header, resp.Body), random)
+	if err := sealable(resp.Header); err != nil {
+		return nil, err
+	}
+	env := r.envelope(responsePlaintextSize(resp.Header, resp.Body))
+	env = appendResponsePlaintext(env, resp.Header, resp.Body)
+	return r.sealInPlace(sealContext{tenant: tenant, key: key, status: resp.Status}, env, random)
+}
+
+// sealable refuses headers the plaintext's lengths cannot count. idemd refuses far
+// smaller ones; this keeps a result from being sealed into something else.
+func sealable(h http.Header) error {
+	if len(h) > math.MaxUint16 {
+		return fmt.Errorf("idem: %d header names, over the %d a sealed result holds", len(h), math.MaxUint16)
+	}
+	for name, values := range h {
+		if len(name) > math.MaxUint16 || len(values) > math.MaxUint16 {
+			return fmt.Errorf("idem: header %.40q is too large to seal", name)
+		}
+		for _, v := range values {
+			if uint64(len(v)) > math.MaxUint32 {
+				return fmt.Errorf("idem: a value of header %.40q is too large to seal", name)
+			}
+		}
+	}
+	return nil
 }
 
 // openResponse opens a sealed result into its headers and body.
