@@ -13,10 +13,12 @@ import {
   type ProblemError,
   problemFrom,
   ResultNotStoredError,
+  UnsealableError,
 } from "./errors.js";
 import { createClient, createConfig, type Client as GeneratedClient } from "./gen/client/index.js";
 import * as sdk from "./gen/sdk.gen.js";
 import type * as api from "./gen/types.gen.js";
+import { KeyRing, Sealer } from "./seal.js";
 
 /** Settings of an IdemClient; only baseUrl is required. */
 export interface ClientOptions {
@@ -50,6 +52,25 @@ export interface ClientOptions {
    * from then on.
    */
   batching?: boolean;
+  /**
+   * Seals the results this client stores and the recovery points it records with keys
+   * idemd never sees, and opens them when they come back (docs/sealing.md). Off when
+   * absent: results are stored plain, and a sealed one that comes back is an
+   * UnsealableError (unknown_key).
+   */
+  sealing?: SealingOptions;
+}
+
+/** The sealing of a client: the key space it works in and the keys it seals and opens with. */
+export interface SealingOptions {
+  /**
+   * The tenant the client's token works in, bound into every envelope so that one
+   * sealed under one tenant's name does not open under another's; the clients of one
+   * tenant use the same name. Non-empty.
+   */
+  tenant: string;
+  /** The keys: the first seals, every one opens; made with requireSealed, plain results are refused. */
+  ring: KeyRing;
 }
 
 /** An operation's result as idemd stores and replays it. */
@@ -82,12 +103,13 @@ export interface RecoveryPoint {
   readonly recordedAt: Date;
 }
 
-/** Reads the wire form of a recovery point. */
-function fromPoint(wire: api.RecoveryPoint | undefined): RecoveryPoint | undefined {
+/** Reads the wire form of key's recovery point, opening its data when it is sealed. */
+function fromPoint(wire: api.RecoveryPoint | undefined, key: string, sealer: Sealer): RecoveryPoint | undefined {
   if (wire === undefined) return undefined;
+  const data = sealer.openPoint(key, wire.name, Buffer.from(wire.data ?? "", "base64"));
   return Object.freeze({
     name: wire.name,
-    data: new Uint8Array(Buffer.from(wire.data ?? "", "base64")),
+    data: new Uint8Array(data),
     attempt: wire.attempt,
     recordedAt: new Date(wire.recorded_at),
   });
@@ -313,7 +335,9 @@ const requeueDelayMs = 1000;
 // as the error asks (the failure stored, or the key released).
 function verdictOf(error: unknown, ran: boolean, fnFailed: boolean): Verdict {
   if (!ran) {
-    if (error instanceof FailedError || error instanceof FingerprintMismatchError) {
+    // A result that does not open is as final as a stored failure: the operation ran,
+    // and no redelivery to this consumer can read its answer.
+    if (error instanceof FailedError || error instanceof FingerprintMismatchError || error instanceof UnsealableError) {
       return { action: "dead-letter", delayMs: 0, ran, error };
     }
     const delayMs = error instanceof InProgressError ? (error.retryAfterMs ?? requeueDelayMs) : requeueDelayMs;
@@ -377,6 +401,7 @@ export class IdemClient {
   readonly #timeoutMs: number;
   readonly #retentionMs: number | undefined;
   readonly #batcher: Batcher | undefined;
+  readonly #sealer: Sealer;
 
   static {
     batcherOf = (client) => client.#batcher;
@@ -394,6 +419,7 @@ export class IdemClient {
     this.#owner = options.owner ?? `ts-${randomBytes(8).toString("hex")}`;
     this.#timeoutMs = options.timeoutMs ?? 10_000;
     this.#retentionMs = options.retentionMs;
+    this.#sealer = sealerOf(options.sealing);
     if (options.batching ?? true) {
       this.#batcher = new Batcher({
         single: (item, deadline) => this.#single(item, deadline),
@@ -413,7 +439,9 @@ export class IdemClient {
   /**
    * Asks for the lease on key. Throws an InProgressError (with retryAfterMs) when another
    * caller holds a live lease, and a FingerprintMismatchError when the key was used with
-   * another fingerprint.
+   * another fingerprint. With sealing, the stored result, or the recovery point the lease
+   * starts from, is opened; one that does not open is an UnsealableError (a lease got
+   * with it is left to run out, nothing having run under it).
    */
   async claim(key: string, options: ClaimOptions = {}): Promise<Claim> {
     // The secret is made once per call, so every resend of this claim carries it.
@@ -435,7 +463,7 @@ export class IdemClient {
         recovered: data.recovered,
         leaseExpiresAt: new Date(data.lease_expires_at),
         expiresAt: new Date(data.expires_at),
-        recoveryPoint: fromPoint(data.recovery_point),
+        recoveryPoint: fromPoint(data.recovery_point, key, this.#sealer),
       };
     }
     if (data?.outcome !== "completed" && data?.outcome !== "failed") {
@@ -446,14 +474,17 @@ export class IdemClient {
     return {
       outcome: data.outcome,
       attempt: data.attempt,
-      response: fromWire(data.response),
+      response: fromWire(data.response, key, this.#sealer),
       expiresAt: new Date(data.expires_at),
     };
   }
 
-  /** Stores the result of the operation the lease was for. Repeating it is safe. */
+  /**
+   * Stores the result of the operation the lease was for, its headers and body sealed
+   * when the client seals. Repeating it is safe.
+   */
   async complete(key: string, leaseToken: string, response: ResponseInit, options: FinishOptions = {}): Promise<void> {
-    const body: api.CompleteRequest = { key, lease_token: leaseToken, response: toWire(response) };
+    const body: api.CompleteRequest = { key, lease_token: leaseToken, response: toWire(response, key, this.#sealer) };
     const retention = options.retentionMs ?? this.#retentionMs;
     if (retention !== undefined) body.retention_ms = retention;
     await this.#do({ complete: body }, options.signal);
@@ -462,7 +493,7 @@ export class IdemClient {
   /** Gives the lease back: "retry" frees the key, "fail" stores a terminal failure. */
   async release(key: string, leaseToken: string, mode: "retry" | "fail", options: ReleaseOptions = {}): Promise<void> {
     const body: api.ReleaseRequest = { key, lease_token: leaseToken, mode };
-    if (options.response) body.response = toWire(options.response);
+    if (options.response) body.response = toWire(options.response, key, this.#sealer);
     const retention = options.retentionMs ?? this.#retentionMs;
     if (retention !== undefined) body.retention_ms = retention;
     await this.#do({ release: body }, options.signal);
@@ -475,6 +506,8 @@ export class IdemClient {
    * key receives it in Acquired.recoveryPoint. Throws a LeaseLostError when the token is
    * no longer the key's lease or the key is not pending, a NotFoundError when the key is
    * gone, and a PayloadTooLargeError for data over the limit. Repeating it is safe.
+   * With sealing, the data is sealed, bound to the key and name: the envelope is the
+   * data plus 31 bytes plus the sealing key's id, which the limit counts.
    * Work run by run, once, consume, the middlewares or a completer records through its
    * lease instead (Lease.checkpoint), which also ends the lease when idemd says it is
    * lost.
@@ -490,9 +523,10 @@ export class IdemClient {
     options: CallOptions = {},
   ): Promise<void> {
     const body: api.RecoveryPointRequest = { key, lease_token: leaseToken, name };
-    if (data !== undefined && data.length > 0) {
-      body.data = (typeof data === "string" ? Buffer.from(data, "utf8") : Buffer.from(data)).toString("base64");
-    }
+    const bytes = data === undefined ? Buffer.alloc(0) : typeof data === "string" ? Buffer.from(data, "utf8") : data;
+    // Empty data is sealed too, so that a ring that requires sealing opens it.
+    const recorded = this.#sealer.sealPoint(key, name, bytes);
+    if (recorded.length > 0) body.data = Buffer.from(recorded).toString("base64");
     const record = await this.#call(this.#deadline(options.signal), (signal) =>
       sdk.recordRecoveryPoint({ client: this.#api, body, signal }),
     );
@@ -514,7 +548,10 @@ export class IdemClient {
     return { leaseExpiresAt: new Date(data.lease_expires_at), expiresAt: new Date(data.expires_at) };
   }
 
-  /** Returns the record of key, or throws a NotFoundError. */
+  /**
+   * Returns the record of key, or throws a NotFoundError. With sealing, its result and
+   * recovery point are opened; one that does not open is an UnsealableError.
+   */
   async lookup(key: string, options: CallOptions = {}): Promise<KeyRecord> {
     const data = await this.#call(this.#deadline(options.signal), (signal) =>
       sdk.lookup({ client: this.#api, path: { key }, signal }),
@@ -529,8 +566,8 @@ export class IdemClient {
       updatedAt: new Date(data.updated_at),
       leaseExpiresAt: data.lease_expires_at === undefined ? undefined : new Date(data.lease_expires_at),
       expiresAt: new Date(data.expires_at),
-      response: fromWire(data.response),
-      recoveryPoint: fromPoint(data.recovery_point),
+      response: fromWire(data.response, key, this.#sealer),
+      recoveryPoint: fromPoint(data.recovery_point, key, this.#sealer),
     };
   }
 
@@ -1024,24 +1061,50 @@ function resending(fetchFn: typeof fetch, retries: number, backoffMs: number): t
   };
 }
 
-/** Builds the stored form of a response. */
-export function toWire(r: ResponseInit): api.StoredResponse {
+/** The sealing of a client's options, checked. */
+function sealerOf(sealing: SealingOptions | undefined): Sealer {
+  if (sealing === undefined) return Sealer.none;
+  if (typeof sealing.tenant !== "string" || sealing.tenant === "" || /\p{Surrogate}/u.test(sealing.tenant)) {
+    throw new TypeError("idem: sealing needs the tenant the client works in, a non-empty string");
+  }
+  if (!(sealing.ring instanceof KeyRing)) throw new TypeError("idem: sealing needs a KeyRing");
+  return new Sealer(sealing.tenant, sealing.ring);
+}
+
+/**
+ * Builds the stored form of key's response: with a sealer that holds a ring, its
+ * status and the envelope of its headers and body, which then are not sent.
+ */
+export function toWire(r: ResponseInit, key = "", sealer: Sealer = Sealer.none): api.StoredResponse {
+  const headers: Record<string, string[]> = {};
+  for (const [name, value] of Object.entries(r.headers ?? {})) headers[name] = Array.isArray(value) ? value : [value];
+  const body =
+    r.body === undefined ? Buffer.alloc(0) : typeof r.body === "string" ? Buffer.from(r.body, "utf8") : r.body;
+  const sealed = sealer.sealResponse(key, r.status, headers, body);
+  if (sealed !== undefined) return { status: r.status, sealed: sealed.toString("base64") };
   const wire: api.StoredResponse = { status: r.status };
-  if (r.headers && Object.keys(r.headers).length > 0) {
-    const headers: Record<string, string[]> = {};
-    for (const [name, value] of Object.entries(r.headers)) headers[name] = Array.isArray(value) ? value : [value];
-    wire.headers = headers;
-  }
-  if (r.body !== undefined && r.body.length > 0) {
-    wire.body = (typeof r.body === "string" ? Buffer.from(r.body, "utf8") : Buffer.from(r.body)).toString("base64");
-  }
+  if (Object.keys(headers).length > 0) wire.headers = headers;
+  if (body.length > 0) wire.body = Buffer.from(body).toString("base64");
   return wire;
 }
 
-/** Reads the stored form of a response. */
-export function fromWire(wire: api.StoredResponse | undefined): StoredResponse | undefined {
+/**
+ * Reads the stored form of key's response, opening it when it is sealed. A sealed one
+ * that does not open, or a plain one under a ring that requires sealing, throws an
+ * UnsealableError; without a ring, every sealed one does (unknown_key).
+ */
+export function fromWire(
+  wire: api.StoredResponse | undefined,
+  key = "",
+  sealer: Sealer = Sealer.none,
+): StoredResponse | undefined {
   if (wire === undefined) return undefined;
-  return { status: wire.status, headers: wire.headers ?? {}, body: Buffer.from(wire.body ?? "", "base64") };
+  const sealed = wire.sealed === undefined ? undefined : Buffer.from(wire.sealed, "base64");
+  const { headers, body } = sealer.openResponse(key, wire.status, sealed, () => ({
+    headers: wire.headers ?? {},
+    body: Buffer.from(wire.body ?? "", "base64"),
+  }));
+  return { status: wire.status, headers, body };
 }
 
 function jsonResponse(body: string): ResponseInit {

@@ -69,7 +69,9 @@ export interface CompleterStats {
   skipped: number;
   /**
    * The keys whose handler failed or that could not be claimed or finished; they stay
-   * pending and are listed again once their lease runs out.
+   * pending and are listed again once their lease runs out. A key whose recovery point,
+   * or result, does not open with the client's ring (an UnsealableError) is one: its
+   * handler does not run.
    */
   errors: number;
 }

@@ -140,6 +140,45 @@ export class ResultNotStoredError extends IdemError {
   }
 }
 
+/**
+ * Why a sealed result or recovery point did not open (docs/sealing.md): unknown_key, the
+ * envelope names a key the ring does not hold (or the client has no ring); invalid, not
+ * an envelope, or one that fails to open (changed in the store, moved to another key,
+ * tenant, status or point, or sealed with other bytes under the id); not_sealed, the
+ * ring requires sealed results and this one is plain.
+ */
+export type UnsealableReason = "unknown_key" | "invalid" | "not_sealed";
+
+/**
+ * A stored result or recovery point that this client cannot open. The key is not run
+ * again for it: its operation ran, and its result is unreadable here. run, once and
+ * consume throw it without running the work; the middlewares answer 502
+ * stored_response_unsealable (P5).
+ */
+export class UnsealableError extends IdemError {
+  override name = "UnsealableError";
+  readonly reason: UnsealableReason;
+  /** The id of the key the envelope names; undefined when it names none (not an envelope, or plain). */
+  readonly keyId: string | undefined;
+
+  constructor(reason: UnsealableReason, keyId?: string, options?: ErrorOptions) {
+    let message: string;
+    switch (reason) {
+      case "unknown_key":
+        message = `idem: the result is sealed with key ${JSON.stringify(keyId)}, which the key ring does not hold`;
+        break;
+      case "not_sealed":
+        message = "idem: the result is not sealed, and the key ring requires sealed results";
+        break;
+      default:
+        message = "idem: the sealed result does not open: changed, moved, or sealed with other key bytes";
+    }
+    super(message, options);
+    this.reason = reason;
+    this.keyId = keyId;
+  }
+}
+
 const byCode: Record<string, new (p: ProblemInit, options?: ErrorOptions) => ProblemError> = {
   in_progress: InProgressError,
   fingerprint_mismatch: FingerprintMismatchError,

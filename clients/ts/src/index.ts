@@ -1,7 +1,8 @@
 // The TypeScript client of idemd, the idempotency service: typed calls for claim,
 // complete, release, extend, lookup and purge; run, which runs a function at most once
 // per key; once, consume, messageKey and stepKey, for queue consumers; the
-// abandoned-keys feed and the Completer, which finishes the work holders left pending.
+// abandoned-keys feed and the Completer, which finishes the work holders left pending;
+// KeyRing, which seals stored results and recovery points (docs/sealing.md).
 export {
   type AbandonedKey,
   type AbandonedOptions,
@@ -22,6 +23,7 @@ export {
   type ResponseInit,
   type RunOptions,
   type RunResult,
+  type SealingOptions,
   type StoredResponse,
   type Verdict,
 } from "./client.js";
@@ -39,6 +41,9 @@ export {
   type ProblemInit,
   ResultNotStoredError,
   UnavailableError,
+  UnsealableError,
+  type UnsealableReason,
 } from "./errors.js";
+export { KeyRing, type KeyRingOptions, type SealKey } from "./seal.js";
 export { Completer, type CompleterOptions, type CompleterStats } from "./completer.js";
 export { messageHeader, messageKey, stepKey } from "./key.js";

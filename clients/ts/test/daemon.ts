@@ -71,6 +71,11 @@ export class Daemon {
     throw new Error(`idemd was not ready within 20 s:\n${logs}`);
   }
 
+  /** The directory of the daemon's embedded store, to read what it keeps on disk. */
+  get dataDir(): string {
+    return this.#dataDir;
+  }
+
   /** Kills the daemon by its PID, waits for it to exit, and removes its data. */
   async stop(): Promise<void> {
     if (this.#process.exitCode === null && this.#process.signalCode === null && this.#process.pid !== undefined) {

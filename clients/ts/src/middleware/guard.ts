@@ -9,6 +9,7 @@ import {
   LeaseLostError,
   ProblemError,
   UnavailableError,
+  UnsealableError,
 } from "../errors.js";
 import { fingerprint, idemdKey, parseIdempotencyKey } from "../fingerprint.js";
 import { Recorder } from "./recorder.js";
@@ -24,7 +25,8 @@ export type IncidentKind =
   | "release_failed"
   | "lease_lost"
   | "lease_expired"
-  | "replay_invalid";
+  | "replay_invalid"
+  | "replay_unsealable";
 
 export interface Incident {
   kind: IncidentKind;
@@ -128,6 +130,21 @@ export function problem(status: number, code: string, title: string, detail: str
   const body = Buffer.from(JSON.stringify({ type: "about:blank", title, status, detail, code }));
   return { status, headers, body };
 }
+
+/**
+ * P5: the stored answer (or the recovery point the lease would start from) does not
+ * open here. The operation ran or started, so the handler does not run, and the
+ * envelope is no answer to pass on.
+ */
+const unsealable = (derived: string, error: UnsealableError): Decision => ({
+  answer: problem(
+    502,
+    "stored_response_unsealable",
+    "Stored response unsealable",
+    "the stored answer of this Idempotency-Key cannot be opened by this service: it was not run again",
+  ),
+  incident: { kind: "replay_unsealable", idemdKey: derived, error },
+});
 
 const notStored = () =>
   problem(
@@ -299,7 +316,7 @@ export class Guard<Req> {
   }
 
   /**
-   * M4, then the claim: C1 to C6, and the replay of P1 to P4. gone is clientGone's
+   * M4, then the claim: C1 to C6, and the replay of P1 to P5. gone is clientGone's
    * signal: a claim that waits is given up when it aborts (C3a), and a lease taken for
    * a client that has gone is given back.
    */
@@ -346,6 +363,7 @@ export class Guard<Req> {
       });
     } catch (err) {
       if (waits && gone.aborted) return { gone: true };
+      if (err instanceof UnsealableError) return unsealable(derived, err);
       return this.#refused(derived, err);
     }
     if (claim.outcome === "acquired") {
