@@ -287,6 +287,8 @@ final class Batcher {
     if (response != null) {
       byte[] body = response.getBody();
       bytes += body == null ? 0 : (body.length + 2) / 3 * 4;
+      byte[] sealed = response.getSealed();
+      bytes += sealed == null ? 0 : (sealed.length + 2) / 3 * 4;
       Map<String, List<String>> headers = response.getHeaders();
       if (headers != null) {
         for (Map.Entry<String, List<String>> h : headers.entrySet()) {

@@ -32,7 +32,6 @@ import java.util.Collections;
 import java.util.HexFormat;
 import java.util.Iterator;
 import java.util.List;
-import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.Objects;
 import java.util.Optional;
@@ -80,6 +79,7 @@ public final class IdemClient implements AutoCloseable {
   private final ScheduledExecutorService renewals;
   private final ExecutorService renewalCalls;
   private final Batcher batcher;
+  private final Sealing sealing;
 
   private IdemClient(Builder b) {
     HttpClient.Builder http =
@@ -105,6 +105,7 @@ public final class IdemClient implements AutoCloseable {
     this.backoff = b.backoff;
     this.slots = new Semaphore(b.maxConcurrentCalls, true);
     this.batcher = b.batching ? new Batcher(new Transport(), b.timeout) : null;
+    this.sealing = b.ring == null ? Sealing.NONE : new Sealing(b.tenant, b.ring, b.requireSealed);
     this.renewals =
         Executors.newSingleThreadScheduledExecutor(
             r -> {
@@ -136,7 +137,10 @@ public final class IdemClient implements AutoCloseable {
   /**
    * Asks for the lease on key. Throws an InProgressException (with retryAfter) when another caller
    * holds a live lease, and a FingerprintMismatchException when the key was used with another
-   * fingerprint.
+   * fingerprint. With sealing ({@link Builder#sealing}), the stored result, or the recovery point
+   * the lease starts from, is opened; one that does not open is an {@link UnsealableException}, and
+   * a lease got with it is left to run out, nothing having run under it (the key stays pending, and
+   * the abandoned-keys feed lists it for a holder of the right ring).
    */
   public Claim claim(String key, ClaimOptions options) {
     Objects.requireNonNull(key, "key");
@@ -174,13 +178,13 @@ public final class IdemClient implements AutoCloseable {
           Boolean.TRUE.equals(a.getRecovered()),
           a.getExpiresAt(),
           sentAt,
-          Optional.ofNullable(a.getRecoveryPoint()).map(IdemClient::fromWire));
+          sealing.openPoint(key, Optional.ofNullable(a.getRecoveryPoint())));
     }
     if (value instanceof ClaimFinished f && f.getOutcome() != null) {
       return new Claim.Finished(
           f.getOutcome() == ClaimFinished.OutcomeEnum.FAILED,
           f.getAttempt(),
-          Optional.ofNullable(f.getResponse()).map(IdemClient::fromWire),
+          Optional.ofNullable(f.getResponse()).map(r -> sealing.fromWire(key, r)),
           f.getExpiresAt());
     }
     // Not idemd's answer (a base URL that points at something else): nothing may run or
@@ -197,11 +201,15 @@ public final class IdemClient implements AutoCloseable {
   /**
    * Stores response as the key's result; retention null keeps it for the client's retention
    * (default the daemon's 24 h). A LeaseLostException says that the lease is no longer this
-   * caller's.
+   * caller's. With sealing ({@link Builder#sealing}) its headers and body go sealed, bound to the
+   * key and the status, which stays readable.
    */
   public void complete(String key, String leaseToken, StoredResponse response, Duration retention) {
     CompleteRequest body =
-        new CompleteRequest().key(key).leaseToken(leaseToken).response(toWire(response));
+        new CompleteRequest()
+            .key(key)
+            .leaseToken(leaseToken)
+            .response(sealing.toWire(key, response));
     Duration keep = retention != null ? retention : this.retention;
     if (keep != null) {
       body.retentionMs(keep.toMillis());
@@ -232,7 +240,7 @@ public final class IdemClient implements AutoCloseable {
       Duration retention) {
     ReleaseRequest body = new ReleaseRequest().key(key).leaseToken(leaseToken).mode(mode);
     if (response != null) {
-      body.response(toWire(response));
+      body.response(sealing.toWire(key, response));
     }
     Duration keep = retention != null ? retention : this.retention;
     if (keep != null && mode == ReleaseRequest.ModeEnum.FAIL) {
@@ -248,7 +256,10 @@ public final class IdemClient implements AutoCloseable {
     exec(new BatchItem().extend(body));
   }
 
-  /** The record of key; a NotFoundException when it has none. */
+  /**
+   * The record of key; a NotFoundException when it has none. Its result and recovery point are
+   * opened as a claim opens them; one that does not open is an {@link UnsealableException}.
+   */
   public KeyRecord lookup(String key) {
     io.idemd.api.model.KeyRecord r = call(() -> records.lookup(key));
     return new KeyRecord(
@@ -261,8 +272,8 @@ public final class IdemClient implements AutoCloseable {
         r.getUpdatedAt(),
         Optional.ofNullable(r.getLeaseExpiresAt()),
         r.getExpiresAt(),
-        Optional.ofNullable(r.getResponse()).map(IdemClient::fromWire),
-        Optional.ofNullable(r.getRecoveryPoint()).map(IdemClient::fromWire));
+        Optional.ofNullable(r.getResponse()).map(wire -> sealing.fromWire(key, wire)),
+        sealing.openPoint(key, Optional.ofNullable(r.getRecoveryPoint())));
   }
 
   /**
@@ -276,6 +287,10 @@ public final class IdemClient implements AutoCloseable {
    * through its lease instead ({@link Lease#checkpoint}), which also loses the lease when idemd
    * says it is gone.
    *
+   * <p>With sealing ({@link Builder#sealing}) the data is sealed, empty data too, bound to the key
+   * and name: idemd and its store see the name and an envelope 47 bytes plus the key id longer than
+   * the data, which counts against the limit.
+   *
    * <p>A recovery point is never part of a batch: the contract has no batch item for it, so it
    * always goes as a request of its own.
    */
@@ -285,8 +300,9 @@ public final class IdemClient implements AutoCloseable {
             .key(Objects.requireNonNull(key, "key"))
             .leaseToken(Objects.requireNonNull(leaseToken, "leaseToken"))
             .name(Objects.requireNonNull(name, "name"));
-    if (data != null && data.length > 0) {
-      body.data(data.clone());
+    byte[] recorded = sealing.sealPoint(key, name, data);
+    if (recorded != null) {
+      body.data(recorded);
     }
     io.idemd.api.model.KeyRecord r = call(() -> claims.recordRecoveryPoint(body));
     if (r == null || r.getState() == null) {
@@ -404,6 +420,9 @@ public final class IdemClient implements AutoCloseable {
    * lease's local deadline (idemd could not be reached). Work gets the lease: its attempt, whether
    * it recovered the key from a holder whose lease ran out, the recovery point an earlier holder
    * recorded, and the time it has left; it records its own with {@link Lease#checkpoint}.
+   *
+   * <p>A stored result that does not open (see {@link Builder#sealing}) is an {@link
+   * UnsealableException}, and work does not run: the key is done, its answer unreadable here.
    */
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
     Ran<T> ran = claimAndRun(key, options, work, this::valueAsJson, this::failureAsJson, true);
@@ -555,6 +574,9 @@ public final class IdemClient implements AutoCloseable {
    *       later delivery of it is dead-lettered without running work;
    *   <li>idemd could not be asked, or did not store the outcome: REQUEUE. Work does not run
    *       without a lease.
+   *   <li>the key's stored result does not open (an {@link UnsealableException}: sealed with a key
+   *       this client does not hold, say): DEAD_LETTER without running work. The operation ran, and
+   *       no redelivery to this consumer can read its answer.
    * </ul>
    *
    * <p>Work gets the lease, as with run: a recovered lease means that a consumer died holding the
@@ -581,7 +603,9 @@ public final class IdemClient implements AutoCloseable {
       return new Verdict(Verdict.Action.ACK, Duration.ZERO, ran[0], Optional.empty());
     } catch (RuntimeException | Error e) {
       if (!ran[0]) {
-        if (e instanceof FailedException || e instanceof FingerprintMismatchException) {
+        if (e instanceof FailedException
+            || e instanceof FingerprintMismatchException
+            || e instanceof UnsealableException) {
           return new Verdict(Verdict.Action.DEAD_LETTER, Duration.ZERO, false, Optional.of(e));
         }
         Duration delay =
@@ -1018,32 +1042,6 @@ public final class IdemClient implements AutoCloseable {
     }
   }
 
-  static io.idemd.api.model.StoredResponse toWire(StoredResponse r) {
-    io.idemd.api.model.StoredResponse wire =
-        new io.idemd.api.model.StoredResponse().status(r.status());
-    if (!r.headers().isEmpty()) {
-      wire.headers(r.headers());
-    }
-    byte[] body = r.body();
-    if (body.length > 0) {
-      wire.body(body);
-    }
-    return wire;
-  }
-
-  static RecoveryPoint fromWire(io.idemd.api.model.RecoveryPoint wire) {
-    return new RecoveryPoint(
-        wire.getName(),
-        wire.getData(),
-        wire.getAttempt() == null ? 0 : wire.getAttempt(),
-        wire.getRecordedAt());
-  }
-
-  static StoredResponse fromWire(io.idemd.api.model.StoredResponse wire) {
-    Map<String, List<String>> headers = wire.getHeaders() == null ? Map.of() : wire.getHeaders();
-    return new StoredResponse(wire.getStatus(), headers, wire.getBody());
-  }
-
   private static String hex(int bytes) {
     byte[] b = new byte[bytes];
     RANDOM.nextBytes(b);
@@ -1062,6 +1060,9 @@ public final class IdemClient implements AutoCloseable {
     private Duration retention;
     private int maxConcurrentCalls = 64;
     private boolean batching = true;
+    private String tenant;
+    private KeyRing ring;
+    private boolean requireSealed;
 
     private Builder(String baseUrl) {
       URI uri = URI.create(Objects.requireNonNull(baseUrl, "baseUrl").replaceAll("/+$", ""));
@@ -1149,7 +1150,47 @@ public final class IdemClient implements AutoCloseable {
       return this;
     }
 
+    /**
+     * Seals the results this client stores and the recovery points it records with ring, and opens
+     * them when they come back (docs/sealing.md); off by default. tenant names the key space the
+     * client works in (its token's tenant, such as "payments"): it is bound into every envelope, so
+     * that one sealed under one tenant's name does not open under another's, and every client of
+     * the tenant gives the same. Everything above the client seals and opens with it: run, once,
+     * consume, a {@link Completer} and the Idempotency-Key filter.
+     *
+     * <p>Without sealing, results are stored plain, and a sealed one that comes back is an {@link
+     * UnsealableException} (unknown_key), never its envelope passed on. With it, a plain result
+     * (stored before sealing was turned on, or by a client without a ring) passes through as it is,
+     * unless {@link #requireSealed}.
+     */
+    public Builder sealing(String tenant, KeyRing ring) {
+      Objects.requireNonNull(tenant, "tenant");
+      Objects.requireNonNull(ring, "ring");
+      if (tenant.isEmpty()) {
+        throw new IllegalArgumentException("idem: sealing needs the tenant's name");
+      }
+      this.tenant = tenant;
+      this.ring = ring;
+      return this;
+    }
+
+    /**
+     * Whether a plain result or recovery point is refused, as an {@link UnsealableException}
+     * (not_sealed), instead of passed through; default false. Turn it on once every plain result
+     * has passed its retention: the store can then no longer slip a result of its own past the
+     * client. It needs {@link #sealing}.
+     */
+    public Builder requireSealed(boolean requireSealed) {
+      this.requireSealed = requireSealed;
+      return this;
+    }
+
+    /** Builds the client; throws when requireSealed is set without sealing. */
     public IdemClient build() {
+      if (requireSealed && ring == null) {
+        throw new IllegalStateException(
+            "idem: requireSealed needs sealing(tenant, ring): without a ring nothing opens");
+      }
       return new IdemClient(this);
     }
 

@@ -82,6 +82,11 @@ public final class Daemon implements AutoCloseable {
     throw new IllegalStateException("idemd was not ready within 20 s:\n" + logs);
   }
 
+  /** The directory of the daemon's embedded store: what its operator, or a backup, can read. */
+  public Path dataDir() {
+    return dataDir;
+  }
+
   /** The daemon's process ID. */
   public long pid() {
     return process.pid();

@@ -12,6 +12,7 @@ import io.idemd.LeaseExpiredException;
 import io.idemd.LeaseLostException;
 import io.idemd.StoredResponse;
 import io.idemd.UnavailableException;
+import io.idemd.UnsealableException;
 import jakarta.servlet.Filter;
 import jakarta.servlet.FilterChain;
 import jakarta.servlet.ServletException;
@@ -52,6 +53,11 @@ import java.util.stream.Collectors;
  * lease is lost, or runs out because no renewal was answered; it checks {@link Lease#isLost()} or
  * calls {@link Lease#checkLive()} before an effect, and may bound a call to another service by
  * {@link Lease#remaining()}.
+ *
+ * <p>Given a client with sealing ({@link IdemClient.Builder#sealing}), the filter stores every
+ * answer sealed (R1, and the response_not_stored of R9, R10, R15) and opens each replay; one that
+ * does not open is answered 502 stored_response_unsealable, with the incident replay_unsealable,
+ * and the handler does not run (P5).
  *
  * <p>Unlike Go, TypeScript and ASGI, a blocking servlet cannot hear its client leave while a claim
  * waits (C3a): a waiting claim waits its full wait, as under WSGI, and a lease it gets runs the
@@ -252,6 +258,20 @@ public final class IdempotencyFilter implements Filter {
               "this Idempotency-Key was used with a different request",
               null)
           .write(res);
+      return;
+    } catch (UnsealableException e) {
+      // P5: the key is done, and its answer does not open here (sealed with a key this
+      // client does not hold, changed in the store, or plain under require sealed). Running
+      // the handler again would do the operation twice; the envelope is no answer either.
+      // A lease whose recovery point does not open is left to run out, as nothing ran.
+      Answer.problem(
+              502,
+              "stored_response_unsealable",
+              "Stored response unsealable",
+              "the stored answer cannot be opened here",
+              null)
+          .write(res);
+      report(req, new Incident(Incident.Kind.REPLAY_UNSEALABLE, derived, Optional.of(e)));
       return;
     } catch (UnavailableException e) {
       // C5: an outage.

@@ -18,7 +18,8 @@ public record Incident(Kind kind, String idemdKey, Optional<Throwable> error) {
     RELEASE_FAILED("release_failed"),
     LEASE_LOST("lease_lost"),
     LEASE_EXPIRED("lease_expired"),
-    REPLAY_INVALID("replay_invalid");
+    REPLAY_INVALID("replay_invalid"),
+    REPLAY_UNSEALABLE("replay_unsealable");
 
     private final String label;
 

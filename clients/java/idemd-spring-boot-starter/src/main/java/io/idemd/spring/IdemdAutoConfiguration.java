@@ -1,6 +1,7 @@
 package io.idemd.spring;
 
 import io.idemd.IdemClient;
+import io.idemd.KeyRing;
 import io.idemd.servlet.IdempotencyFilter;
 import io.idemd.servlet.Incident;
 import jakarta.servlet.http.HttpServletRequest;
@@ -18,11 +19,12 @@ import org.springframework.context.annotation.Bean;
 import org.springframework.context.annotation.Configuration;
 
 /**
- * An IdemClient from the idemd.* properties (once idemd.url is set), and in a servlet web
- * application the Idempotency-Key filter, registered for idemd.idempotency.url-patterns. The filter
- * needs a scope: an {@link IdempotencyScope} bean, or idemd.idempotency.scope=principal; without
- * either the application does not start. Incidents go to an {@code BiConsumer<HttpServletRequest,
- * Incident>} bean, when there is one.
+ * An IdemClient from the idemd.* properties (once idemd.url is set), sealing what it stores when
+ * idemd.seal.keys and idemd.seal.tenant are set (IDEMD_SEAL_KEYS, IDEMD_SEAL_TENANT), and in a
+ * servlet web application the Idempotency-Key filter, registered for
+ * idemd.idempotency.url-patterns. The filter needs a scope: an {@link IdempotencyScope} bean, or
+ * idemd.idempotency.scope=principal; without either the application does not start. Incidents go to
+ * an {@code BiConsumer<HttpServletRequest, Incident>} bean, when there is one.
  */
 @AutoConfiguration
 @ConditionalOnClass(IdemClient.class)
@@ -41,6 +43,25 @@ public class IdemdAutoConfiguration {
     }
     if (properties.getRetention() != null) {
       b.retention(properties.getRetention());
+    }
+    IdemdProperties.Seal seal = properties.getSeal();
+    if (seal.getKeys() != null && !seal.getKeys().isBlank()) {
+      if (seal.getTenant() == null || seal.getTenant().isEmpty()) {
+        throw new IllegalStateException(
+            "idemd: idemd.seal.keys needs idemd.seal.tenant, the tenant the envelopes are bound to"
+                + " (the token's tenant; the same in every service of the tenant)");
+      }
+      KeyRing ring;
+      try {
+        ring = KeyRing.parse(seal.getKeys());
+      } catch (IllegalArgumentException e) {
+        // The message names the entry at fault, never the key's bytes.
+        throw new IllegalStateException("idemd: idemd.seal.keys: " + e.getMessage(), e);
+      }
+      b.sealing(seal.getTenant(), ring).requireSealed(seal.isRequireSealed());
+    } else if (seal.isRequireSealed()) {
+      throw new IllegalStateException(
+          "idemd: idemd.seal.require-sealed needs idemd.seal.keys: without a ring nothing opens");
     }
     return b.build();
   }

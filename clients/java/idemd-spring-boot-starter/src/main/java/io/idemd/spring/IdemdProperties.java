@@ -25,6 +25,8 @@ public class IdemdProperties {
 
   private final Idempotency idempotency = new Idempotency();
 
+  private final Seal seal = new Seal();
+
   public String getUrl() {
     return url;
   }
@@ -67,6 +69,65 @@ public class IdemdProperties {
 
   public Idempotency getIdempotency() {
     return idempotency;
+  }
+
+  public Seal getSeal() {
+    return seal;
+  }
+
+  /**
+   * The idemd.seal.* properties: the sealing of the results and recovery points this service stores
+   * (docs/sealing.md), off while no keys are set. As environment variables they are
+   * IDEMD_SEAL_KEYS, IDEMD_SEAL_TENANT and IDEMD_SEAL_REQUIRE_SEALED.
+   */
+  public static class Seal {
+    /**
+     * The key ring in its text form: entries id=base64 of 32 random bytes, separated by commas or
+     * newlines, the first of which seals. A secret: hand it over from a secret store.
+     */
+    private String keys;
+
+    /** The tenant the envelopes are bound to (the token's tenant); required with keys. */
+    private String tenant;
+
+    /** Whether plain results and recovery points are refused (not_sealed) instead of passed on. */
+    private boolean requireSealed;
+
+    public String getKeys() {
+      return keys;
+    }
+
+    public void setKeys(String keys) {
+      this.keys = keys;
+    }
+
+    public String getTenant() {
+      return tenant;
+    }
+
+    public void setTenant(String tenant) {
+      this.tenant = tenant;
+    }
+
+    public boolean isRequireSealed() {
+      return requireSealed;
+    }
+
+    public void setRequireSealed(boolean requireSealed) {
+      this.requireSealed = requireSealed;
+    }
+
+    /** The keys stay out of logs. */
+    @Override
+    public String toString() {
+      return "Seal[tenant="
+          + tenant
+          + ", keys="
+          + (keys == null || keys.isBlank() ? "none" : "set")
+          + ", requireSealed="
+          + requireSealed
+          + "]";
+    }
   }
 
   /**

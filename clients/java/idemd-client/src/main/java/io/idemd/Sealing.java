@@ -1,0 +1,134 @@
+package io.idemd;
+
+import java.security.SecureRandom;
+import java.util.Map;
+import java.util.Optional;
+import java.util.function.Consumer;
+
+/**
+ * How one client seals what it stores and opens what comes back (docs/sealing.md): the tenant its
+ * envelopes are bound to and its ring, or no ring at all, when it stores plain results and a sealed
+ * one that comes back is an UnsealableException (unknown_key).
+ */
+final class Sealing {
+  // Before NONE, which draws from it.
+  private static final SecureRandom RANDOM = new SecureRandom();
+
+  /** A client without a ring. */
+  static final Sealing NONE = new Sealing(null, null, false);
+
+  private final String tenant;
+  private final KeyRing ring;
+  private final boolean requireSealed;
+  private final Consumer<byte[]> random;
+
+  Sealing(String tenant, KeyRing ring, boolean requireSealed) {
+    this(tenant, ring, requireSealed, RANDOM::nextBytes);
+  }
+
+  Sealing(String tenant, KeyRing ring, boolean requireSealed, Consumer<byte[]> random) {
+    this.tenant = tenant;
+    this.ring = ring;
+    this.requireSealed = requireSealed;
+    this.random = random;
+  }
+
+  boolean seals() {
+    return ring != null;
+  }
+
+  /** A result as it goes to idemd: sealed into {status, sealed} with a ring, plain without. */
+  io.idemd.api.model.StoredResponse toWire(String key, StoredResponse r) {
+    io.idemd.api.model.StoredResponse wire =
+        new io.idemd.api.model.StoredResponse().status(r.status());
+    if (ring != null) {
+      byte[] plain = KeyRing.responsePlaintext(r.headers(), r.body());
+      // The generated model starts with empty headers, which would go out beside the envelope.
+      return wire.headers(null)
+          .sealed(ring.seal(KeyRing.Context.result(tenant, key, r.status()), plain, random));
+    }
+    if (!r.headers().isEmpty()) {
+      wire.headers(r.headers());
+    }
+    byte[] body = r.body();
+    if (body.length > 0) {
+      wire.body(body);
+    }
+    return wire;
+  }
+
+  /**
+   * A result of key as idemd answered it, opened when it is sealed. Throws an UnsealableException
+   * when it does not open, when it is sealed and this client has no ring (unknown_key, naming the
+   * envelope's key), and when it is plain and the client requires sealed results (not_sealed).
+   */
+  StoredResponse fromWire(String key, io.idemd.api.model.StoredResponse wire) {
+    int status = wire.getStatus() == null ? 0 : wire.getStatus();
+    byte[] sealed = wire.getSealed();
+    if (sealed == null) {
+      if (requireSealed) {
+        throw new UnsealableException(UnsealableException.Reason.NOT_SEALED, "");
+      }
+      Map<String, java.util.List<String>> headers =
+          wire.getHeaders() == null ? Map.of() : wire.getHeaders();
+      return new StoredResponse(status, headers, wire.getBody());
+    }
+    if (ring == null) {
+      throw new UnsealableException(
+          UnsealableException.Reason.UNKNOWN_KEY, KeyRing.keyIdOf(sealed));
+    }
+    byte[] plain = ring.open(KeyRing.Context.result(tenant, key, status), sealed);
+    KeyRing.Opened opened = KeyRing.parseResponsePlaintext(plain);
+    if (opened == null) {
+      throw new UnsealableException(UnsealableException.Reason.INVALID, KeyRing.keyIdOf(sealed));
+    }
+    return new StoredResponse(status, opened.headers(), opened.body());
+  }
+
+  /**
+   * A recovery point's data as it goes to idemd: sealed with a ring (empty data too, so that it
+   * opens under require sealed), as given without; null records none.
+   */
+  byte[] sealPoint(String key, String name, byte[] data) {
+    byte[] given = data == null ? new byte[0] : data;
+    if (ring == null) {
+      return given.length == 0 ? null : given.clone();
+    }
+    return ring.seal(KeyRing.Context.point(tenant, key, name), given, random);
+  }
+
+  /**
+   * A recovery point of key as idemd answered it, its data opened. Data that does not start with
+   * the envelope's marker is plain, recorded before sealing was turned on or by a client without a
+   * ring: passed through, unless the client requires sealed recovery points. A sealed point
+   * reaching a client without a ring is an UnsealableException (unknown_key), as a result is.
+   */
+  RecoveryPoint openPoint(String key, io.idemd.api.model.RecoveryPoint wire) {
+    byte[] data = wire.getData() == null ? new byte[0] : wire.getData();
+    long attempt = wire.getAttempt() == null ? 0 : wire.getAttempt();
+    if (data.length == 0 || (data[0] & 0xFF) != KeyRing.MARKER) {
+      if (requireSealed) {
+        throw new UnsealableException(UnsealableException.Reason.NOT_SEALED, "");
+      }
+      return new RecoveryPoint(wire.getName(), data, attempt, wire.getRecordedAt());
+    }
+    if (ring == null) {
+      // Data that only starts like an envelope is a plain point of binary data; one with an
+      // envelope's whole head was sealed by a client with a ring, and is not handed on.
+      String keyId;
+      try {
+        keyId = KeyRing.keyIdOf(data);
+      } catch (UnsealableException e) {
+        return new RecoveryPoint(wire.getName(), data, attempt, wire.getRecordedAt());
+      }
+      throw new UnsealableException(UnsealableException.Reason.UNKNOWN_KEY, keyId);
+    }
+    byte[] opened = ring.open(KeyRing.Context.point(tenant, key, wire.getName()), data);
+    return new RecoveryPoint(wire.getName(), opened, attempt, wire.getRecordedAt());
+  }
+
+  /** The optional form of {@link #openPoint}, for the answers that may carry none. */
+  Optional<RecoveryPoint> openPoint(String key, Optional<io.idemd.api.model.RecoveryPoint> wire) {
+    return wire.map(w -> openPoint(key, w));
+  }
+}
