@@ -56,7 +56,10 @@ public class IdemdAutoConfiguration {
         ring = KeyRing.parse(seal.getKeys());
       } catch (IllegalArgumentException e) {
         // The message names the entry at fault, never the key's bytes.
-        throw new IllegalStateException("idemd: idemd.seal.keys: " + e.getMessage(), e);
+        throw new IllegalStateException(
+            "idemd: idemd.seal.keys is not a key ring: "
+                + e.getMessage().replaceFirst("^idem: ", ""),
+            e);
       }
       b.sealing(seal.getTenant(), ring).requireSealed(seal.isRequireSealed());
     } else if (seal.isRequireSealed()) {
