@@ -1,6 +1,7 @@
 package io.idemd.examples;
 
 import io.idemd.IdemClient;
+import io.idemd.KeyRing;
 import io.idemd.Keys;
 import io.idemd.RunResult;
 import io.idemd.Task;
@@ -9,9 +10,9 @@ import io.idemd.servlet.IdempotencyFilter;
 import jakarta.servlet.http.HttpServletRequest;
 
 /**
- * The README's "From Java" snippets are cut from the regions below (between "#region readme-NAME"
- * and "#endregion"); ReadmeTest runs these methods against a real idemd and checks that every line
- * of the README's Java blocks is in a region.
+ * The README's "From Java" snippets, and those of clients/java/README.md, are cut from the regions
+ * below (between "#region readme-NAME" and "#endregion"); ReadmeTest runs these methods against a
+ * real idemd and checks that every line of the READMEs' Java blocks is in a region.
  */
 public final class Readme {
   private Readme() {}
@@ -27,6 +28,14 @@ public final class Readme {
   public static IdemClient client(String baseUrl) {
     // #region readme-client
     IdemClient client = IdemClient.builder(baseUrl).token(System.getenv("IDEMD_TOKEN")).build();
+    // #endregion
+    return client;
+  }
+
+  public static IdemClient sealing(String baseUrl, String sealKeys) {
+    // #region readme-sealing
+    KeyRing ring = KeyRing.parse(sealKeys); // the text of IDEMD_SEAL_KEYS
+    IdemClient client = IdemClient.builder(baseUrl).sealing("payments", ring).build();
     // #endregion
     return client;
   }

@@ -51,8 +51,12 @@ class ReadmeTest {
   }
 
   private static List<String> blocks(String language) throws IOException {
+    return blocks(language, section());
+  }
+
+  private static List<String> blocks(String language, String text) {
     List<String> out = new ArrayList<>();
-    Matcher m = Pattern.compile("```" + language + "\n([\\s\\S]*?)```").matcher(section());
+    Matcher m = Pattern.compile("```" + language + "\n([\\s\\S]*?)```").matcher(text);
     while (m.find()) {
       out.add(m.group(1));
     }
@@ -135,8 +139,7 @@ class ReadmeTest {
                     .hasSingleBean(IdemClient.class));
   }
 
-  @Test
-  void theReadmeShowsTheExamplesCode() throws IOException {
+  private static List<String> regions() throws IOException {
     String source = Files.readString(Path.of("src/test/java/io/idemd/examples/Readme.java"));
     List<String> regions = new ArrayList<>();
     Matcher m =
@@ -145,6 +148,46 @@ class ReadmeTest {
     while (m.find()) {
       regions.add(m.group(1).replaceAll("(?m)^    ", ""));
     }
+    return regions;
+  }
+
+  @Test
+  void theSealingExampleSealsWhatItStoresAndOpensItsReplay() throws Exception {
+    byte[] key = new byte[32];
+    new java.security.SecureRandom().nextBytes(key);
+    String keys = "k-2026-11=" + java.util.Base64.getEncoder().encodeToString(key);
+    String k = "readme-sealing-" + UUID.randomUUID();
+    try (IdemClient sealing = Readme.sealing(daemon.url, keys)) {
+      assertFalse(sealing.run(k, String.class, lease -> "secret").replayed());
+      assertEquals("secret", sealing.run(k, String.class, lease -> "ran twice").value());
+    }
+    com.fasterxml.jackson.databind.JsonNode response =
+        io.idemd.testing.Raw.record(daemon, k).path("response");
+    assertTrue(response.has("sealed"), response.toString());
+    assertFalse(response.has("body"), response.toString());
+  }
+
+  @Test
+  void theJavaClientsReadmeShowsTheExamplesCode() throws IOException {
+    String readme = Files.readString(Path.of("..", "README.md"));
+    List<String> blocks = blocks("java", readme);
+    assertFalse(blocks.isEmpty(), "no java blocks in clients/java/README.md");
+    List<String> regions = regions();
+    for (String block : blocks) {
+      for (String line : block.split("\n")) {
+        if (line.isBlank() || line.startsWith("import ")) {
+          continue;
+        }
+        assertTrue(
+            regions.stream().anyMatch(r -> List.of(r.split("\n")).contains(line)),
+            "clients/java/README.md line not cut from Readme.java: " + line);
+      }
+    }
+  }
+
+  @Test
+  void theReadmeShowsTheExamplesCode() throws IOException {
+    List<String> regions = regions();
     List<String> blocks = blocks("java");
     assertFalse(blocks.isEmpty(), "no java blocks in the README's From Java section");
     for (String block : blocks) {
