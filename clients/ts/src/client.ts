@@ -13,7 +13,6 @@ import {
   type ProblemError,
   problemFrom,
   ResultNotStoredError,
-  UnsealableError,
 } from "./errors.js";
 import { createClient, createConfig, type Client as GeneratedClient } from "./gen/client/index.js";
 import * as sdk from "./gen/sdk.gen.js";
@@ -335,9 +334,9 @@ const requeueDelayMs = 1000;
 // as the error asks (the failure stored, or the key released).
 function verdictOf(error: unknown, ran: boolean, fnFailed: boolean): Verdict {
   if (!ran) {
-    // A result that does not open is as final as a stored failure: the operation ran,
-    // and no redelivery to this consumer can read its answer.
-    if (error instanceof FailedError || error instanceof FingerprintMismatchError || error instanceof UnsealableError) {
+    // An UnsealableError is requeued with the rest: a consumer whose ring holds the key
+    // can take the message, and the error shows that one is needed.
+    if (error instanceof FailedError || error instanceof FingerprintMismatchError) {
       return { action: "dead-letter", delayMs: 0, ran, error };
     }
     const delayMs = error instanceof InProgressError ? (error.retryAfterMs ?? requeueDelayMs) : requeueDelayMs;
@@ -440,10 +439,19 @@ export class IdemClient {
    * Asks for the lease on key. Throws an InProgressError (with retryAfterMs) when another
    * caller holds a live lease, and a FingerprintMismatchError when the key was used with
    * another fingerprint. With sealing, the stored result, or the recovery point the lease
-   * starts from, is opened; one that does not open is an UnsealableError (a lease got
-   * with it is left to run out, nothing having run under it).
+   * starts from, is opened; one that does not open is an UnsealableError. A lease
+   * acquired with a point that does not open is released for a retry first (the point
+   * stays), so that a holder whose ring opens it can take the key.
    */
   async claim(key: string, options: ClaimOptions = {}): Promise<Claim> {
+    return this.#claim(key, options, true);
+  }
+
+  /**
+   * claim; a lease acquired with a recovery point that does not open is released for a
+   * retry when release is set, and left pending under its lease (to run out) otherwise.
+   */
+  async #claim(key: string, options: ClaimOptions, release: boolean): Promise<Claim> {
     // The secret is made once per call, so every resend of this claim carries it.
     const body: api.ClaimRequest = {
       key,
@@ -456,6 +464,15 @@ export class IdemClient {
     const data = (await this.#do({ claim: body }, options.signal, options.waitMs ?? 0)) as
       api.ClaimAcquired | api.ClaimFinished | undefined;
     if (data?.outcome === "acquired" && typeof data.lease_token === "string" && data.lease_token !== "") {
+      let recoveryPoint: RecoveryPoint | undefined;
+      try {
+        recoveryPoint = fromPoint(data.recovery_point, key, this.#sealer);
+      } catch (err) {
+        // Nothing runs from a point it cannot read. If this release fails too, the
+        // lease runs out.
+        if (release) await this.release(key, data.lease_token, "retry").catch(() => undefined);
+        throw err;
+      }
       return {
         outcome: "acquired",
         leaseToken: data.lease_token,
@@ -463,7 +480,7 @@ export class IdemClient {
         recovered: data.recovered,
         leaseExpiresAt: new Date(data.lease_expires_at),
         expiresAt: new Date(data.expires_at),
-        recoveryPoint: fromPoint(data.recovery_point, key, this.#sealer),
+        recoveryPoint,
       };
     }
     if (data?.outcome !== "completed" && data?.outcome !== "failed") {
@@ -641,6 +658,11 @@ export class IdemClient {
    * (idemd unreachable), whatever fn returned. fn gets the lease as its second argument:
    * its attempt, whether it recovered the key from a holder whose lease ran out, and the
    * time it has left (remainingMs).
+   *
+   * With sealing, a stored result that does not open is an UnsealableError and fn does
+   * not run: the key is done, and running fn again would do it twice. So is a recovery
+   * point the lease would start from that does not open; the key is then released for a
+   * retry by a holder whose ring opens it.
    */
   async run<T>(
     key: string,
@@ -684,7 +706,9 @@ export class IdemClient {
     // The lease's local deadline is reckoned from here, before any batching queue: never
     // later than the claim's real send.
     const sentAt = performance.now();
-    const claim = await this.claim(key, claimOptions);
+    // A completer leaves the key of a point that does not open pending, as it leaves one
+    // whose handler failed: released, it would drop out of the feed.
+    const claim = await this.#claim(key, claimOptions, !leavePending);
     if (claim.outcome !== "acquired") return { ran: false, finished: claim };
 
     let value: T;
@@ -749,6 +773,9 @@ export class IdemClient {
    *   later delivery of it is dead-lettered without running fn.
    * - idemd could not be asked, or did not store the outcome: "requeue". fn does not run
    *   without a lease.
+   * - The stored result, or the recovery point fn would start from, does not open
+   *   (sealing): "requeue" with the UnsealableError; fn does not run. The message is not
+   *   acknowledged, so that a consumer whose ring holds the key can take it.
    *
    * fn gets the lease as its second argument, as with run: a recovered lease means that
    * a consumer died holding the key, so the work may be done in part and fn must fence

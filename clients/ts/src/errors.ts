@@ -158,10 +158,10 @@ export type UnsealableReason = "unknown_key" | "invalid" | "not_sealed";
 export class UnsealableError extends IdemError {
   override name = "UnsealableError";
   readonly reason: UnsealableReason;
-  /** The id of the key the envelope names; undefined when it names none (not an envelope, or plain). */
-  readonly keyId: string | undefined;
+  /** The id of the key the envelope names; "" when it names none (not an envelope, or plain). */
+  readonly keyId: string;
 
-  constructor(reason: UnsealableReason, keyId?: string, options?: ErrorOptions) {
+  constructor(reason: UnsealableReason, keyId = "", options?: ErrorOptions) {
     let message: string;
     switch (reason) {
       case "unknown_key":
