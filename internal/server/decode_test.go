@@ -72,6 +72,9 @@ func FuzzDecodeComplete(f *testing.F) {
 		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"Transfer-Encoding":["chunked"]}}}`,
 		`{"key":"a","lease_token":"t","response":{"status":101}}`,
 		`{"key":"a","lease_token":"t","response":{"status":204,"body":"QQ=="}}`,
+		`{"key":"a","lease_token":"t","response":{"status":204,"sealed":"wQECazFaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlo="}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"sealed":"wQECazE=","body":""}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"Idemd-Sealed":["1"]},"body":"QQ=="}}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -102,6 +105,10 @@ func FuzzDecodeComplete(f *testing.F) {
 		}
 		if c.Retention < 0 || c.Retention > engine.MaxRetention {
 			t.Fatalf("accepted retention %s", c.Retention)
+		}
+		// A response the store keeps as sealed came as an envelope, and only then.
+		if sealed := c.Response.Sealed(); (sealed != nil) != (r.Response.Sealed != nil) || sealed != nil && validEnvelope(sealed) != nil {
+			t.Fatalf("accepted %+v from %s", c.Response, body)
 		}
 	})
 }
