@@ -513,13 +513,24 @@ func TestSealedRecoveryPoints(t *testing.T) {
 		pointIs("the lookup", rec.RecoveryPoint, "charged", data)
 
 		ran := false
-		_, err = newClient(t).Do(ctx, key, "", func(context.Context) (idem.Response, error) { ran = true; return idem.Response{Status: 200}, nil })
-		refusedWith(t, "Do without a ring", err, idem.SealUnknownKey, "k1")
+		_, err = sealing(t, ring(t, "k-other")).Do(ctx, key, "", func(context.Context) (idem.Response, error) { ran = true; return idem.Response{Status: 200}, nil })
+		refusedWith(t, "Do without the key", err, idem.SealUnknownKey, "k1")
 		if ran {
-			t.Fatal("Do without a ring ran from a sealed point")
+			t.Fatal("Do without the key ran from a sealed point")
 		}
 		if rec := lookUp(t, key); rec.State != "released" {
-			t.Fatalf("the key after Do without a ring: %s, want it released for a retry", rec.raw)
+			t.Fatalf("the key after Do without the key: %s, want it released for a retry", rec.raw)
+		}
+
+		// A client without a ring cannot tell a sealed point from plain data that starts
+		// with the same byte: it hands the data on as it is.
+		var raw *idem.RecoveryPoint
+		if _, err := newClient(t).Do(ctx, key, "", func(ctx context.Context) (idem.Response, error) {
+			l, _ := idem.LeaseFrom(ctx)
+			raw = l.RecoveryPoint
+			return idem.Response{}, errors.New("looked only")
+		}); err == nil || raw == nil || envelopeKeyID(raw.Data) != "k1" {
+			t.Fatalf("Do without a ring: %v, the point %+v, want the envelope as it is", err, raw)
 		}
 
 		var point *idem.RecoveryPoint
@@ -575,15 +586,15 @@ func TestSealedRecoveryPoints(t *testing.T) {
 		var mu sync.Mutex
 		var failures []error
 		handled := 0
-		plain := newCompleter(t, newClient(t), idem.CompleterOptions{Prefix: prefix, Concurrency: 1, Lease: 150 * time.Millisecond,
+		plain := newCompleter(t, sealing(t, ring(t, "k-other")), idem.CompleterOptions{Prefix: prefix, Concurrency: 1, Lease: 150 * time.Millisecond,
 			Handler: func(context.Context) (idem.Response, error) { handled++; return idem.Response{Status: 200}, nil },
 			OnError: func(_ string, err error) { mu.Lock(); defer mu.Unlock(); failures = append(failures, err) }})
 		stats, err := plain.RunOnce(ctx)
 		if err != nil || stats.Errors != 2 || handled != 0 || len(failures) != 2 {
-			t.Fatalf("a completer without a ring: %+v %v, %d handled, errors %v", stats, err, handled, failures)
+			t.Fatalf("a completer without the key: %+v %v, %d handled, errors %v", stats, err, handled, failures)
 		}
 		for _, f := range failures {
-			refusedWith(t, "a completer without a ring", f, idem.SealUnknownKey, "k1")
+			refusedWith(t, "a completer without the key", f, idem.SealUnknownKey, "k1")
 		}
 		waitAbandoned(t, holder, prefix, left1, left2)
 
@@ -701,9 +712,9 @@ func TestMiddlewareSealedRecoveryPoint(t *testing.T) {
 		t.Fatalf("idemd keeps %s, want the point sealed", rec.raw)
 	}
 	var inc incidents
-	if refused := send(t, serveWith(t, newClient(t), h, inc.option()), "POST", key, "application/json", `{}`); refused.status != 502 ||
+	if refused := send(t, serveWith(t, sealing(t, ring(t, "k-other")), h, inc.option()), "POST", key, "application/json", `{}`); refused.status != 502 ||
 		refused.problemCode() != "stored_response_unsealable" {
-		t.Fatalf("a middleware without a ring: %+v", refused)
+		t.Fatalf("a middleware without the key: %+v", refused)
 	}
 	testenv.WaitFor(t, 10*time.Second, "the replay_unsealable incident", func() bool { return inc.count(idem.IncidentReplayUnsealable) == 1 })
 	if second := send(t, url, "POST", key, "application/json", `{}`); second.status != 201 {

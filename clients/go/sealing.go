@@ -98,7 +98,9 @@ func (c *Client) pointData(key, name string, data []byte) ([]byte, error) {
 }
 
 // openPoint is the recovery point of key as callers see it: its data opened when
-// sealed. Data that does not start with the envelope's marker is plain.
+// sealed. Data that does not start with the envelope's marker is plain. A client
+// without a ring passes every point through as it is: recovery points have no mark of
+// their own, and plain data may start with any byte.
 func (c *Client) openPoint(key string, p *idemapi.RecoveryPoint) (*RecoveryPoint, error) {
 	rp := fromPoint(p)
 	if rp == nil {
@@ -115,8 +117,6 @@ func (c *Client) openPoint(key string, p *idemapi.RecoveryPoint) (*RecoveryPoint
 			rp.Data = data
 			return rp, nil
 		}
-	case len(rp.Data) > 0 && rp.Data[0] == sealMarker:
-		err = unknownKey(rp.Data)
 	default:
 		return rp, nil
 	}
