@@ -381,6 +381,8 @@ describe("sealed recovery points", () => {
     assert.equal(envelopeKeyId(data), "k-point");
     assert.equal(data.indexOf(secret), -1);
     assert.equal(Buffer.from((await client.lookup(key)).recoveryPoint?.data ?? []).toString(), secret);
+    // A client without a ring takes no envelope for its data.
+    await assert.rejects(plain.lookup(key), isUnsealable("unknown_key", "k-point"));
 
     let from: Lease["recoveryPoint"];
     const done = await client.run(key, (_signal, lease) => {
@@ -428,6 +430,14 @@ describe("sealed recovery points", () => {
     );
     const lenient = await sealing(["k-holder"]).lookup(plainKey);
     assert.equal(Buffer.from(lenient.recoveryPoint?.data ?? []).toString(), "ch_plain");
+
+    // Binary data that begins with 0xC1 but is no envelope stays plain to a client without a ring.
+    const binaryKey = freshKey("plain-binary-point");
+    const binary = Buffer.from([0xc1, 0x00, 0x07, 0xff]);
+    const held = await plain.claim(binaryKey);
+    if (held.outcome !== "acquired") throw new Error("not acquired");
+    await plain.recordRecoveryPoint(binaryKey, held.leaseToken, "raw", binary);
+    assert.deepEqual(Buffer.from((await plain.lookup(binaryKey)).recoveryPoint?.data ?? []), binary);
   });
 
   test("the completer opens the abandoned point, stores its result sealed; with another ring it runs nothing", async () => {
