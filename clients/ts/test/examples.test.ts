@@ -4,8 +4,10 @@ import { dirname, join } from "node:path";
 import { after, before, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import type { AddressInfo } from "node:net";
+import { randomBytes } from "node:crypto";
 import { fastifyApp } from "../examples/fastify.js";
 import { consume, expressApp, runOnce } from "../examples/readme.js";
+import { chargeOnce } from "../examples/sealing.js";
 import { IdemClient } from "../src/index.js";
 import { Daemon, freshKey } from "./daemon.js";
 
@@ -88,6 +90,49 @@ test("the README's Express and Fastify apps run an order once per key and user",
     server.close();
     await fa.close();
   }
+});
+
+test("the client README's sealing example charges once, replays it opened, and names a key it lacks", async () => {
+  const previous = process.env.IDEMD_SEAL_KEYS;
+  const key = (id: string) => `${id}=${randomBytes(32).toString("base64")}`;
+  const old = key("k-2026-05");
+  const charges: string[] = [];
+  const createCharge = async () => {
+    charges.push(`ch_${charges.length + 1}`);
+    return { id: charges.at(-1) as string, amount: 4200 };
+  };
+  const orderId = freshKey("sealed-order");
+  try {
+    process.env.IDEMD_SEAL_KEYS = `# the ring\n${old}`;
+    const first = await chargeOnce(daemon.url, orderId, createCharge);
+    assert.deepEqual(first, { charge: { id: "ch_1", amount: 4200 }, replayed: false });
+    process.env.IDEMD_SEAL_KEYS = `${key("k-2026-11")},${old}`;
+    assert.deepEqual(await chargeOnce(daemon.url, orderId, createCharge), { ...first, replayed: true });
+    process.env.IDEMD_SEAL_KEYS = key("k-2026-11");
+    assert.deepEqual(await chargeOnce(daemon.url, orderId, createCharge), { unsealable: "unknown_key k-2026-05" });
+    assert.deepEqual(charges, ["ch_1"]);
+  } finally {
+    if (previous === undefined) delete process.env.IDEMD_SEAL_KEYS;
+    else process.env.IDEMD_SEAL_KEYS = previous;
+  }
+});
+
+test("the client README shows the sealing example's code", () => {
+  const here = dirname(fileURLToPath(import.meta.url));
+  const source = readFileSync(join(here, "..", "..", "examples", "sealing.ts"), "utf8");
+  const readme = readFileSync(join(here, "..", "..", "README.md"), "utf8");
+  const section = readme.slice(readme.indexOf("## Sealing"));
+  const blocks = [...section.matchAll(/```ts\n([\s\S]*?)```/g)].map((m) => m[1] ?? "");
+  const regions = [...source.matchAll(/\/\/ #region readme-[\w-]+\n([\s\S]*?)\s*\/\/ #endregion/g)].map((m) =>
+    dedent(m[1] ?? ""),
+  );
+  assert.equal(blocks.length, 1, "one ts block in the client README's Sealing section");
+  assert.equal(regions.length, 1, "one readme region in examples/sealing.ts");
+  const lines = (blocks[0] ?? "").split("\n").filter((l) => l.trim() !== "" && !l.startsWith("import "));
+  assert.deepEqual(
+    lines,
+    (regions[0] ?? "").split("\n").filter((l) => l.trim() !== ""),
+  );
 });
 
 test("the README shows the examples' code", () => {
