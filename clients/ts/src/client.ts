@@ -54,8 +54,8 @@ export interface ClientOptions {
   /**
    * Seals the results this client stores and the recovery points it records with keys
    * idemd never sees, and opens them when they come back (docs/sealing.md). Off when
-   * absent: results and points are stored plain, and a sealed result that comes back,
-   * or a recovery point whose data is an envelope, is an UnsealableError (unknown_key).
+   * absent: results and points are stored plain, a sealed result that comes back is an
+   * UnsealableError (unknown_key), and a recovery point's data is handed on as it is.
    */
   sealing?: SealingOptions;
 }
