@@ -37,7 +37,10 @@ const usage = `idemctl talks to an idemd.
 Usage: idemctl [flags] COMMAND [flags] [ARGS]
 
 Records:
-  lookup KEY                      show the record of KEY
+  lookup KEY                      show the record of KEY; a result its client sealed shows as
+                                  sealed, or opened with --seal-keys FILE (default
+                                  $IDEMD_SEAL_KEYS) and --seal-tenant (default
+                                  $IDEMD_SEAL_TENANT, else default)
   purge KEY                       delete the record of KEY (needs the admin scope)
   claim KEY                       claim KEY: --fingerprint, --lease, --wait, --owner
   complete KEY --lease-token T    store a result: --status, --body or --body-file, --header

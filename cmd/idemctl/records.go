@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +23,8 @@ type responseJSON struct {
 	Status  int                 `json:"status"`
 	Headers map[string][]string `json:"headers,omitempty"`
 	Body    []byte              `json:"body,omitempty"`
+	// Sealed is the envelope of a result lookup could not open.
+	Sealed []byte `json:"sealed,omitempty"`
 }
 
 func responseOut(r *idem.Response) *responseJSON {
@@ -44,6 +47,8 @@ type recordJSON struct {
 	ExpiresAt      time.Time     `json:"expires_at"`
 	Response       *responseJSON `json:"response,omitempty"`
 	RecoveryPoint  *pointJSON    `json:"recovery_point,omitempty"`
+	// SealError says why a sealed part did not open with the key ring given.
+	SealError string `json:"seal_error,omitempty"`
 }
 
 // pointJSON is a recovery point as the API writes it: the data in base64.
@@ -124,25 +129,61 @@ func showBody(b []byte) string {
 	return fmt.Sprintf("base64:%s (%d bytes)", base64.StdEncoding.EncodeToString(b), len(b))
 }
 
+// lookup shows a record. A result or recovery point its client sealed is shown as
+// sealed, or opened with the key ring of --seal-keys or $IDEMD_SEAL_KEYS; with a ring,
+// a part that does not open is an error (exit 1), after the rest is shown.
 func (a *app) lookup(args []string) int {
 	fs := a.flags("lookup")
+	seal := a.sealFlags(fs)
 	pos, err := a.parse(fs, args, 1, "one KEY")
 	if err != nil {
 		return a.usageError(err)
 	}
-	c, err := a.client(nil)
+	sealing, err := seal.options(a.getenv)
 	if err != nil {
 		return a.usageError(err)
 	}
-	rec, err := c.Lookup(context.Background(), pos[0])
+	c, err := a.client(nil, sealing...)
 	if err != nil {
-		return a.fail(err)
+		return a.usageError(err)
+	}
+	ctx := context.Background()
+	rec, err := c.Lookup(ctx, pos[0])
+	var sealErr error
+	var parts sealedParts
+	if err != nil {
+		if rec == nil || !errors.Is(err, idem.ErrUnsealable) {
+			return a.fail(err)
+		}
+		if sealing != nil {
+			sealErr = err
+		}
+		if parts, err = a.sealedParts(ctx, rec); err != nil {
+			return a.fail(err)
+		}
+	}
+	exit := exitOK
+	if sealErr != nil {
+		exit = exitRefused
 	}
 	if a.json {
-		a.printJSON(recordJSON{Key: rec.Key, State: rec.State, Attempt: rec.Attempt, Fingerprint: rec.Fingerprint,
+		out := recordJSON{Key: rec.Key, State: rec.State, Attempt: rec.Attempt, Fingerprint: rec.Fingerprint,
 			Owner: rec.Owner, CreatedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt, LeaseExpiresAt: timePtr(rec.LeaseExpiresAt),
-			ExpiresAt: rec.ExpiresAt, Response: responseOut(rec.Response), RecoveryPoint: pointOut(rec.RecoveryPoint)})
-		return exitOK
+			ExpiresAt: rec.ExpiresAt, Response: responseOut(rec.Response), RecoveryPoint: pointOut(rec.RecoveryPoint)}
+		if parts.response != nil {
+			out.Response = &responseJSON{Status: parts.status, Sealed: parts.response}
+		}
+		if p := parts.point; p != nil {
+			out.RecoveryPoint = &pointJSON{Name: p.Name, Attempt: p.Attempt, RecordedAt: p.RecordedAt}
+			if p.Data != nil {
+				out.RecoveryPoint.Data = *p.Data
+			}
+		}
+		if sealErr != nil {
+			out.SealError = sealErr.Error()
+		}
+		a.printJSON(out)
+		return exit
 	}
 	t := newTable(a.stdout)
 	t.row("key", rec.Key)
@@ -159,12 +200,31 @@ func (a *app) lookup(args []string) int {
 	t.time("lease until", rec.LeaseExpiresAt)
 	t.time("kept until", rec.ExpiresAt)
 	t.response(rec.Response)
+	if parts.response != nil {
+		t.row("status", parts.status)
+		t.row("result", describeSealed(parts.response))
+	}
 	if p := rec.RecoveryPoint; p != nil {
 		t.row("recovery point", fmt.Sprintf("%q by attempt %d at %s", p.Name, p.Attempt, p.RecordedAt.UTC().Format(time.RFC3339Nano)))
-		t.row("point data", showBody(p.Data))
+		if sealing == nil && looksSealed(p.Data) {
+			// Without a ring the client hands data on as it is; an envelope's head
+			// tells the key that opens it.
+			t.row("point data", describeSealed(p.Data))
+		} else {
+			t.row("point data", showBody(p.Data))
+		}
+	}
+	if p := parts.point; p != nil {
+		t.row("recovery point", fmt.Sprintf("%q by attempt %d at %s", p.Name, p.Attempt, p.RecordedAt.UTC().Format(time.RFC3339Nano)))
+		if p.Data != nil {
+			t.row("point data", describeSealed(*p.Data))
+		}
+	}
+	if sealErr != nil {
+		t.row("not opened", sealErr)
 	}
 	t.flush()
-	return exitOK
+	return exit
 }
 
 // abandonedJSON is an abandoned key as the feed writes it.
