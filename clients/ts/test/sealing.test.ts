@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import { join } from "node:path";
 import { after, before, describe, test } from "node:test";
-import { idemdKey } from "../src/fingerprint.js";
+import { fingerprint, idemdKey } from "../src/fingerprint.js";
 import {
   Completer,
   FailedError,
@@ -569,6 +569,36 @@ for (const framework of frameworks) {
       const incident = strict.incidents.find((i) => i.idemdKey === idemdKey("user-1", key));
       assert.equal(incident?.kind, "replay_unsealable");
       isUnsealable("not_sealed", "")(incident?.error);
+    });
+
+    test("P5: a recovery point that does not open runs nothing, and the key is released for a retry", async () => {
+      const key = freshKey("mw-point");
+      const derived = idemdKey("user-1", key);
+      const request = order(key);
+      const fp = fingerprint({
+        method: "POST",
+        path: "/orders",
+        query: "",
+        contentType: "application/json",
+        body: Buffer.from(request.body),
+      });
+      // A holder whose ring the app does not hold recorded a point and gave the key back.
+      const holder = sealing(["k-mw-other"]);
+      const claim = await holder.claim(derived, { fingerprint: fp.fingerprint });
+      if (claim.outcome !== "acquired") throw new Error("not acquired");
+      await holder.recordRecoveryPoint(derived, claim.leaseToken, "charged", "ch_mw");
+      await holder.release(derived, claim.leaseToken, "retry");
+
+      const res = await send(`${app.url}/orders`, request);
+      assert.equal(res.status, 502);
+      assert.equal(JSON.parse(res.body).code, "stored_response_unsealable");
+      assert.equal(app.runs.get(`orders ${key}`), undefined, "the handler ran");
+      const incident = app.incidents.find((i) => i.idemdKey === derived);
+      assert.equal(incident?.kind, "replay_unsealable");
+      isUnsealable("unknown_key", "k-mw-other")(incident?.error);
+      const record = await raw(derived);
+      assert.equal(record.state, "released");
+      assert.equal(record.recovery_point?.name, "charged");
     });
 
     test("R10, P4: the response_not_stored answer is stored sealed too, and replays", async () => {
