@@ -351,11 +351,23 @@ def test_a_sealed_recovery_point_reaches_the_next_holder(daemon: Daemon) -> None
         assert point is not None
         assert (point.name, point.data, point.attempt) == ("charged", POINT, 1)
 
-    with idemd.Client(daemon.url) as plain, pytest.raises(idemd.Unsealable) as refused:
-        plain.run(key, never)
+    with idemd.Client(daemon.url, sealing=sealing(NEW)) as other, pytest.raises(idemd.Unsealable) as refused:
+        other.run(key, never)
     assert (refused.value.reason, refused.value.key_id) == ("unknown_key", "k-old")
     after = raw_record(daemon.url, key)
     assert (after["state"], after["attempt"]) == ("released", 2)  # the lease went back at once
+
+    # A client without a ring hands the data on as it is: the envelope.
+    as_is: list[idemd.RecoveryPoint | None] = []
+
+    def look(held: idemd.Lease) -> idemd.Response:
+        as_is.append(held.recovery_point)
+        raise RuntimeError("looked only")
+
+    with idemd.Client(daemon.url) as plain, pytest.raises(RuntimeError):
+        plain.run(key, look)
+    assert as_is[0] is not None
+    assert key_id_of(as_is[0].data) == "k-old"
 
     with idemd.Client(daemon.url, sealing=sealing(NEW, OLD)) as c:
 
