@@ -138,11 +138,22 @@ public final class IdemClient implements AutoCloseable {
    * Asks for the lease on key. Throws an InProgressException (with retryAfter) when another caller
    * holds a live lease, and a FingerprintMismatchException when the key was used with another
    * fingerprint. With sealing ({@link Builder#sealing}), the stored result, or the recovery point
-   * the lease starts from, is opened; one that does not open is an {@link UnsealableException}, and
-   * a lease got with it is left to run out, nothing having run under it (the key stays pending, and
-   * the abandoned-keys feed lists it for a holder of the right ring).
+   * the lease starts from, is opened; one that does not open is an {@link UnsealableException}. A
+   * lease acquired with a recovery point that does not open is released for a retry first (the
+   * point stays), nothing having run under it, so that a holder whose ring opens the point can take
+   * the key.
    */
   public Claim claim(String key, ClaimOptions options) {
+    return claim(key, options, true);
+  }
+
+  /**
+   * {@link #claim(String, ClaimOptions)}; a lease acquired with a recovery point that does not open
+   * is released for a retry when release is set, and otherwise left pending under its lease, to run
+   * out (a {@link Completer}'s way, which a release would take the key out of the feed it works
+   * from).
+   */
+  Claim claim(String key, ClaimOptions options, boolean release) {
     Objects.requireNonNull(key, "key");
     // The lease is reckoned from here: idemd starts it later, when the claim reaches it.
     long sentAt = System.nanoTime();
@@ -171,6 +182,21 @@ public final class IdemClient implements AutoCloseable {
     if (value instanceof ClaimAcquired a
         && a.getLeaseToken() != null
         && !a.getLeaseToken().isEmpty()) {
+      Optional<RecoveryPoint> point;
+      try {
+        point = sealing.openPoint(key, Optional.ofNullable(a.getRecoveryPoint()));
+      } catch (UnsealableException e) {
+        // Nothing runs from a point it cannot read. If this release fails too, the lease
+        // runs out.
+        if (release) {
+          try {
+            releaseForRetry(key, a.getLeaseToken());
+          } catch (RuntimeException r) {
+            e.addSuppressed(r);
+          }
+        }
+        throw e;
+      }
       return new Claim.Acquired(
           a.getLeaseToken(),
           a.getLeaseExpiresAt(),
@@ -178,7 +204,7 @@ public final class IdemClient implements AutoCloseable {
           Boolean.TRUE.equals(a.getRecovered()),
           a.getExpiresAt(),
           sentAt,
-          sealing.openPoint(key, Optional.ofNullable(a.getRecoveryPoint())));
+          point);
     }
     if (value instanceof ClaimFinished f && f.getOutcome() != null) {
       return new Claim.Finished(
@@ -422,7 +448,9 @@ public final class IdemClient implements AutoCloseable {
    * recorded, and the time it has left; it records its own with {@link Lease#checkpoint}.
    *
    * <p>A stored result that does not open (see {@link Builder#sealing}) is an {@link
-   * UnsealableException}, and work does not run: the key is done, its answer unreadable here.
+   * UnsealableException}, and work does not run: the key is done, its answer unreadable here. So is
+   * a recovery point the lease would start from that does not open; the key is then released for a
+   * retry by a holder whose ring opens it, and work does not run either.
    */
   public <T> RunResult<T> run(String key, Class<T> type, Work<T> work, RunOptions options) {
     Ran<T> ran = claimAndRun(key, options, work, this::valueAsJson, this::failureAsJson, true);
@@ -466,7 +494,10 @@ public final class IdemClient implements AutoCloseable {
    * exception from work releases the key for a retry when releaseOnError, and otherwise leaves it
    * pending, so that it comes back to the abandoned-keys feed once the lease runs out; it is thrown
    * (a checked one wrapped in an IdemException). A lost lease stores nothing and throws the
-   * LeaseLostException; a value that could not be stored throws a ResultNotStoredException.
+   * LeaseLostException; a value that could not be stored throws a ResultNotStoredException. A
+   * recovery point the lease would start from that does not open is an UnsealableException, work
+   * not run, and goes back with the key as a failure of work does: released for a retry when
+   * releaseOnError, left pending otherwise.
    */
   <T> Ran<T> claimAndRun(
       String key,
@@ -477,7 +508,11 @@ public final class IdemClient implements AutoCloseable {
       boolean releaseOnError) {
     RunOptions o = options == null ? RunOptions.DEFAULT : options;
     Duration lease = o.lease() != null ? o.lease() : DEFAULT_LEASE;
-    Claim claim = claim(key, new ClaimOptions(o.fingerprint(), lease, o.waitFor(), null, null));
+    // A recovery point the lease would start from that does not open goes back with the key as a
+    // failure of work does: released for a retry, or left pending for the feed.
+    Claim claim =
+        claim(
+            key, new ClaimOptions(o.fingerprint(), lease, o.waitFor(), null, null), releaseOnError);
     if (claim instanceof Claim.Finished finished) {
       return new Ran<>(finished, null);
     }
@@ -574,9 +609,10 @@ public final class IdemClient implements AutoCloseable {
    *       later delivery of it is dead-lettered without running work;
    *   <li>idemd could not be asked, or did not store the outcome: REQUEUE. Work does not run
    *       without a lease.
-   *   <li>the key's stored result does not open (an {@link UnsealableException}: sealed with a key
-   *       this client does not hold, say): DEAD_LETTER without running work. The operation ran, and
-   *       no redelivery to this consumer can read its answer.
+   *   <li>the key's stored result, or the recovery point work would start from, does not open (an
+   *       {@link UnsealableException}: sealed with a key this client does not hold, say): REQUEUE
+   *       with the error, without running work; never ACK. The message is kept, so that a consumer
+   *       whose ring holds the key can take it, and the error shows that one is needed.
    * </ul>
    *
    * <p>Work gets the lease, as with run: a recovered lease means that a consumer died holding the
@@ -603,9 +639,9 @@ public final class IdemClient implements AutoCloseable {
       return new Verdict(Verdict.Action.ACK, Duration.ZERO, ran[0], Optional.empty());
     } catch (RuntimeException | Error e) {
       if (!ran[0]) {
-        if (e instanceof FailedException
-            || e instanceof FingerprintMismatchException
-            || e instanceof UnsealableException) {
+        // An UnsealableException is requeued with the rest: a configuration to fix (the
+        // consumer's key ring), and never a reason to drop the message.
+        if (e instanceof FailedException || e instanceof FingerprintMismatchException) {
           return new Verdict(Verdict.Action.DEAD_LETTER, Duration.ZERO, false, Optional.of(e));
         }
         Duration delay =
@@ -1159,9 +1195,11 @@ public final class IdemClient implements AutoCloseable {
      * consume, a {@link Completer} and the Idempotency-Key filter.
      *
      * <p>Without sealing, results are stored plain, and a sealed one that comes back is an {@link
-     * UnsealableException} (unknown_key), never its envelope passed on. With it, a plain result
-     * (stored before sealing was turned on, or by a client without a ring) passes through as it is,
-     * unless {@link #requireSealed}.
+     * UnsealableException} (unknown_key), never its envelope passed on; recovery points are
+     * recorded and handed on as they are, whatever their first byte (a point has no mark of its
+     * own, so an envelope cannot be told from plain data that starts like one). With it, a plain
+     * result (stored before sealing was turned on, or by a client without a ring) passes through as
+     * it is, unless {@link #requireSealed}.
      */
     public Builder sealing(String tenant, KeyRing ring) {
       Objects.requireNonNull(tenant, "tenant");

@@ -8,7 +8,8 @@ import java.util.function.Consumer;
 /**
  * How one client seals what it stores and opens what comes back (docs/sealing.md): the tenant its
  * envelopes are bound to and its ring, or no ring at all, when it stores plain results and a sealed
- * one that comes back is an UnsealableException (unknown_key).
+ * one that comes back is an UnsealableException (unknown_key), and hands recovery points on as they
+ * are.
  */
 final class Sealing {
   // Before NONE, which draws from it.
@@ -98,30 +99,23 @@ final class Sealing {
   }
 
   /**
-   * A recovery point of key as idemd answered it, its data opened. Data that does not start with
-   * the envelope's marker is plain, recorded before sealing was turned on or by a client without a
-   * ring: passed through, unless the client requires sealed recovery points. A sealed point
-   * reaching a client without a ring is an UnsealableException (unknown_key), as a result is.
+   * A recovery point of key as idemd answered it, its data opened. A client without a ring passes
+   * every point's data through as it is, whatever its first byte: a recovery point has no mark of
+   * its own, and plain data may start with the envelope's marker. With a ring, data that does not
+   * start with the marker is plain, recorded before sealing was turned on or by a client without a
+   * ring: passed through, unless the client requires sealed recovery points.
    */
   RecoveryPoint openPoint(String key, io.idemd.api.model.RecoveryPoint wire) {
     byte[] data = wire.getData() == null ? new byte[0] : wire.getData();
     long attempt = wire.getAttempt() == null ? 0 : wire.getAttempt();
+    if (ring == null) {
+      return new RecoveryPoint(wire.getName(), data, attempt, wire.getRecordedAt());
+    }
     if (data.length == 0 || (data[0] & 0xFF) != KeyRing.MARKER) {
       if (requireSealed) {
         throw new UnsealableException(UnsealableException.Reason.NOT_SEALED, "");
       }
       return new RecoveryPoint(wire.getName(), data, attempt, wire.getRecordedAt());
-    }
-    if (ring == null) {
-      // Data that only starts like an envelope is a plain point of binary data; one with an
-      // envelope's whole head was sealed by a client with a ring, and is not handed on.
-      String keyId;
-      try {
-        keyId = KeyRing.keyIdOf(data);
-      } catch (UnsealableException e) {
-        return new RecoveryPoint(wire.getName(), data, attempt, wire.getRecordedAt());
-      }
-      throw new UnsealableException(UnsealableException.Reason.UNKNOWN_KEY, keyId);
     }
     byte[] opened = ring.open(KeyRing.Context.point(tenant, key, wire.getName()), data);
     return new RecoveryPoint(wire.getName(), opened, attempt, wire.getRecordedAt());

@@ -4,8 +4,11 @@ package io.idemd;
  * A sealed result or recovery point that cannot be opened here (docs/sealing.md): sealed with a key
  * the client's {@link KeyRing} does not hold (or the client has no ring), changed or moved in the
  * store, or plain while the client requires sealed results. The operation ran and its key is done:
- * run, once and consume throw it (consume dead-letters the message) without running the work, and
- * the Idempotency-Key filter answers 502 stored_response_unsealable.
+ * run and once throw it without running the work, consume requeues the message with it in the
+ * verdict, and the Idempotency-Key filter answers 502 stored_response_unsealable. A recovery point
+ * a lease would start from that does not open is the same error, nothing run; the key is then
+ * released for a retry by a holder whose ring opens it (a Completer reports it and leaves the key
+ * pending).
  */
 public class UnsealableException extends IdemException {
   private static final long serialVersionUID = 1L;

@@ -204,11 +204,16 @@ class SealingTest {
             UnsealableException.Reason.UNKNOWN_KEY,
             OLD.id(),
             () -> c.once(key, l -> runs.incrementAndGet()));
-        // A consumer hands the message to its error path, unacknowledged.
+        // A consumer requeues the message with the error, never acknowledging or dropping it:
+        // a consumer whose ring holds the key can take it.
         Verdict v = c.consume(key, l -> runs.incrementAndGet());
-        assertEquals(Verdict.Action.DEAD_LETTER, v.action());
+        assertEquals(Verdict.Action.REQUEUE, v.action());
+        assertTrue(v.delay().compareTo(Duration.ZERO) > 0, v.delay().toString());
         assertFalse(v.ran());
-        assertInstanceOf(UnsealableException.class, v.error().orElseThrow());
+        UnsealableException e =
+            assertInstanceOf(UnsealableException.class, v.error().orElseThrow());
+        assertEquals(UnsealableException.Reason.UNKNOWN_KEY, e.reason());
+        assertEquals(OLD.id(), e.keyId());
       }
     }
     assertEquals(0, runs.get(), "the work ran for a result that does not open");
@@ -294,7 +299,9 @@ class SealingTest {
     assertFalse(Raw.storeHolds(daemon, base64(charge)), "the store holds the point's data");
     assertArrayEquals(
         utf8(charge), sealedOld.lookup(key).recoveryPoint().orElseThrow().data(), "lookup");
-    refused(UnsealableException.Reason.UNKNOWN_KEY, OLD.id(), () -> plain.lookup(key));
+    // A client without a ring hands the point's data on as it is: a point has no mark of its
+    // own, so its envelope cannot be told from plain data starting with the same byte.
+    assertArrayEquals(data, plain.lookup(key).recoveryPoint().orElseThrow().data(), "no ring");
 
     AtomicReference<RecoveryPoint> resumed = new AtomicReference<>();
     RunResult<String> r =
@@ -367,6 +374,8 @@ class SealingTest {
     assertEquals(0, runs.get());
     UnsealableException e = assertInstanceOf(UnsealableException.class, errors.get(key));
     assertEquals(OLD.id(), e.keyId());
+    // The completer leaves the key pending, so that it stays in the feed: no release.
+    assertEquals("pending", Raw.record(daemon, key).path("state").asText());
 
     // The key comes back to the feed, and a completer with the ring finishes it.
     Wait.until(
@@ -394,6 +403,112 @@ class SealingTest {
     try (IdemClient rotated = sealing(KeyRing.of(NEW, OLD))) {
       assertSameAnswer(refund, rotated.lookup(key).response().orElseThrow());
     }
+  }
+
+  /** Records a point sealed with OLD for a fresh key, then releases the key for a retry. */
+  private static String keyWithSealedPoint(String what, String data) {
+    String key = key(what);
+    Claim.Acquired held = (Claim.Acquired) sealedOld.claim(key);
+    sealedOld.recordRecoveryPoint(key, held.leaseToken(), "charged", utf8(data));
+    sealedOld.releaseForRetry(key, held.leaseToken());
+    return key;
+  }
+
+  private static void assertReleased(String key) throws Exception {
+    JsonNode record = Raw.record(daemon, key);
+    assertEquals("released", record.path("state").asText(), record.toString());
+    assertEquals("charged", record.path("recovery_point").path("name").asText());
+  }
+
+  @Test
+  void aRecoveryPointThatDoesNotOpenReleasesTheKeyForARetryInClaimRunOnceAndConsume()
+      throws Exception {
+    String charge = "ch_" + UUID.randomUUID();
+    AtomicInteger runs = new AtomicInteger();
+    try (IdemClient wrong = sealing(KeyRing.of(NEW))) {
+      String claimed = keyWithSealedPoint("point-claim", charge);
+      refused(UnsealableException.Reason.UNKNOWN_KEY, OLD.id(), () -> wrong.claim(claimed));
+      assertReleased(claimed);
+
+      String ran = keyWithSealedPoint("point-run", charge);
+      refused(
+          UnsealableException.Reason.UNKNOWN_KEY,
+          OLD.id(),
+          () -> wrong.run(ran, String.class, l -> "ran " + runs.incrementAndGet()));
+      assertReleased(ran);
+
+      String once = keyWithSealedPoint("point-once", charge);
+      refused(
+          UnsealableException.Reason.UNKNOWN_KEY,
+          OLD.id(),
+          () -> wrong.once(once, l -> runs.incrementAndGet()));
+      assertReleased(once);
+
+      String consumed = keyWithSealedPoint("point-consume", charge);
+      Verdict v = wrong.consume(consumed, l -> runs.incrementAndGet());
+      assertEquals(Verdict.Action.REQUEUE, v.action());
+      assertFalse(v.ran());
+      UnsealableException e = assertInstanceOf(UnsealableException.class, v.error().orElseThrow());
+      assertEquals(UnsealableException.Reason.UNKNOWN_KEY, e.reason());
+      assertEquals(OLD.id(), e.keyId());
+      assertReleased(consumed);
+      assertEquals(0, runs.get(), "the work ran from a point that does not open");
+
+      // A holder of the key resumes each at once, from the point as it was recorded.
+      for (String k : List.of(claimed, ran, once, consumed)) {
+        AtomicReference<RecoveryPoint> resumed = new AtomicReference<>();
+        RunResult<String> r =
+            sealedOld.run(
+                k,
+                String.class,
+                l -> {
+                  resumed.set(l.recoveryPoint().orElseThrow());
+                  return "done";
+                });
+        assertFalse(r.replayed(), k);
+        assertArrayEquals(utf8(charge), resumed.get().data(), k);
+      }
+    }
+  }
+
+  @Test
+  void aClientWithoutARingHandsEveryPointOnAsItIs() throws Exception {
+    // A point sealed by a client with a ring reaches a ring-less one as its bytes.
+    String sealedKey = keyWithSealedPoint("point-plain-client", "ch_sealed");
+    byte[] envelope = Raw.bytes(Raw.record(daemon, sealedKey).path("recovery_point").path("data"));
+    assertEquals(OLD.id(), envelopeKeyId(envelope));
+    AtomicReference<RecoveryPoint> resumed = new AtomicReference<>();
+    assertFalse(
+        plain
+            .run(
+                sealedKey,
+                String.class,
+                l -> {
+                  resumed.set(l.recoveryPoint().orElseThrow());
+                  return "done";
+                })
+            .replayed());
+    assertArrayEquals(envelope, resumed.get().data());
+
+    // Plain binary data with a whole envelope head (marker, version, a key id's length and
+    // enough bytes after it) is recorded and handed back unchanged.
+    byte[] binary = new byte[80];
+    RANDOM.nextBytes(binary);
+    binary[0] = (byte) 0xC1;
+    binary[1] = 1;
+    binary[2] = 4;
+    String key = key("point-binary");
+    Claim.Acquired held = (Claim.Acquired) plain.claim(key);
+    plain.recordRecoveryPoint(key, held.leaseToken(), "raw", binary);
+    plain.releaseForRetry(key, held.leaseToken());
+    assertArrayEquals(binary, plain.lookup(key).recoveryPoint().orElseThrow().data(), "lookup");
+    Claim.Acquired again = assertInstanceOf(Claim.Acquired.class, plain.claim(key));
+    assertArrayEquals(binary, again.recoveryPoint().orElseThrow().data(), "claim");
+
+    // A sealed result still does not reach it: unknown_key, naming the key.
+    String done = key("point-then-result");
+    sealedOld.run(done, String.class, l -> "ch_1");
+    refused(UnsealableException.Reason.UNKNOWN_KEY, OLD.id(), () -> plain.lookup(done));
   }
 
   @Test

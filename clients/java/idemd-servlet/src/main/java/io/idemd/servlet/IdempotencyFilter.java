@@ -57,7 +57,8 @@ import java.util.stream.Collectors;
  * <p>Given a client with sealing ({@link IdemClient.Builder#sealing}), the filter stores every
  * answer sealed (R1, and the response_not_stored of R9, R10, R15) and opens each replay; one that
  * does not open is answered 502 stored_response_unsealable, with the incident replay_unsealable,
- * and the handler does not run (P5).
+ * and the handler does not run (P5). So is a recovery point the lease would start from that does
+ * not open; the key is then released for a retry, since its work is not finished.
  *
  * <p>Unlike Go, TypeScript and ASGI, a blocking servlet cannot hear its client leave while a claim
  * waits (C3a): a waiting claim waits its full wait, as under WSGI, and a lease it gets runs the
@@ -263,7 +264,8 @@ public final class IdempotencyFilter implements Filter {
       // P5: the key is done, and its answer does not open here (sealed with a key this
       // client does not hold, changed in the store, or plain under require sealed). Running
       // the handler again would do the operation twice; the envelope is no answer either.
-      // A lease whose recovery point does not open is left to run out, as nothing ran.
+      // A lease whose recovery point does not open was released for a retry by the claim, as
+      // nothing ran: a holder whose ring opens the point can resume the key.
       Answer.problem(
               502,
               "stored_response_unsealable",

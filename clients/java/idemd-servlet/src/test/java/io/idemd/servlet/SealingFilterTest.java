@@ -200,10 +200,25 @@ class SealingFilterTest {
               sealing.lookup(derived).recoveryPoint().orElseThrow().data(),
               StandardCharsets.UTF_8));
     }
-    // A filter without the key cannot start from it: P5, nothing run.
+    // A filter without the key cannot start from it: P5, nothing run, and the key released for
+    // a retry (the point kept), since its work is not finished.
     try (FilterTest.Server s = serve(otherRing)) {
       UnsealableException e = unsealable(s, post(s.url + "/checkpoint", "alice", key, "{}"));
+      assertEquals(UnsealableException.Reason.UNKNOWN_KEY, e.reason());
       assertEquals(OLD.id(), e.keyId());
+      JsonNode record = Raw.record(daemon, derived);
+      assertEquals("released", record.path("state").asText(), record.toString());
+      assertEquals("reserved", record.path("recovery_point").path("name").asText());
+    }
+    // So a filter with the key resumes it at once, from the point as it was recorded.
+    try (FilterTest.Server s = serve(sealing)) {
+      assertEquals(
+          503,
+          post(s.url + "/checkpoint", "alice", key, "{}", "X-Request-Id", "resumed").statusCode());
+      io.idemd.RecoveryPoint p = s.app.leases.get("resumed").recoveryPoint().orElseThrow();
+      assertEquals("reserved", p.name());
+      assertEquals("room 1", new String(p.data(), StandardCharsets.UTF_8));
+      assertTrue(s.incidents.isEmpty(), s.incidents.toString());
     }
   }
 }
