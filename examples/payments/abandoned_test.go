@@ -2,10 +2,12 @@ package payments_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -83,7 +85,8 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 	// The callers: each payment is sent once, and never again, whatever the answer.
 	var sent, accepted, unanswered atomic.Int64
 	var mu sync.Mutex
-	var keys []string // the idemd keys of every payment sent
+	var keys []string                // the idemd keys of every payment sent
+	sentAs := map[string][3]string{} // each idemd key's user, Idempotency-Key and body
 	acceptedKeys := map[string]bool{}
 	var callers sync.WaitGroup
 	for u := range abandonUsers {
@@ -102,6 +105,7 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 				id, ok := pay(apiURL, user, key, body)
 				mu.Lock()
 				keys = append(keys, idemdKey)
+				sentAs[idemdKey] = [3]string{user, key, body}
 				if ok {
 					if id != idemdKey {
 						t.Errorf("%s: accepted as %s, want its idemd key %s", key, id, idemdKey)
@@ -122,14 +126,15 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 
 	// No key is left pending: each is finished by the API or by the completer, or
 	// was never claimed (the request died before its claim reached idemd).
-	client, err := idem.New(sys.idemdURL)
+	client, err := idem.New(sys.idemdURL, sys.sealing)
 	if err != nil {
 		t.Fatal(err)
 	}
 	states := map[string]string{}
+	var finishedByCompleter []string
 	byCompleter := 0
 	wait.For(t, 180*time.Second, "every payment's key to be finished", func() bool {
-		byCompleter = 0
+		byCompleter, finishedByCompleter = 0, nil
 		for _, k := range keys {
 			rec, err := client.Lookup(t.Context(), k)
 			switch {
@@ -144,6 +149,9 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 			states[k] = rec.State
 			if rec.Attempt > 1 {
 				byCompleter++
+				if rec.State == "completed" {
+					finishedByCompleter = append(finishedByCompleter, k)
+				}
 			}
 		}
 		return true
@@ -215,6 +223,21 @@ func TestAbandonedPaymentsAreFinished(t *testing.T) {
 			t.Errorf("payment %s was accepted and is not recorded", key)
 		}
 	}
+	// idemd holds every stored answer sealed. A caller who does come back gets from the
+	// API (TypeScript) the answer the completer (Go) sealed: the request's own 202.
+	for _, k := range keys {
+		if resp := rawResponse(t, sys.idemdURL, k); resp != nil && (resp["sealed"] == nil || resp["body"] != nil) {
+			t.Errorf("idemd holds the answer of %s as %v, not sealed", k, resp)
+		}
+	}
+	for _, k := range finishedByCompleter {
+		as := sentAs[k]
+		wait.For(t, 60*time.Second, "the API to be up", apiReady)
+		if id, ok := pay(apiURL, as[0], as[1], as[2]); !ok || id != k {
+			t.Errorf("%s, sent again after the completer finished it: %q %v, want its stored 202", k, id, ok)
+		}
+	}
+
 	kills := apiStarts.Load() - 1
 	if kills == 0 || byCompleter == 0 {
 		t.Errorf("%d API kills and %d keys finished by the completer: the test did not test the completer", kills, byCompleter)
@@ -238,4 +261,25 @@ func sumValues(m map[string]int) int {
 		n += v
 	}
 	return n
+}
+
+// rawResponse is the stored answer of key as idemd keeps it, read over plain HTTP
+// without a client that would open it; nil when there is none.
+func rawResponse(t *testing.T, idemdURL, key string) map[string]any {
+	t.Helper()
+	resp, err := http.Get(idemdURL + "/v1/records/" + url.PathEscape(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil
+	}
+	var rec struct {
+		Response map[string]any `json:"response"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&rec); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("lookup %s: %d %v", key, resp.StatusCode, err)
+	}
+	return rec.Response
 }

@@ -4,7 +4,8 @@ that published it, and the charge runs under ``idemd.step_key(key, "charge")`` t
 ``Client.consume``, whose verdict says whether to acknowledge, requeue or dead-letter the
 delivery.
 
-Settings come from the environment: IDEMD_URL, DATABASE_URL, AMQP_URL; CHARGER names this
+Settings come from the environment: IDEMD_URL, DATABASE_URL, AMQP_URL; IDEMD_SEAL_KEYS and
+IDEMD_SEAL_TENANT seal what it stores, as the other programs do; CHARGER names this
 charger in the deliveries table; LEASE_MS is the lease on a charge (default 2000);
 PAUSE_MS is a pause inside each charge, before it writes. It needs the Python client,
 pika and psycopg (the client's dev requirements), and the fenced charge of
@@ -38,7 +39,13 @@ def main() -> None:
     name = os.environ.get("CHARGER", "python")
     lease = int(os.environ.get("LEASE_MS", "2000")) / 1000
     pause = int(os.environ.get("PAUSE_MS", "0")) / 1000
-    client = idemd.Client(os.environ["IDEMD_URL"])
+    keys = os.environ.get("IDEMD_SEAL_KEYS")
+    sealing = (
+        idemd.Sealing(os.environ.get("IDEMD_SEAL_TENANT") or "payments", idemd.KeyRing.parse(keys))
+        if keys
+        else None
+    )
+    client = idemd.Client(os.environ["IDEMD_URL"], sealing=sealing)
     db = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
     connection = pika.BlockingConnection(pika.URLParameters(os.environ["AMQP_URL"]))
     channel = connection.channel()

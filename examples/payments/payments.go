@@ -7,9 +7,38 @@
 // API process died after recording a payment and before publishing it, when their
 // callers never retry. payments_test.go runs it all with retrying callers and chargers
 // killed mid-message, and with an API killed mid-request and callers that never retry.
+//
+// Every program seals what it stores in idemd when IDEMD_SEAL_KEYS holds a key ring
+// (docs/sealing.md), under the tenant name IDEMD_SEAL_TENANT (default "payments"): the
+// API (TypeScript) seals a request's answer and recovery point, the completer (Go) opens
+// that point and seals the answer it stores, and the API replays what the completer
+// stored.
 package payments
 
-import "github.com/idemd/idemd/examples/effects"
+import (
+	"os"
+
+	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/examples/effects"
+)
+
+// Sealing is the client option that seals with the ring of IDEMD_SEAL_KEYS, or none when
+// it is not set.
+func Sealing() ([]idem.Option, error) {
+	keys := os.Getenv("IDEMD_SEAL_KEYS")
+	if keys == "" {
+		return nil, nil
+	}
+	ring, err := idem.ParseKeyRing(keys)
+	if err != nil {
+		return nil, err
+	}
+	tenant := os.Getenv("IDEMD_SEAL_TENANT")
+	if tenant == "" {
+		tenant = "payments"
+	}
+	return []idem.Option{idem.WithSealing(tenant, ring)}, nil
+}
 
 // Queue is the queue of payments to charge; DeadLetters takes the ones whose charge
 // failed for good.

@@ -221,7 +221,12 @@ type system struct {
 	db                   *pgxpool.Pool
 	env                  []string
 	addr, port           string
+	// sealing is the key ring every program of the system seals with, as a client option.
+	sealing idem.Option
 }
+
+// sealKeys is the system's key ring: a sealing key and an older one, as in a rotation.
+const sealKeys = "pay-2026-11=bmV3LXBheW1lbnRzLWtleS0yMDI2LTExLTMyLWJ5dGU=,pay-2026-05=b2xkLXBheW1lbnRzLWtleS0yMDI2LTA1LTMyLWJ5dGU="
 
 // startSystem starts the system, saying so and skipping (or failing, where CI asks for
 // every part) when the API is not built or node is missing.
@@ -263,7 +268,15 @@ func startSystem(t *testing.T) *system {
 		}
 	}
 	sys.idemdURL = testdaemon.Start(t, filepath.Join(sys.bin, "idemd"), "/readyz", "--log-level", "warn")
-	sys.env = append(testdaemon.Env(), "IDEMD_URL="+sys.idemdURL, "DATABASE_URL="+pg.URL, "AMQP_URL="+broker.URL)
+	// Every program seals what it stores (docs/sealing.md), so that a result sealed in
+	// one language is opened in another.
+	sys.env = append(testdaemon.Env(), "IDEMD_URL="+sys.idemdURL, "DATABASE_URL="+pg.URL, "AMQP_URL="+broker.URL,
+		"IDEMD_SEAL_KEYS="+sealKeys, "IDEMD_SEAL_TENANT=payments")
+	ring, err := idem.ParseKeyRing(sealKeys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys.sealing = idem.WithSealing("payments", ring)
 	sys.addr = testdaemon.FreeAddr(t)
 	if _, sys.port, err = net.SplitHostPort(sys.addr); err != nil {
 		t.Fatal(err)

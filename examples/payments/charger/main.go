@@ -3,7 +3,8 @@
 // under idem.StepKey(key, "charge") through Client.Consume, which says whether to
 // acknowledge, requeue or dead-letter the delivery.
 //
-// Settings come from the environment: IDEMD_URL, DATABASE_URL, AMQP_URL; CHARGER names
+// Settings come from the environment: IDEMD_URL, DATABASE_URL, AMQP_URL; IDEMD_SEAL_KEYS
+// and IDEMD_SEAL_TENANT seal what it stores (see the package); CHARGER names
 // this charger in the deliveries table; LEASE_MS is the lease on a charge (default
 // 2000); PAUSE_MS is a pause inside each charge, before it writes, that widens the
 // window in which a crash leaves a charge half done.
@@ -76,7 +77,11 @@ func run() error {
 		}
 		urls[i] = v
 	}
-	client, err := idem.New(urls[0])
+	sealing, err := payments.Sealing()
+	if err != nil {
+		return err
+	}
+	client, err := idem.New(urls[0], sealing...)
 	if err != nil {
 		return err
 	}

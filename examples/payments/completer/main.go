@@ -7,7 +7,9 @@
 // never recorded is stored as failed: nothing was done, and the caller must send it
 // again with a new key.
 //
-// Settings come from the environment: IDEMD_URL, DATABASE_URL, AMQP_URL; KEY_PREFIX is
+// Settings come from the environment: IDEMD_URL, DATABASE_URL, AMQP_URL; IDEMD_SEAL_KEYS
+// and IDEMD_SEAL_TENANT seal what it stores and open what the API sealed (see the
+// package); KEY_PREFIX is
 // the API's middleware key prefix (default "payments/"); POLL_MS is the wait between
 // passes that found nothing (default 5000); LEASE_MS the lease of each key's work
 // (default 10000).
@@ -67,7 +69,11 @@ func run(ctx context.Context) error {
 		}
 		s[i] = v
 	}
-	client, err := idem.New(s[0])
+	sealing, err := payments.Sealing()
+	if err != nil {
+		return err
+	}
+	client, err := idem.New(s[0], sealing...)
 	if err != nil {
 		return err
 	}

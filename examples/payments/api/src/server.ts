@@ -2,7 +2,9 @@
 // request and publishes a message that carries the request's idemd key in the idemd-key
 // header; the chargers (Go and Python) consume it and charge the account once.
 //
-// Settings come from the environment: PORT, IDEMD_URL, DATABASE_URL, AMQP_URL; LEASE_MS
+// Settings come from the environment: PORT, IDEMD_URL, DATABASE_URL, AMQP_URL;
+// IDEMD_SEAL_KEYS, a key ring, seals what the API stores in idemd under the tenant name
+// IDEMD_SEAL_TENANT (default "payments"), as the Go programs do; LEASE_MS
 // is the lease of a request (default 30000). The caller's identity, which scopes its
 // keys, is the X-User header: a stand-in for the authentication a real API has.
 //
@@ -13,7 +15,7 @@
 import amqp from "amqplib";
 import express from "express";
 import pg from "pg";
-import { IdemClient, messageHeader } from "@idemd/client";
+import { IdemClient, KeyRing, messageHeader } from "@idemd/client";
 import { idempotency, idempotencyLease } from "@idemd/client/express";
 
 /** The queue of payments to charge, and where the ones that fail for good go. */
@@ -33,7 +35,13 @@ function setting(name: string): string {
   return value;
 }
 
-const idemd = new IdemClient({ baseUrl: setting("IDEMD_URL") });
+const sealKeys = process.env.IDEMD_SEAL_KEYS;
+const idemd = new IdemClient({
+  baseUrl: setting("IDEMD_URL"),
+  ...(sealKeys
+    ? { sealing: { tenant: process.env.IDEMD_SEAL_TENANT || "payments", ring: KeyRing.parse(sealKeys) } }
+    : {}),
+});
 const leaseMs = Number(process.env.LEASE_MS ?? 30_000);
 const crashRate = Number(process.env.CRASH_BEFORE_PUBLISH ?? 0);
 const db = new pg.Pool({ connectionString: setting("DATABASE_URL"), max: 8 });
