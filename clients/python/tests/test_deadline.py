@@ -175,9 +175,17 @@ def test_async_cut_link_expires_the_lease(daemon: Daemon, proxies: Callable[...,
     assert_stands(daemon, key)
 
 
+#: The lease of the caller that takes a key over. It is long whatever the stalled
+#: holder's was: the taker's claim waits, so its lease is renewed once before its
+#: function runs (R17), and that renewal must be answered within the lease even on a
+#: loaded machine.
+TAKER_LEASE = 30.0
+
+
 def take_over(daemon: Daemon, key: str, lease: float) -> tuple[list[tuple[int, bool, float]], idemd.Result]:
-    """Another caller, on a working link, waits for the key and runs under it: the
-    attempt and recovered of its lease, when its function started, and its result."""
+    """Another caller, on a working link, waits for the key (held under ``lease``) and
+    runs under it: the attempt and recovered of its lease, when its function started,
+    and its result."""
     took: list[tuple[int, bool, float]] = []
 
     def take(held: idemd.Lease) -> idemd.Response:
@@ -188,7 +196,7 @@ def take_over(daemon: Daemon, key: str, lease: float) -> tuple[list[tuple[int, b
         end = time.monotonic() + 30
         while True:
             try:
-                return took, c.run(key, take, lease=lease, wait=5)
+                return took, c.run(key, take, lease=TAKER_LEASE, wait=max(5, 2 * lease))
             except idemd.InProgress:
                 if time.monotonic() > end:
                     pytest.fail(f"{key!r} was never taken over")
