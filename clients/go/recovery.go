@@ -41,7 +41,7 @@ func fromPoint(p *idemapi.RecoveryPoint) *RecoveryPoint {
 // when token is no longer the key's lease or the key is not pending, ErrNotFound when
 // the key is gone, and a *Problem matching ErrPayloadTooLarge for data over the limit.
 // Repeating it is safe. A client with WithSealing seals data (even nil), which makes it
-// 31 bytes and the key id longer against the limit. Work run by Do, Consume, Middleware or a Completer records
+// 47 bytes and the key id longer against the limit. Work run by Do, Consume, Middleware or a Completer records
 // through its lease instead (Lease.Checkpoint), which also ends the lease when idemd
 // says it is lost.
 //

@@ -25,10 +25,11 @@ import (
 // moved in the store (SealInvalid), or plain under a ring that requires sealing
 // (SealMissing, see KeyRing.RequireSealed). A plain result or point, stored before
 // sealing was turned on, is passed through otherwise. A client without WithSealing
-// that meets a sealed result or point gets SealUnknownKey naming the envelope's key.
+// that meets a sealed result gets SealUnknownKey naming the envelope's key; it hands a
+// recovery point's data on as it is, since a point has no mark of its own.
 //
-// A sealed result takes 31 bytes more than its headers and body, plus the key id and
-// the headers' lengths; a sealed recovery point 31 bytes plus the key id, which count
+// A sealed result takes 47 bytes more than its headers and body, plus the key id and
+// the headers' lengths; a sealed recovery point 47 bytes plus the key id, which count
 // against the daemon's --max-recovery-point-bytes.
 func WithSealing(tenant string, ring *KeyRing) Option {
 	return func(s *settings) { s.sealTenant, s.sealRing, s.sealing = tenant, ring, true }

@@ -524,7 +524,7 @@ export class IdemClient {
    * no longer the key's lease or the key is not pending, a NotFoundError when the key is
    * gone, and a PayloadTooLargeError for data over the limit. Repeating it is safe.
    * With sealing, the data is sealed, bound to the key and name: the envelope is the
-   * data plus 31 bytes plus the sealing key's id, which the limit counts.
+   * data plus 47 bytes plus the sealing key's id, which the limit counts.
    * Work run by run, once, consume, the middlewares or a completer records through its
    * lease instead (Lease.checkpoint), which also ends the lease when idemd says it is
    * lost.
