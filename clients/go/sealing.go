@@ -104,22 +104,16 @@ func (c *Client) pointData(key, name string, data []byte) ([]byte, error) {
 // their own, and plain data may start with any byte.
 func (c *Client) openPoint(key string, p *idemapi.RecoveryPoint) (*RecoveryPoint, error) {
 	rp := fromPoint(p)
-	if rp == nil {
-		return nil, nil
-	}
-	var err error
-	switch {
-	case c.ring != nil:
-		var data []byte
-		if data, err = c.ring.openPoint(c.tenant, key, rp.Name, rp.Data); err == nil {
-			if len(data) == 0 {
-				data = nil
-			}
-			rp.Data = data
-			return rp, nil
-		}
-	default:
+	if rp == nil || c.ring == nil {
 		return rp, nil
 	}
-	return nil, fmt.Errorf("idem: the recovery point %q of %q: %w", rp.Name, key, err)
+	data, err := c.ring.openPoint(c.tenant, key, rp.Name, rp.Data)
+	if err != nil {
+		return nil, fmt.Errorf("idem: the recovery point %q of %q: %w", rp.Name, key, err)
+	}
+	if len(data) == 0 {
+		data = nil
+	}
+	rp.Data = data
+	return rp, nil
 }

@@ -353,42 +353,44 @@ type consoleRecord struct {
 	ServerTime time.Time `json:"server_time"`
 }
 
-func (s *Server) consoleLookup(c echo.Context) error {
+// consoleKey reads the key a console call names, in the tenant it may work in.
+func (s *Server) consoleKey(c echo.Context) (engine.ID, error) {
 	if err := onlyParams(c, "tenant", "key"); err != nil {
-		return err
+		return engine.ID{}, err
 	}
 	tenant, err := s.consoleTenant(c)
 	if err != nil {
-		return err
+		return engine.ID{}, err
 	}
 	key := c.QueryParam("key")
 	if err := validKey("key", key); err != nil {
-		return err
+		return engine.ID{}, err
 	}
-	rec, err := s.engine.Lookup(c.Request().Context(), engine.ID{Tenant: tenant, Key: key})
+	return engine.ID{Tenant: tenant, Key: key}, nil
+}
+
+func (s *Server) consoleLookup(c echo.Context) error {
+	id, err := s.consoleKey(c)
 	if err != nil {
 		return err
 	}
-	return s.reply(c, answer{http.StatusOK, "ok", consoleRecord{KeyRecord: apiRecord(rec), Tenant: tenant,
+	rec, err := s.engine.Lookup(c.Request().Context(), id)
+	if err != nil {
+		return err
+	}
+	return s.reply(c, answer{http.StatusOK, "ok", consoleRecord{KeyRecord: apiRecord(rec), Tenant: id.Tenant,
 		Recovered: rec.Recovered, ServerTime: time.Now().UTC()}})
 }
 
 func (s *Server) consolePurge(c echo.Context) error {
-	if err := onlyParams(c, "tenant", "key"); err != nil {
-		return err
-	}
-	tenant, err := s.consoleTenant(c)
+	id, err := s.consoleKey(c)
 	if err != nil {
 		return err
 	}
-	key := c.QueryParam("key")
-	if err := validKey("key", key); err != nil {
+	if err := s.engine.Purge(c.Request().Context(), id); err != nil {
 		return err
 	}
-	if err := s.engine.Purge(c.Request().Context(), engine.ID{Tenant: tenant, Key: key}); err != nil {
-		return err
-	}
-	s.logPurge(c, tenant, key, "console")
+	s.logPurge(c, id.Tenant, id.Key, "console")
 	c.Set(outcomeKey, "ok")
 	return c.NoContent(http.StatusNoContent)
 }
