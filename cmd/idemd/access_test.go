@@ -160,6 +160,49 @@ func TestOpenWithoutAuthFile(t *testing.T) {
 	}
 }
 
+// TestAllowedHosts runs an open daemon told one name: a client calling it by that name
+// or by its address works, one calling it by another name is refused (DNS rebinding);
+// and the flag takes names only, and no auth file.
+func TestAllowedHosts(t *testing.T) {
+	m, _ := runDaemon(t, "--allowed-hosts", "idemd.platform.svc, idemd.internal")
+	addr := m.Addr()
+	// Every name resolves to the daemon, as a rebound one would.
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, addr)
+		},
+	}}
+	_, port, _ := net.SplitHostPort(addr)
+	for host, want := range map[string]int{
+		"idemd.internal":        http.StatusCreated,
+		"idemd.platform.svc":    http.StatusCreated,
+		"127.0.0.1":             http.StatusCreated,
+		"localhost":             http.StatusCreated,
+		"rebound.attacker.test": http.StatusForbidden,
+	} {
+		status, body := request(t, client, http.MethodPost, "http://"+net.JoinHostPort(host, port)+"/v1/claim", "", map[string]any{"key": "by-" + host})
+		if status != want {
+			t.Errorf("a claim by %s: %d %v, want %d", host, status, body, want)
+		}
+	}
+
+	path := filepath.Join(t.TempDir(), "auth.yaml")
+	writeTestFile(t, path, authFile("steady", "old"))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--allowed-hosts", "idemd:8080"}, "a host name"},
+		{[]string{"--allowed-hosts", "http://idemd"}, "a host name"},
+		{[]string{"--allowed-hosts", "idemd,,x"}, "a host name"},
+		{[]string{"--allowed-hosts", "idemd", "--auth-file", path}, "without --auth-file"},
+	} {
+		if err := NewMain().ParseFlags(c.args); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "--allowed-hosts") {
+			t.Errorf("ParseFlags(%v) = %v, want an error saying %q", c.args, err, c.want)
+		}
+	}
+}
+
 func TestBadAuthFileStopsStart(t *testing.T) {
 	r := testredis.Start(t)
 	path := filepath.Join(t.TempDir(), "auth.yaml")

@@ -50,6 +50,7 @@ type Main struct {
 	WriteTimeout     time.Duration
 	LogLevel         string
 	AuthFile         string
+	AllowedHosts     string
 	TLSCert          string
 	TLSKey           string
 	Console          bool
@@ -97,6 +98,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.DurationVar(&m.WriteTimeout, "write-timeout", server.DefaultTimeout, "how long writing an answer may take once it starts (a claim's wait does not count); clients that do not read lose the connection")
 	fs.StringVar(&m.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&m.AuthFile, "auth-file", "", "YAML or JSON file of API tokens (hashed), tenants and limits; reloaded on SIGHUP (see docs/auth.md). Without it idemd is open")
+	fs.StringVar(&m.AllowedHosts, "allowed-hosts", "", "without --auth-file, the names besides IP literals and localhost that requests may be sent to (their Host header), comma-separated; other names get 403, so that no web page reaches an open idemd by DNS rebinding (docs/auth.md)")
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.BoolVar(&m.Console, "console", false, "serve the operator's console at /console/: look keys up and purge them, the abandoned keys, traffic and the store, signed in with a token (docs/operations.md, The console)")
@@ -143,7 +145,30 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	if (m.TLSCert == "") != (m.TLSKey == "") {
 		return errors.New("--tls-cert and --tls-key go together")
 	}
+	if _, err := m.allowedHosts(); err != nil {
+		return err
+	}
 	return nil
+}
+
+// allowedHosts are the names of --allowed-hosts. Each is a bare host name: a port, a
+// scheme or a path would never match a Host header, and would leave the name refused.
+func (m *Main) allowedHosts() ([]string, error) {
+	if m.AllowedHosts == "" {
+		return nil, nil
+	}
+	if m.AuthFile != "" {
+		return nil, errors.New("--allowed-hosts applies only to a daemon without --auth-file, which answers any Host")
+	}
+	var names []string
+	for name := range strings.SplitSeq(m.AllowedHosts, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" || strings.ContainsAny(name, ":/[]@ ") {
+			return nil, fmt.Errorf("--allowed-hosts %q: each entry must be a host name, without scheme or port, such as idemd.platform.svc", m.AllowedHosts)
+		}
+		names = append(names, name)
+	}
+	return names, nil
 }
 
 // Addr is the address the daemon listens on once Open has bound it, and "" before
@@ -288,6 +313,8 @@ func (m *Main) Open() (err error) {
 	if m.keyring != nil {
 		cfg.Auth = m.keyring
 	}
+	// ParseFlags checked them.
+	cfg.AllowedHosts, _ = m.allowedHosts()
 	service := engine.NewService(m.store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout))
 	if m.listener, err = net.Listen("tcp", m.Listen); err != nil {
 		return err
@@ -379,7 +406,9 @@ func (m *Main) Close() error {
 // fatal.
 func (m *Main) loadAccess() error {
 	if m.AuthFile == "" {
-		m.Logger.Warn("no --auth-file: idemd is open, every request works in the default tenant; use --auth-file for tokens and tenants")
+		names, _ := m.allowedHosts()
+		m.Logger.Warn("no --auth-file: idemd is open, every request works in the default tenant; use --auth-file for tokens and tenants. "+
+			"It answers requests sent to an IP literal, localhost or a name of --allowed-hosts", "allowed_hosts", names)
 	} else {
 		k, err := auth.Load(m.AuthFile)
 		if err != nil {

@@ -46,6 +46,10 @@ type Config struct {
 	// Auth authenticates requests. When nil the server is open: every request works in
 	// the default tenant with every scope.
 	Auth Authenticator
+	// AllowedHosts are the names, besides IP literals and localhost, that an open server
+	// answers requests to in their Host header (host.go); without Auth no other name
+	// reaches the API. With Auth they play no part.
+	AllowedHosts []string
 	// BodyTimeout bounds how long a request's body may take to arrive, counted from
 	// the start of the request; WriteTimeout bounds writing an answer, counted from its
 	// first byte, so that a claim's wait is not cut short. Zero means DefaultTimeout.
@@ -70,8 +74,10 @@ type Server struct {
 	registry *prometheus.Registry
 	echo     *echo.Echo
 	auth     Authenticator
-	// open is the principal of every request when auth is nil.
-	open *auth.Principal
+	// open is the principal of every request when auth is nil, and hosts are the
+	// names such a request may be sent to.
+	open  *auth.Principal
+	hosts hosts
 	// endpoints are the routes, the values of the endpoint label.
 	endpoints    map[string]bool
 	bodyTimeout  time.Duration
@@ -108,6 +114,7 @@ func New(eng Engine, cfg Config) *Server {
 		bodyLimit: int64(cfg.Limits.MaxResponseBytes)*4/3 + 64<<10,
 		auth:      cfg.Auth,
 		open:      auth.Open(engine.DefaultTenant),
+		hosts:     newHosts(cfg.AllowedHosts),
 
 		bodyTimeout:  cmp.Or(cfg.BodyTimeout, DefaultTimeout),
 		writeTimeout: cmp.Or(cfg.WriteTimeout, DefaultTimeout),
@@ -115,7 +122,7 @@ func New(eng Engine, cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(tracing(cfg.Tracing, s.endpointOf), s.instrument, s.deadlines, s.authenticate)
+	e.Use(tracing(cfg.Tracing, s.endpointOf), s.instrument, s.deadlines, s.checkHost, s.authenticate)
 	api.RegisterHandlers(e, s)
 	tenants := func() []string { return []string{engine.DefaultTenant} }
 	if t, ok := cfg.Auth.(interface{ Tenants() []string }); ok {

@@ -53,7 +53,7 @@ func trickle(t *testing.T, d *daemon, body string) (cutOff bool, resp *http.Resp
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	fmt.Fprintf(conn, "POST /v1/claim HTTP/1.1\r\nHost: idemd\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
+	fmt.Fprintf(conn, "POST /v1/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
 	answered := make(chan *http.Response, 1)
 	hungUp := make(chan struct{})
 	go func() {
@@ -139,7 +139,7 @@ func TestSlowClientsDoNotHoldConnections(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer conn.Close()
-		fmt.Fprintf(conn, "GET /v1/records/%s HTTP/1.1\r\nHost: idemd\r\n\r\n", key)
+		fmt.Fprintf(conn, "GET /v1/records/%s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", key)
 		// The lookup is over, on the daemon's side, without this client reading a byte.
 		waitForMetric(t, d, `idemd_requests_total{endpoint="GET /v1/records/:key",outcome="client_closed_request",tenant="default"} 1`)
 		n, _ := io.Copy(io.Discard, conn)

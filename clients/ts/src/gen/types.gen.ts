@@ -360,7 +360,7 @@ export type ClaimErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -429,7 +429,7 @@ export type CompleteErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -490,7 +490,7 @@ export type ReleaseErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -551,7 +551,7 @@ export type ExtendErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -608,7 +608,7 @@ export type RecordRecoveryPointErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -669,7 +669,7 @@ export type BatchErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -719,7 +719,7 @@ export type PurgeErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -773,7 +773,7 @@ export type LookupErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
@@ -839,7 +839,7 @@ export type ListAbandonedErrors = {
      */
     401: Problem;
     /**
-     * The token lacks the scope the operation needs (code forbidden).
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
      */
     403: Problem;
     /**
