@@ -125,6 +125,11 @@ func TestHelmChart(t *testing.T) {
 			name = "default"
 		}
 		t.Run(name, func(t *testing.T) {
+			if values == "" {
+				// Told nothing about tokens, the chart runs nothing, rather than an open idemd.
+				refused(t, helm, []string{"idemctl token new", "auth.open=true"})
+				return
+			}
 			args := []string{"lint", "--strict", chart, "--kube-version", kubeVersions[0]}
 			if values != "" {
 				args = append(args, "-f", values)
@@ -250,6 +255,18 @@ func checkChart(t *testing.T, objs map[string][]obj, flags map[string]bool, prom
 			t.Errorf("IDEMD_AUTH_FILE %s is not on a read-only mount of its directory", file)
 		}
 	}
+	// Tokens, or open by choice to the Service's names alone.
+	switch hosts := strings.Split(env["IDEMD_ALLOWED_HOSTS"], ","); {
+	case (env["IDEMD_AUTH_FILE"] == "") == (env["IDEMD_ALLOWED_HOSTS"] == ""):
+		t.Errorf("IDEMD_AUTH_FILE %q, IDEMD_ALLOWED_HOSTS %q: want one of them", env["IDEMD_AUTH_FILE"], env["IDEMD_ALLOWED_HOSTS"])
+	case env["IDEMD_ALLOWED_HOSTS"] != "":
+		name := objs["Service"][0].str("metadata", "name")
+		for _, want := range []string{name, name + ".platform", name + ".platform.svc", name + ".platform.svc.cluster.local"} {
+			if !slices.Contains(hosts, want) {
+				t.Errorf("open, IDEMD_ALLOWED_HOSTS %q leaves out the Service's name %s", env["IDEMD_ALLOWED_HOSTS"], want)
+			}
+		}
+	}
 	for _, s := range objs["Secret"] {
 		for key, content := range s.obj("stringData") {
 			if _, err := auth.Parse([]byte(content.(string))); err != nil {
@@ -304,6 +321,96 @@ func storeFromSecret(c obj) bool {
 	return false
 }
 
+// refused checks that helm template fails with the values set, saying each of want.
+func refused(t *testing.T, helm string, want []string, set ...string) {
+	t.Helper()
+	args := []string{"template", "idemd", chart, "--namespace", "platform", "--kube-version", kubeVersions[0]}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := exec.Command(helm, args...).CombinedOutput()
+	if err == nil {
+		t.Fatalf("helm template %v rendered, want a refusal", set)
+	}
+	for _, w := range want {
+		if !strings.Contains(string(out), w) {
+			t.Errorf("helm template %v: %v, want it to say %q\n%s", set, err, w, out)
+		}
+	}
+}
+
+// notes renders the chart's NOTES.txt, which helm template leaves out: through a
+// template that quotes it, in a copy of the chart.
+func notes(t *testing.T, helm string, set ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "idemd")
+	err := filepath.WalkDir(chart, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, _ := filepath.Rel(chart, p)
+		// ReadFile follows the chart's symbolic links into deploy/.
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if rel == filepath.Join("templates", "NOTES.txt") {
+			rel = "NOTES.txt"
+		}
+		if err := os.MkdirAll(filepath.Join(dir, filepath.Dir(rel)), 0o755); err != nil {
+			return err
+		}
+		return os.WriteFile(filepath.Join(dir, rel), b, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "templates", "notes.yaml"), []byte(`notes: {{ tpl (.Files.Get "NOTES.txt") . | quote }}`+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"template", "idemd", dir, "--namespace", "platform", "--kube-version", kubeVersions[0], "--show-only", "templates/notes.yaml"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	var rendered struct{ Notes string }
+	if err := yaml.Unmarshal([]byte(run(t, ".", helm, args...)), &rendered); err != nil || rendered.Notes == "" {
+		t.Fatalf("the notes did not render: %v", err)
+	}
+	return rendered.Notes
+}
+
+// TestHelmChartAuth checks that the chart runs open only when told, then to its
+// Service's names, and that its notes say which it does.
+func TestHelmChartAuth(t *testing.T) {
+	helm := tool(t, "helm", "go install helm.sh/helm/v3/cmd/helm@v3.22.0")
+	refused(t, helm, []string{"idemctl token new", "auth.open=true"}, "store.redis.url=redis://r:6379")
+	refused(t, helm, []string{"excludes auth.file"}, "auth.open=true", "auth.file=x")
+	refused(t, helm, []string{"excludes auth.file"}, "auth.open=true", "auth.existingSecret=y")
+	refused(t, helm, []string{`"idemd:8080" is not a host name`}, "auth.open=true", "auth.allowedHosts={idemd:8080}")
+
+	_, objs := render(t, helm, "", "auth.open=true", "auth.allowedHosts={idemd.internal}", "clusterDomain=corp.example")
+	env := map[string]string{}
+	for _, e := range objs["StatefulSet"][0].list("spec", "template", "spec", "containers")[0].list("env") {
+		env[e.str("name")] = e.str("value")
+	}
+	if want := "idemd,idemd.platform,idemd.platform.svc,idemd.platform.svc.corp.example,idemd.internal"; env["IDEMD_ALLOWED_HOSTS"] != want || env["IDEMD_AUTH_FILE"] != "" {
+		t.Errorf("open: IDEMD_ALLOWED_HOSTS %q, IDEMD_AUTH_FILE %q; want %q and none", env["IDEMD_ALLOWED_HOSTS"], env["IDEMD_AUTH_FILE"], want)
+	}
+
+	for _, c := range []struct {
+		set       []string
+		want, not string
+	}{
+		{[]string{"auth.open=true"}, "running OPEN", "Tokens:"},
+		{[]string{"auth.existingSecret=idemd-auth"}, "Tokens: every /v1 call needs one from the auth file in the Secret idemd-auth", "OPEN"},
+		{[]string{"auth.file=tokens: []"}, "Tokens: every /v1 call needs one from the auth file of auth.file", "OPEN"},
+	} {
+		if n := notes(t, helm, c.set...); !strings.Contains(n, c.want) || strings.Contains(n, c.not) {
+			t.Errorf("the notes with %v say:\n%s\nwant %q and not %q", c.set, n, c.want, c.not)
+		}
+	}
+}
+
 // TestHelmChartSettings renders single settings and checks where they land.
 func TestHelmChartSettings(t *testing.T) {
 	helm := tool(t, "helm", "go install helm.sh/helm/v3/cmd/helm@v3.22.0")
@@ -317,7 +424,8 @@ func TestHelmChartSettings(t *testing.T) {
 		return env
 	}
 
-	_, objs := render(t, helm, "", `store.redis.url=redis+cluster://a:6379\,b:6379`, "replicaCount=4", "config.shutdownTimeoutSeconds=40")
+	const tokens = "auth.existingSecret=idemd-auth"
+	_, objs := render(t, helm, "", tokens, `store.redis.url=redis+cluster://a:6379\,b:6379`, "replicaCount=4", "config.shutdownTimeoutSeconds=40")
 	d := objs["Deployment"]
 	if len(d) != 1 || len(objs["StatefulSet"]) != 0 || d[0].int("spec", "replicas") != 4 {
 		t.Fatalf("a Redis URL: %d Deployments, %d StatefulSets", len(d), len(objs["StatefulSet"]))
@@ -334,17 +442,17 @@ func TestHelmChartSettings(t *testing.T) {
 		t.Errorf("terminationGracePeriodSeconds %d, want 40+5+5", grace)
 	}
 
-	_, objs = render(t, helm, "", "store.redis.existingSecret=redis-url", "store.redis.url=redis://ignored:6379")
+	_, objs = render(t, helm, "", tokens, "store.redis.existingSecret=redis-url", "store.redis.url=redis://ignored:6379")
 	if ref := envOf(objs)["IDEMD_STORE"].obj("valueFrom", "secretKeyRef"); ref.str("name") != "redis-url" || ref.str("key") != "url" {
 		t.Errorf("a Secret's URL: %v", ref)
 	}
 
-	_, objs = render(t, helm, "", "service.annotations.networking\\.gke\\.io/load-balancer-type=Internal", "service.type=LoadBalancer")
+	_, objs = render(t, helm, "", tokens, "service.annotations.networking\\.gke\\.io/load-balancer-type=Internal", "service.type=LoadBalancer")
 	if s := objs["Service"][0]; s.str("spec", "type") != "LoadBalancer" || s.str("metadata", "annotations", "networking.gke.io/load-balancer-type") != "Internal" {
 		t.Errorf("an internal load balancer: %v", s)
 	}
 
-	_, objs = render(t, helm, "", "config.preStopSleepSeconds=0")
+	_, objs = render(t, helm, "", tokens, "config.preStopSleepSeconds=0")
 	if c := objs["StatefulSet"][0].list("spec", "template", "spec", "containers")[0]; c.get("lifecycle") != nil {
 		t.Errorf("preStopSleepSeconds=0 left a preStop hook: %v", c.get("lifecycle"))
 	}

@@ -36,6 +36,32 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- if .Values.auth.existingSecret -}}{{ .Values.auth.existingSecret }}{{- else -}}{{ include "idemd.fullname" . }}-auth{{- end -}}
 {{- end -}}
 
+{{/* Refuses values that would run idemd open without saying so, or say two things. */}}
+{{- define "idemd.checkAuth" -}}
+{{- if and .Values.auth.file .Values.auth.existingSecret }}
+{{- fail "auth.file and auth.existingSecret exclude each other" }}
+{{- end }}
+{{- if and .Values.auth.open (or .Values.auth.file .Values.auth.existingSecret) }}
+{{- fail "auth.open: true runs idemd without tokens, and excludes auth.file and auth.existingSecret" }}
+{{- end }}
+{{- if not (or .Values.auth.file .Values.auth.existingSecret .Values.auth.open) }}
+{{- fail "idemd needs an auth file: make tokens with `idemctl token new` and give the file as auth.file (--set-file auth.file=auth.yaml) or a Secret as auth.existingSecret (docs/auth.md); or set auth.open=true to run it without tokens, where any pod reaching the Service can read, complete and purge any key" }}
+{{- end }}
+{{- range .Values.auth.allowedHosts }}
+{{- if or (not .) (regexMatch "[:/\\[\\]@ ]" .) }}
+{{- fail (printf "auth.allowedHosts: %q is not a host name; give names without scheme or port, such as idemd.internal" .) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The names an open daemon answers to: its Service's, and auth.allowedHosts. */}}
+{{- define "idemd.allowedHosts" -}}
+{{- $name := include "idemd.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $names := list $name (printf "%s.%s" $name $ns) (printf "%s.%s.svc" $name $ns) (printf "%s.%s.svc.%s" $name $ns .Values.clusterDomain) -}}
+{{- concat $names .Values.auth.allowedHosts | join "," -}}
+{{- end -}}
+
 {{- define "idemd.scheme" -}}
 {{- if .Values.tls.existingSecret -}}HTTPS{{- else -}}HTTP{{- end -}}
 {{- end -}}
@@ -120,6 +146,10 @@ spec:
         {{- if or .Values.auth.file .Values.auth.existingSecret }}
         - name: IDEMD_AUTH_FILE
           value: /etc/idemd/auth/{{ .Values.auth.existingSecretKey }}
+        {{- else }}
+        # Open: only the Service's names and IP literals reach the API (DNS rebinding).
+        - name: IDEMD_ALLOWED_HOSTS
+          value: {{ include "idemd.allowedHosts" . | quote }}
         {{- end }}
         {{- if .Values.tls.existingSecret }}
         - name: IDEMD_TLS_CERT
