@@ -91,6 +91,69 @@ def test_a_lease_is_lost_when_its_deadline_passes() -> None:
     assert free.remaining() == float("inf")
 
 
+def test_an_async_lease_is_lost_when_its_deadline_passes() -> None:
+    """As the sync lease: lost counts as set from the moment the local deadline passes,
+    also while the event loop is blocked and no timer of it has run, so that it agrees
+    with remaining(); and a waiter wakes at the deadline."""
+
+    async def main() -> None:
+        deadline = time.monotonic() + 0.05
+        lease = idemd.AsyncLease("k", "t", 1, deadline=deadline)
+        assert 0 < lease.remaining() <= 0.05
+        assert not lease.lost.is_set()
+        # Blocks the event loop until the deadline has passed, as work that does not
+        # await would.
+        while time.monotonic() < deadline:
+            pass
+        assert lease.remaining() == 0.0
+        assert lease.lost.is_set()
+        assert await asyncio.wait_for(lease.lost.wait(), 30)
+        # A renewal answered now came too late: it does not bring the lease back.
+        assert not lease._reckoning.answered(time.monotonic(), 30.0)
+        assert lease.deadline == deadline
+        assert lease.lost.is_set()
+
+        later = time.monotonic() + 0.05
+        waited = idemd.AsyncLease("k", "t", 1, deadline=later)
+        assert await asyncio.wait_for(waited.lost.wait(), 30)  # nothing sets the event
+        assert time.monotonic() >= later
+        assert waited.lost.is_set()
+
+        # A lease made by hand has no deadline.
+        free = idemd.AsyncLease("k", "t", 1)
+        assert not free.lost.is_set()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(free.lost.wait(), 0.01)
+        assert free.remaining() == float("inf")
+
+    asyncio.run(main())
+
+
+def test_async_lease_lost_while_the_loop_is_blocked(daemon: Daemon) -> None:
+    """A coroutine that blocks the event loop past its lease's local deadline finds
+    lost set, as remaining() says 0, before any timer of the loop could run; and run
+    raises LeaseExpired, as the sync client does."""
+    key = fresh_key("deadline-blocked-async")
+    seen: dict[str, Any] = {}
+
+    async def main() -> None:
+        async with idemd.AsyncClient(daemon.url) as client:
+
+            async def block(held: idemd.AsyncLease) -> idemd.Response:
+                seen["before"] = held.lost.is_set()
+                end = time.monotonic() + 30
+                while time.monotonic() < held.deadline and time.monotonic() < end:
+                    pass
+                seen["lost"], seen["remaining"] = held.lost.is_set(), held.remaining()
+                return idemd.Response(201, body=b"late")
+
+            with pytest.raises(idemd.LeaseExpired):
+                await client.run(key, block, lease=0.3)
+
+    asyncio.run(main())
+    assert seen == {"before": False, "lost": True, "remaining": 0.0}
+
+
 # A holder whose link to idemd is cut right after its claim.
 
 

@@ -19,6 +19,7 @@ it holds the key. The error is :class:`LeaseExpired`, a :class:`LeaseLost`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 import threading
@@ -147,6 +148,14 @@ class _Reckoning:
             return 0.0
         return max(0.0, self.deadline - time.monotonic())
 
+    def over(self) -> bool:
+        """Whether the lease is lost, or will be once anything looks: its deadline has
+        passed during the run, which no renewal answered later brings back. It reads
+        the clock and marks nothing, so any thread may ask."""
+        if self.loss is not None:
+            return True
+        return not self.ended and time.monotonic() >= self.deadline
+
 
 class _LostEvent(threading.Event):
     """``Lease.lost``: an event that is set when idemd answers that the lease is gone,
@@ -174,6 +183,31 @@ class _LostEvent(threading.Event):
             until = end if r.ended else min(end, r.deadline)
             if super().wait(None if until == math.inf else max(until - now, 0.0)):
                 return True
+
+
+class _AsyncLostEvent(asyncio.Event):
+    """``AsyncLease.lost``: an event that is set when the lease is lost, and counts as
+    set from the moment the local deadline passes, as ``Lease.lost`` does. The keeper's
+    timer sets it at the deadline, but only once the event loop runs again: work that
+    blocks the loop past the deadline would otherwise find it clear while
+    ``remaining()`` says 0. A waiter wakes at the deadline too."""
+
+    def __init__(self, deadline: float) -> None:
+        super().__init__()
+        self._reckoning = _Reckoning(deadline, super().set)
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._reckoning.over()
+
+    async def wait(self) -> Literal[True]:
+        while not self.is_set():
+            # The deadline may move on while this waits: woken at the old one, the loop
+            # reads the new one. Once the run is over, only the flag counts.
+            r = self._reckoning
+            timeout = None if r.ended or r.deadline == math.inf else max(r.deadline - time.monotonic(), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(super().wait(), timeout)
+        return True
 
 
 def lease_lost(key: str) -> LeaseLost:
@@ -323,7 +357,9 @@ class Lease:
 class AsyncLease:
     """The lease a coroutine given to :meth:`AsyncClient.run` runs under. When a renewal
     finds the lease gone, or the local deadline passes with no renewal answered, ``lost``
-    is set and the coroutine is cancelled. ``attempt``, ``recovered``,
+    is set and the coroutine is cancelled. As with :class:`idemd.Lease`, ``lost`` counts
+    as set from the moment the deadline passes, even while the coroutine blocks the event
+    loop (the cancellation then comes at its next ``await``). ``attempt``, ``recovered``,
     ``recovery_point``, ``remaining()`` and ``deadline`` are those of
     :class:`idemd.Lease`, and :meth:`checkpoint` is its coroutine."""
 
@@ -344,12 +380,14 @@ class AsyncLease:
         self.recovered = recovered
         self.recovery_point = recovery_point
         self._client = client
-        self._lost = asyncio.Event()
-        self._reckoning = _Reckoning(deadline, self._lost.set)
+        self._lost = _AsyncLostEvent(deadline)
+        self._reckoning = self._lost._reckoning
 
     @property
     def lost(self) -> asyncio.Event:
-        """Set once the lease is no longer held."""
+        """Set once the lease is no longer held: from the moment its local deadline
+        passed, even while the event loop is blocked and has not yet cancelled the
+        coroutine, as ``remaining()`` is 0 from then on."""
         return self._lost
 
     @property
