@@ -469,11 +469,9 @@
     $('purge-confirm').hidden = true;
     if (!rec) return;
     try {
-      if (rec.tenant === state.who.tenant) {
-        await call('DELETE', `/v1/records/${encodeURIComponent(rec.key)}`);
-      } else {
-        await call('DELETE', '/console/api/records', { tenant: rec.tenant, key: rec.key });
-      }
+      // The key goes in the query, as the lookup's does: in a path, a browser would
+      // resolve a key such as '..' as a dot segment and purge nothing, or another URL.
+      await call('DELETE', '/console/api/records', { tenant: rec.tenant, key: rec.key });
       $('record').hidden = true;
       state.record = null;
       $('purge-result').textContent = `Purged ${rec.key} from tenant ${rec.tenant}.`;
