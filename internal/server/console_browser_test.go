@@ -539,6 +539,38 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("a feed whose first pages are empty", func(t *testing.T) {
+		// A page of the feed reads at most 10,000 pending keys: behind that many live
+		// leases, the first page is empty and has a cursor, and the abandoned key is on
+		// the next. The ops tenant holds nothing else.
+		const live = 10000
+		for i := 0; i < live; i += server.MaxBatchItems {
+			var items []any
+			for j := i; j < min(i+server.MaxBatchItems, live); j++ {
+				items = append(items, map[string]any{"claim": map[string]any{"key": fmt.Sprintf("scan-a-%05d", j), "lease_ms": 600000}})
+			}
+			expectStatus(t, "a batch of live claims", d.call(platformAdmin, http.MethodPost, "/v1/batch", map[string]any{"items": items}), http.StatusOK, "")
+		}
+		seed.claim(platformAdmin, "scan-z", map[string]any{"lease_ms": 100, "owner": "behind-the-live"})
+		first := d.call(platformAdmin, http.MethodGet, query("/v1/abandoned", "prefix", "scan-", "limit", "50"), nil)
+		if keys, _ := first.body["keys"].([]any); len(keys) != 0 || first.str("next_cursor") == "" {
+			t.Fatalf("the first page is not empty with a cursor, so this tests nothing: %s", first.raw)
+		}
+		seed.abandoned(platformAdmin, "scan-z", 1)
+
+		ctx := tab(t, browser, d, platformAdmin)
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-abandoned")), chromedp.WaitVisible(chromedp.CSS("#view-abandoned")),
+			chromedp.SendKeys(chromedp.CSS("#abandoned-prefix"), "scan-"), chromedp.Click(chromedp.CSS("#abandoned-filter")))
+		waitFor(t, ctx, `document.getElementById('abandoned-table').dataset.prefix === 'scan-' && `+
+			`(document.querySelectorAll('#abandoned-rows tr').length > 0 || !document.getElementById('abandoned-empty').hidden)`)
+		if !eval[bool](t, ctx, `document.getElementById('abandoned-empty').hidden`) {
+			t.Errorf("the feed says %q while an abandoned key is on a later page", textOf(t, ctx, "#abandoned-empty"))
+		}
+		if got := textOf(t, ctx, "#abandoned-rows"); !strings.Contains(got, "scan-z") {
+			t.Errorf("the feed's rows read %q, want scan-z", got)
+		}
+	})
+
 	t.Run("traffic moves under claims", func(t *testing.T) {
 		ctx := tab(t, browser, d, platformAdmin)
 		waitFor(t, ctx, `document.getElementById('tenant').options.length === 3`)

@@ -482,24 +482,37 @@
 
   // ---- the abandoned-keys feed ----
 
+  // A page of the feed reads a bounded number of pending keys, so a page can be empty
+  // and still have a cursor: behind many live leases, the abandoned keys are further on.
+  // The page follows such cursors, up to FEED_HOPS pages, before it shows one empty.
+  const FEED_HOPS = 10;
+
   async function loadAbandoned(cursor) {
     showError('abandoned-error', null);
-    const params = { prefix: $('abandoned-prefix').value, cursor, limit: 50 };
+    const prefix = $('abandoned-prefix').value;
     const t = ticket('feed');
     try {
-      const r = ownTenant()
-        ? await call('GET', '/v1/abandoned', params)
-        : await call('GET', '/console/api/abandoned', { tenant: state.tenant, ...params });
-      if (!t.current()) return;
-      // The feed says nothing of the daemon's clock but its Date header, to the second.
-      if (!Number.isNaN(r.date) && Math.abs(r.date - r.midpoint) > 1500) state.skewMs = r.date - r.midpoint;
-      renderAbandoned(r.body, params.prefix);
+      let page;
+      let hops = 0;
+      do {
+        const params = { prefix, cursor, limit: 50 };
+        const r = ownTenant()
+          ? await call('GET', '/v1/abandoned', params)
+          : await call('GET', '/console/api/abandoned', { tenant: state.tenant, ...params });
+        if (!t.current()) return;
+        // The feed says nothing of the daemon's clock but its Date header, to the second.
+        if (!Number.isNaN(r.date) && Math.abs(r.date - r.midpoint) > 1500) state.skewMs = r.date - r.midpoint;
+        page = r.body;
+        cursor = page.next_cursor || '';
+        hops++;
+      } while (page.keys.length === 0 && cursor && hops < FEED_HOPS);
+      renderAbandoned(page, prefix, hops);
     } catch (err) {
       if (t.current()) showError('abandoned-error', err);
     }
   }
 
-  function renderAbandoned(page, prefix) {
+  function renderAbandoned(page, prefix, hops) {
     const rows = page.keys.map((k) => {
       const inspectButton = el('button', { type: 'button' }, 'Inspect');
       inspectButton.addEventListener('click', () => {
@@ -523,6 +536,9 @@
     $('abandoned-rows').replaceChildren(...rows);
     $('abandoned-table').dataset.prefix = prefix;
     $('abandoned-empty').hidden = rows.length > 0;
+    $('abandoned-empty').textContent = page.next_cursor
+      ? `No abandoned keys in the ${hops} pages read; Next page reads on.`
+      : 'No abandoned keys.';
     state.feedCursor = page.next_cursor || '';
     $('abandoned-next').hidden = !page.next_cursor;
   }
