@@ -697,6 +697,60 @@ func TestConsoleInBrowser(t *testing.T) {
 		inert(t, ctx, "#abandoned-table")
 	})
 
+	t.Run("client text turns nothing of the page around", func(t *testing.T) {
+		// A right-to-left override, never closed, in a key, an owner, a recovery point's
+		// name and a header, and invisible characters: shown as what they are, each
+		// kept to its own place.
+		key := "\u202Erefund-88"
+		owner := "pay\u202Ements\u200B"
+		point := "\u2067charged\u2069\u200F"
+		lease := seed.claim(alphaAdmin, key, map[string]any{"owner": owner, "lease_ms": 90000})
+		seed.point(alphaAdmin, key, lease, point, []byte("ok"))
+		ctx := tab(t, browser, d, alphaAdmin)
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#key"), key), chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `!document.getElementById('record').hidden`)
+		for sel, want := range map[string]string{"#f-key": "U+202Erefund-88", "#f-owner": "payU+202EmentsU+200B", "#f-point-name": "U+2067chargedU+2069U+200F"} {
+			if got := textOf(t, ctx, sel); got != want {
+				t.Errorf("%s shows %q, want %q", sel, got, want)
+			}
+		}
+		// leftToRight says whether the console's own words after a client string in an
+		// element are laid out left to right, as written, by where the browser drew them.
+		leftToRight := func(sel, words string) {
+			t.Helper()
+			got := eval[string](t, ctx, `(() => {
+				const root = document.querySelector(`+js(sel)+`);
+				const walk = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+				let n;
+				while ((n = walk.nextNode()) && !n.data.includes(`+js(words)+`)) {}
+				if (!n) return 'no text ' + `+js(words)+`;
+				const at = n.data.indexOf(`+js(words)+`);
+				const x = (i) => { const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1); return r.getBoundingClientRect().left; };
+				if (root.getClientRects().length === 0) return 'not drawn';
+				return x(at) < x(at + `+js(words)+`.length - 1) ? 'left to right' : 'reversed';
+			})()`)
+			if got != "left to right" {
+				t.Errorf("%q in %s: %s", words, sel, got)
+			}
+		}
+		run(t, ctx, chromedp.Click(chromedp.CSS("#purge")), chromedp.WaitVisible(chromedp.CSS("#purge-confirm")))
+		leftToRight("#purge-confirm p", "in tenant")
+		leftToRight("#purge-confirm p", "Its stored result")
+		// Nowhere in the record does a bidi control or an invisible character stay.
+		hidden := eval[[]string](t, ctx, `(() => {
+			const found = [];
+			const walk = document.createTreeWalker(document.getElementById('record'), NodeFilter.SHOW_TEXT);
+			for (let n; (n = walk.nextNode());) if (/[\u200B-\u200F\u202A-\u202E\u2066-\u2069\u061C]/.test(n.data)) found.push(n.data);
+			return found;
+		})()`)
+		if len(hidden) > 0 {
+			t.Errorf("text nodes hold invisible characters as they are: %q", hidden)
+		}
+		run(t, ctx, chromedp.Click(chromedp.CSS("#purge-yes")))
+		waitFor(t, ctx, `document.getElementById('purge-result').textContent.startsWith('Purged')`)
+		leftToRight("#purge-result", "from tenant")
+	})
+
 	t.Run("the store", func(t *testing.T) {
 		sen := testredis.StartSentinel(t)
 		store, err := redisstore.Open(sen.URL())

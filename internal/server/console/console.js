@@ -2,6 +2,9 @@
 // from idemd's clients, so it reaches the page only as text: through textContent,
 // text nodes and createElement, never as markup. The Content-Security-Policy the
 // daemon sends would block an injected script anyway; this keeps one from being made.
+// Each such string is also put in an isolate of its own (clientText), with its invisible
+// characters shown as what they are, so that a right-to-left override in a key cannot
+// turn the page's own words around it.
 'use strict';
 
 (() => {
@@ -57,6 +60,51 @@
       }
     }
     return e;
+  }
+
+  // INVISIBLE matches a character that draws nothing, or changes how the text around it
+  // is drawn: controls, format characters (the bidi embeddings, overrides, isolates and
+  // marks, zero-width spaces and joiners, the byte order mark), line and paragraph
+  // separators, spaces other than U+0020, and the Hangul fillers.
+  const INVISIBLE = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}\p{Zs}\u115F\u1160\u3164\uFFA0]/u;
+  const INVISIBLE_NAMES = {
+    '00A0': 'no-break space', '061C': 'Arabic letter mark', '200B': 'zero-width space',
+    '200C': 'zero-width non-joiner', '200D': 'zero-width joiner', '200E': 'left-to-right mark',
+    '200F': 'right-to-left mark', '202A': 'left-to-right embedding', '202B': 'right-to-left embedding',
+    '202C': 'pop directional formatting', '202D': 'left-to-right override', '202E': 'right-to-left override',
+    '2060': 'word joiner', '2066': 'left-to-right isolate', '2067': 'right-to-left isolate',
+    '2068': 'first strong isolate', '2069': 'pop directional isolate', FEFF: 'zero-width no-break space',
+  };
+
+  // visible is text with each invisible character replaced by a visible mark naming it
+  // (U+202E), as a fragment of text nodes and marks. lines keeps tabs and line breaks,
+  // for bodies.
+  function visible(text, lines) {
+    const out = document.createDocumentFragment();
+    let plain = '';
+    for (const ch of String(text)) {
+      if (ch === ' ' || !INVISIBLE.test(ch) || (lines && (ch === '\n' || ch === '\t' || ch === '\r'))) {
+        plain += ch;
+        continue;
+      }
+      if (plain) out.append(plain);
+      plain = '';
+      const hex = ch.codePointAt(0).toString(16).toUpperCase().padStart(4, '0');
+      out.append(el('span', { class: 'invisible', title: INVISIBLE_NAMES[hex] || 'an invisible character' }, `U+${hex}`));
+    }
+    if (plain) out.append(plain);
+    return out;
+  }
+
+  // clientText is a string of a client's, in an isolate (bdi) of its own: its
+  // direction is its own and goes no further.
+  function clientText(text) {
+    return el('bdi', { class: 'client' }, visible(text));
+  }
+
+  // clientCode is clientText in code.
+  function clientCode(text) {
+    return el('code', null, clientText(text));
   }
 
   class ProblemError extends Error {
@@ -152,8 +200,17 @@
     return el('span', null, iso, ' (', live(at, mode || 'relative'), ')');
   }
 
+  // showError says what went wrong. A problem's detail may quote what was sent, so it
+  // is shown with its invisible characters marked; an error of the page's own may carry
+  // its words as nodes.
   function showError(id, err) {
-    $(id).textContent = err ? (err instanceof ProblemError ? err.message : String(err)) : '';
+    if (!err) {
+      $(id).replaceChildren();
+    } else if (err.nodes) {
+      $(id).replaceChildren(...err.nodes);
+    } else {
+      $(id).replaceChildren(clientText(err instanceof ProblemError ? err.message : String(err)));
+    }
   }
 
   // Bytes: text when they are UTF-8 without control characters, else hex.
@@ -178,7 +235,7 @@
     }
     let shown;
     if (text !== null) {
-      shown = el('pre', { class: 'body', id }, text);
+      shown = el('pre', { class: 'body', id, dir: 'auto' }, visible(text, true));
       if (bytes.length > TEXT_PREVIEW_BYTES) size.append(`, the first ${TEXT_PREVIEW_BYTES} shown as text`);
       else size.append(', as text');
     } else {
@@ -358,7 +415,9 @@
       r = await call('GET', '/console/api/records', { tenant: state.tenant, key });
     } catch (err) {
       if (err.status === 404 && err.code === 'not_found') {
-        throw new Error(`tenant ${state.tenant} has no record of the key ${key}`);
+        const missing = new Error(`tenant ${state.tenant} has no record of the key ${key}`);
+        missing.nodes = [`tenant ${state.tenant} has no record of the key `, clientCode(key)];
+        throw missing;
       }
       throw err;
     }
@@ -371,11 +430,11 @@
   function renderRecord(rec, derived) {
     const dl = $('rec-fields');
     dl.replaceChildren();
-    field(dl, 'key', el('code', null, rec.key), 'f-key');
+    field(dl, 'key', clientCode(rec.key), 'f-key');
     if (derived) {
-      const from = el('span', null, 'scope ', el('code', null, derived.scope), ', Idempotency-Key ',
-        el('code', null, derived.idempotencyKey));
-      if (derived.prefix) from.append(', prefix ', el('code', null, derived.prefix));
+      const from = el('span', null, 'scope ', clientCode(derived.scope), ', Idempotency-Key ',
+        clientCode(derived.idempotencyKey));
+      if (derived.prefix) from.append(', prefix ', clientCode(derived.prefix));
       field(dl, 'derived from', from, 'f-derived');
     }
     field(dl, 'tenant', rec.tenant, 'f-tenant');
@@ -385,8 +444,8 @@
     field(dl, 'recovered', rec.recovered
       ? 'yes: this lease was taken over from a holder whose lease ran out, which may have done part of the work'
       : 'no', 'f-recovered');
-    field(dl, 'owner', rec.owner || '', 'f-owner');
-    field(dl, 'fingerprint', rec.fingerprint ? el('code', null, rec.fingerprint) : '', 'f-fingerprint');
+    field(dl, 'owner', rec.owner ? clientText(rec.owner) : '', 'f-owner');
+    field(dl, 'fingerprint', rec.fingerprint ? clientCode(rec.fingerprint) : '', 'f-fingerprint');
     if (rec.lease_expires_at) {
       field(dl, 'lease expires', el('span', null, live(Date.parse(rec.lease_expires_at), 'until'),
         ` (${rec.lease_expires_at})`), 'f-lease');
@@ -409,7 +468,7 @@
       }
       const rows = [];
       for (const [name, values] of Object.entries(rec.response.headers || {})) {
-        for (const value of values) rows.push(el('tr', null, el('td', null, el('code', null, name)), el('td', null, value)));
+        for (const value of values) rows.push(el('tr', null, el('td', { class: 'header-name' }, clientCode(name)), el('td', null, clientText(value))));
       }
       if (rows.length > 0) {
         resp.append(el('table', { id: 'f-headers' },
@@ -431,7 +490,7 @@
     const rp = rec.recovery_point;
     if (rp) {
       const pdl = el('dl', { class: 'fields-list' });
-      field(pdl, 'name', rp.name, 'f-point-name');
+      field(pdl, 'name', clientText(rp.name), 'f-point-name');
       field(pdl, 'attempt', String(rp.attempt), 'f-point-attempt');
       field(pdl, 'recorded', when(rp.recorded_at), 'f-point-recorded');
       const data = bytesOf(rp.data);
@@ -459,7 +518,7 @@
 
   function askPurge() {
     if (!state.record) return;
-    $('purge-key').textContent = state.record.key;
+    $('purge-key').replaceChildren(clientText(state.record.key));
     $('purge-tenant').textContent = state.record.tenant;
     $('purge-confirm').hidden = false;
   }
@@ -474,9 +533,9 @@
       await call('DELETE', '/console/api/records', { tenant: rec.tenant, key: rec.key });
       $('record').hidden = true;
       state.record = null;
-      $('purge-result').textContent = `Purged ${rec.key} from tenant ${rec.tenant}.`;
+      $('purge-result').replaceChildren('Purged ', clientCode(rec.key), ` from tenant ${rec.tenant}.`);
     } catch (err) {
-      $('purge-result').textContent = `Not purged: ${err.message}`;
+      $('purge-result').replaceChildren('Not purged: ', clientText(err.message));
     }
   }
 
@@ -524,13 +583,13 @@
         lookup(k.key, null).catch((err) => showError('inspect-error', err));
       });
       return el('tr', null,
-        el('td', null, el('code', null, k.key)),
+        el('td', null, clientCode(k.key)),
         el('td', null, String(k.attempt)),
-        el('td', { class: 'fingerprint' }, k.fingerprint ? el('code', null, k.fingerprint) : '—'),
-        el('td', null, k.owner || '—'),
+        el('td', { class: 'fingerprint' }, k.fingerprint ? clientCode(k.fingerprint) : '—'),
+        el('td', null, k.owner ? clientText(k.owner) : '—'),
         el('td', null, k.lease_expired_at),
         el('td', null, live(Date.parse(k.lease_expired_at), 'since')),
-        el('td', null, k.recovery_point || '—'),
+        el('td', null, k.recovery_point ? clientText(k.recovery_point) : '—'),
         el('td', null, inspectButton));
     });
     $('abandoned-rows').replaceChildren(...rows);
