@@ -190,6 +190,15 @@ func (s *Server) registerConsole(e *echo.Echo, cfg Console, tenants func() []str
 	}
 }
 
+// registerConsoleOff makes everything under /console not found when the console is
+// off, before authentication (consolePaths): a 401 would say that a token opens
+// something there.
+func registerConsoleOff(e *echo.Echo) {
+	for _, p := range []string{"/console", "/console/*"} {
+		e.RouteNotFound(p, func(echo.Context) error { return echo.ErrNotFound })
+	}
+}
+
 func consoleHeaders(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		if p := c.Request().URL.Path; p == "/console" || strings.HasPrefix(p, "/console/") {

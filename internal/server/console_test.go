@@ -117,13 +117,39 @@ func wantConsoleHeaders(t *testing.T, what string, a authAnswer) {
 	}
 }
 
+// TestConsoleIsOffByDefault: without the console, everything under /console is not
+// found, with a token or without, open or with an auth file: nothing there asks for a
+// token as though something were behind it.
 func TestConsoleIsOffByDefault(t *testing.T) {
-	hs := httptest.NewServer(server.New(engine.NewService(consoleStore(t), time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{}))
-	t.Cleanup(hs.Close)
-	d := &authDaemon{t: t, url: hs.URL}
-	for _, path := range []string{"/console/", "/console/console.js", "/console/api/whoami", "/console/api/store"} {
-		a := d.call("", http.MethodGet, path, nil)
-		expectStatus(t, path, a, http.StatusNotFound, "not_found")
+	path := filepath.Join(t.TempDir(), "auth.yaml")
+	if err := os.WriteFile(path, []byte(consoleAuthFile()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keyring, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		auth  server.Authenticator
+		token string
+	}{
+		{"open", nil, ""},
+		{"with an auth file, no token", keyring, ""},
+		{"with an auth file, an unknown token", keyring, "nobody"},
+		{"with an auth file, a platform token", keyring, platformAdmin},
+	} {
+		hs := httptest.NewServer(server.New(engine.NewService(consoleStore(t), time.Hour, engine.WithStoreTimeout(time.Minute)), server.Config{Auth: c.auth}))
+		t.Cleanup(hs.Close)
+		d := &authDaemon{t: t, url: hs.URL}
+		for _, r := range []struct{ method, path string }{
+			{http.MethodGet, "/console"}, {http.MethodGet, "/console/"}, {http.MethodGet, "/console/console.js"},
+			{http.MethodGet, "/console/api/whoami"}, {http.MethodGet, "/console/api/store"},
+			{http.MethodDelete, query("/console/api/records", "key", "k")},
+		} {
+			a := d.call(c.token, r.method, r.path, nil)
+			expectStatus(t, c.name+": "+r.method+" "+r.path, a, http.StatusNotFound, "not_found")
+		}
 	}
 }
 

@@ -131,6 +131,8 @@ func New(eng Engine, cfg Config) *Server {
 	cfg.Registry.MustRegister(newAbandonedCollector(eng, tenants))
 	if cfg.Console.Enabled {
 		s.registerConsole(e, cfg.Console, tenants)
+	} else {
+		registerConsoleOff(e)
 	}
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
