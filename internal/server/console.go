@@ -135,7 +135,8 @@ func ConsoleAssetBytes() int {
 }
 
 // consoleRoute is one of the console's JSON endpoints and the scope it needs in the
-// tenant it acts in ("" for any valid token).
+// tenant it acts in ("" for any valid token). The store view acts in no tenant: its
+// ScopePlatform is checked by its handler.
 type consoleRoute struct {
 	method, path string
 	scope        auth.Scope
@@ -150,7 +151,7 @@ var consoleRoutes = []consoleRoute{
 	{http.MethodDelete, "/console/api/records", auth.ScopeAdmin, (*Server).consolePurge},
 	{http.MethodGet, "/console/api/abandoned", auth.ScopeUse, (*Server).consoleAbandoned},
 	{http.MethodGet, "/console/api/traffic", auth.ScopeUse, (*Server).consoleTraffic},
-	{http.MethodGet, "/console/api/store", "", (*Server).consoleStore},
+	{http.MethodGet, "/console/api/store", auth.ScopePlatform, (*Server).consoleStore},
 }
 
 // consolePaths are the console's routes that answer without a token: the page and its
@@ -263,15 +264,22 @@ func (s *Server) consoleTenant(c echo.Context) (string, error) {
 		return "", invalid("tenant is %q; a tenant name is 1 to 64 of a-z 0-9 _ -, starting with a letter or digit", tenant)
 	}
 	if err := p.AuthorizeIn(tenant, scope); err != nil {
-		s.metrics.authFailures.WithLabelValues("forbidden").Inc()
-		s.log.Warn("console request refused: missing scope", "reason", "forbidden", "tenant", p.Tenant.Name,
-			"token", p.Name, "asked_tenant", tenant, "endpoint", endpoint, "remote", c.Request().RemoteAddr)
+		s.refuseConsole(c, tenant, err)
 		return "", err
 	}
 	if tenant != p.Tenant.Name && !slices.Contains(s.console.tenants(), tenant) {
 		return "", &problem{status: http.StatusNotFound, code: codeNotFound, detail: fmt.Sprintf("tenant: the auth file declares no tenant %q", tenant)}
 	}
 	return tenant, nil
+}
+
+// refuseConsole counts and logs a console call refused for a missing scope, as the
+// API's are.
+func (s *Server) refuseConsole(c echo.Context, askedTenant string, err error) {
+	p := principalOf(c)
+	s.metrics.authFailures.WithLabelValues("forbidden").Inc()
+	s.log.Warn("console request refused: missing scope", "reason", "forbidden", "tenant", p.Tenant.Name,
+		"token", p.Name, "asked_tenant", askedTenant, "endpoint", s.endpointOf(c), "remote", c.Request().RemoteAddr)
 }
 
 // consoleWho is who the console is signed in as.
@@ -514,9 +522,19 @@ type consoleStoreView struct {
 	TopologyError string `json:"topology_error,omitempty"`
 }
 
+// consoleStore is the store view. It says where the store is (the data file's path,
+// the Redis addresses) and how it replicates: the platform's business, not a tenant's,
+// so it needs the platform scope, or a daemon running open, where whoever reaches it
+// runs it.
 func (s *Server) consoleStore(c echo.Context) error {
 	if err := onlyParams(c); err != nil {
 		return err
+	}
+	if s.auth != nil {
+		if err := principalOf(c).Authorize(auth.ScopePlatform); err != nil {
+			s.refuseConsole(c, "", err)
+			return err
+		}
 	}
 	st := s.console.store
 	out := consoleStoreView{Kind: st.Kind, Layout: st.Layout, Location: st.Location, Ready: true, Masters: []consoleMaster{}}

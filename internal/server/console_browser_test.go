@@ -761,7 +761,12 @@ func TestConsoleInBrowser(t *testing.T) {
 		rd := newConsoleDaemon(t, store, false, server.StoreInfo{Kind: "sentinel", Layout: "lean-only", Location: sen.Addr(),
 			Stats: store, Topology: topologyOf(store)})
 		expectStatus(t, "a claim, for a round trip", rd.call(alphaUse, http.MethodPost, "/v1/claim", map[string]any{"key": "k"}), http.StatusCreated, "")
-		ctx := tab(t, browser, rd, alphaUse)
+		// The store view is the platform's: a tenant's token is not offered it.
+		ctx := tab(t, browser, rd, alphaAdmin)
+		if !eval[bool](t, ctx, `document.getElementById('tab-store').hidden`) {
+			t.Error("a tenant's token is offered the store view")
+		}
+		ctx = tab(t, browser, rd, platformReader)
 		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-store")))
 		waitFor(t, ctx, `document.querySelectorAll('#masters-rows tr.master').length === 1 && document.querySelectorAll('#masters-rows tr.replica').length === 1`)
 		for sel, want := range map[string]string{"#s-kind": "sentinel", "#s-layout": "lean-only", "#s-ready": "yes: the store takes writes"} {

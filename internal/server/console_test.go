@@ -254,6 +254,9 @@ func TestConsoleAccess(t *testing.T) {
 		{"a platform admin purges in another tenant", platformAdmin, http.MethodDelete, rec("beta", "order-b"), 204, ""},
 		{"a tenant's admin purges at home through the console", alphaAdmin, http.MethodDelete, rec("", "order-a2"), 204, ""},
 		{"a tenant's admin purges at home through the API", alphaAdmin, http.MethodDelete, recordPath("order-a"), 204, ""},
+		{"a tenant's token cannot read the store view", alphaUse, http.MethodGet, "/console/api/store", 403, "forbidden"},
+		{"nor can a tenant's admin", alphaAdmin, http.MethodGet, "/console/api/store", 403, "forbidden"},
+		{"a platform token reads the store view", platformReader, http.MethodGet, "/console/api/store", 200, ""},
 		{"no token", "", http.MethodGet, rec("", "order-a"), 401, "unauthenticated"},
 		{"an unknown token", "nobody", http.MethodGet, "/console/api/whoami", 401, "unauthenticated"},
 	}
@@ -313,6 +316,8 @@ func TestConsoleOpen(t *testing.T) {
 	expectStatus(t, "lookup", d.call("", http.MethodGet, query("/console/api/records", "key", "k"), nil), 200, "")
 	expectStatus(t, "another tenant", d.call("", http.MethodGet, query("/console/api/records", "tenant", "other", "key", "k"), nil), 403, "forbidden")
 	expectStatus(t, "purge", d.call("", http.MethodDelete, query("/console/api/records", "tenant", "default", "key", "k"), nil), 204, "")
+	// Open, whoever reaches the daemon runs it: the store view is theirs.
+	expectStatus(t, "the store view", d.call("", http.MethodGet, "/console/api/store", nil), 200, "")
 }
 
 // TestConsoleRefusesBadInput: every bad input gets a problem naming the field.
@@ -472,7 +477,7 @@ func TestConsoleTrafficCountsClaims(t *testing.T) {
 func TestConsoleStoreView(t *testing.T) {
 	t.Run("embedded", func(t *testing.T) {
 		d := newConsoleDaemon(t, consoleStore(t), false, server.StoreInfo{Kind: "embedded", Layout: "bbolt", Location: "/data/idemd.db"})
-		a := d.call(betaUse, http.MethodGet, "/console/api/store", nil)
+		a := d.call(platformReader, http.MethodGet, "/console/api/store", nil)
 		if got := strings.TrimSpace(a.raw); got != `{"kind":"embedded","layout":"bbolt","location":"/data/idemd.db","ready":true,"masters":[]}` {
 			t.Errorf("store: %s", got)
 		}
@@ -482,7 +487,7 @@ func TestConsoleStoreView(t *testing.T) {
 		store := redisStoreFor(t, r)
 		d := newConsoleDaemon(t, store, false, server.StoreInfo{Kind: "redis", Layout: "strings", Location: r.URL(), Stats: store})
 		expectStatus(t, "claim", d.call(alphaUse, http.MethodPost, "/v1/claim", map[string]any{"key": "k"}), 201, "")
-		a := d.call(alphaUse, http.MethodGet, "/console/api/store", nil)
+		a := d.call(platformAdmin, http.MethodGet, "/console/api/store", nil)
 		masters, _ := a.body["masters"].([]any)
 		if a.str("kind") != "redis" || a.body["ready"] != true || len(masters) != 1 {
 			t.Fatalf("store: %s", a.raw)

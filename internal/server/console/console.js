@@ -150,6 +150,9 @@
 
   const ownTenant = () => state.who && state.tenant === state.who.tenant;
   const can = (scope) => state.who && state.who.scopes.includes(scope);
+  // The store view says where the store is and how it replicates: the platform's, or
+  // everyone's when idemd runs open.
+  const storeAllowed = () => state.who && (state.who.open || can('platform'));
 
   // Durations read at a glance: tenths of a second when they are short.
   function duration(ms) {
@@ -339,6 +342,7 @@
     $('signin').hidden = true;
     $('who').hidden = false;
     $('tabs').hidden = false;
+    $('tab-store').hidden = !storeAllowed();
     $('open-note').hidden = !who.open;
     $('sign-out').hidden = who.open;
     $('tenant-name').textContent = who.tenant;
@@ -367,7 +371,8 @@
   function route() {
     if (!state.who) return;
     const view = (window.location.hash || '#inspect').slice(1);
-    const known = ['inspect', 'abandoned', 'traffic', 'store'].includes(view) ? view : 'inspect';
+    const views = storeAllowed() ? ['inspect', 'abandoned', 'traffic', 'store'] : ['inspect', 'abandoned', 'traffic'];
+    const known = views.includes(view) ? view : 'inspect';
     for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${known}`;
     for (const a of document.querySelectorAll('#tabs a')) {
       if (a.id === `tab-${known}`) a.setAttribute('aria-current', 'page');
