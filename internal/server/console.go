@@ -365,9 +365,13 @@ func (s *Server) consoleDerive(c echo.Context) error {
 // the lease down.
 type consoleRecord struct {
 	api.KeyRecord
-	Tenant     string    `json:"tenant"`
-	Recovered  bool      `json:"recovered"`
-	ServerTime time.Time `json:"server_time"`
+	Tenant    string `json:"tenant"`
+	Recovered bool   `json:"recovered"`
+	// PointSealed says that the recovery point's data is a sealed envelope by the
+	// check a sealed result passes (validEnvelope): a recovery point has no mark of its
+	// own, and plain data may start with the envelope's marker.
+	PointSealed bool      `json:"recovery_point_sealed"`
+	ServerTime  time.Time `json:"server_time"`
 }
 
 // consoleKey reads the key a console call names, in the tenant it may work in.
@@ -395,8 +399,9 @@ func (s *Server) consoleLookup(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	sealed := rec.RecoveryPoint != nil && validEnvelope(rec.RecoveryPoint.Data) == nil
 	return s.reply(c, answer{http.StatusOK, "ok", consoleRecord{KeyRecord: apiRecord(rec), Tenant: id.Tenant,
-		Recovered: rec.Recovered, ServerTime: time.Now().UTC()}})
+		Recovered: rec.Recovered, PointSealed: sealed, ServerTime: time.Now().UTC()}})
 }
 
 func (s *Server) consolePurge(c echo.Context) error {

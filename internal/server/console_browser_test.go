@@ -341,6 +341,17 @@ func TestConsoleInBrowser(t *testing.T) {
 		if got := textOf(t, ctx, "#f-point-sealed"); !strings.HasPrefix(got, "sealed by its client with key k-2026-05") {
 			t.Errorf("a sealed recovery point shows %q", got)
 		}
+		// Data that starts with the envelope's marker, and is no envelope, is data.
+		lease = seed.claim(alphaAdmin, "refund-6", map[string]any{"lease_ms": 90000})
+		seed.point(alphaAdmin, "refund-6", lease, "refunded", []byte{0xC1, 1, 2, 'k', '1', 0})
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#key"), "refund-6"), chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `document.getElementById('f-key') && document.getElementById('f-key').textContent === 'refund-6'`)
+		if eval[bool](t, ctx, `document.getElementById('f-point-sealed') !== null`) {
+			t.Errorf("data that merely starts with 0xC1 shows as sealed: %q", textOf(t, ctx, "#f-point-sealed"))
+		}
+		if got := eval[string](t, ctx, `(document.getElementById('f-point-data') || {}).textContent || ''`); got != "000000  c1 01 02 6b 31 00" {
+			t.Errorf("the point's data shows %q, want it in hex", got)
+		}
 	})
 
 	t.Run("a middleware's key", func(t *testing.T) {

@@ -420,6 +420,36 @@ func TestConsoleRecordSaysMoreThanTheAPI(t *testing.T) {
 	}
 }
 
+// TestConsoleRecordSaysWhetherItsPointIsSealed: a recovery point is sealed when its
+// data is an envelope by the check the daemon makes of a sealed result (marker,
+// version, key id, length), not when its first byte merely is the marker.
+func TestConsoleRecordSaysWhetherItsPointIsSealed(t *testing.T) {
+	d := newConsoleDaemon(t, consoleStore(t), false, server.StoreInfo{Kind: "embedded"})
+	for _, c := range []struct {
+		name   string
+		data   []byte
+		sealed bool
+	}{
+		{"an envelope", envelope(1, "k-2026-05", 50), true},
+		{"the marker then text", []byte("\xC1 is where this point's data starts"), false},
+		{"the marker alone", []byte{0xC1}, false},
+		{"an envelope's head, too short", envelope(1, "k1", 10), false},
+		{"an unknown version", envelope(9, "k1", 50), false},
+		{"plain data", []byte(`{"charge":"ch_1"}`), false},
+	} {
+		key := "point-" + c.name
+		a := d.call(alphaAdmin, http.MethodPost, "/v1/claim", map[string]any{"key": key, "lease_ms": 60000})
+		expectStatus(t, "claim "+key, a, 201, "")
+		expectStatus(t, "point "+key, d.call(alphaAdmin, http.MethodPost, "/v1/recovery-point",
+			map[string]any{"key": key, "lease_token": a.str("lease_token"), "name": "step", "data": c.data}), 200, "")
+		con := d.call(alphaUse, http.MethodGet, query("/console/api/records", "key", key), nil)
+		expectStatus(t, "console lookup "+key, con, 200, "")
+		if got, _ := con.body["recovery_point_sealed"].(bool); got != c.sealed {
+			t.Errorf("%s: recovery_point_sealed is %v, want %v: %s", c.name, con.body["recovery_point_sealed"], c.sealed, con.raw)
+		}
+	}
+}
+
 // TestConsoleTrafficCountsClaims sends claims of each outcome, alone and in a batch, and
 // reads them back from the traffic endpoint, counted under their tenant only.
 func TestConsoleTrafficCountsClaims(t *testing.T) {

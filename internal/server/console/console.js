@@ -499,7 +499,9 @@
       field(pdl, 'attempt', String(rp.attempt), 'f-point-attempt');
       field(pdl, 'recorded', when(rp.recorded_at), 'f-point-recorded');
       const data = bytesOf(rp.data);
-      if (data.length > 0 && data[0] === 0xc1) {
+      // The daemon says whether the data is an envelope, by the check a sealed result
+      // passes: plain data may start with the envelope's marker.
+      if (rec.recovery_point_sealed) {
         field(pdl, 'data', sealedNote(data), 'f-point-sealed');
         point.append(pdl);
       } else {
