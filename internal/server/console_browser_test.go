@@ -582,6 +582,58 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 	})
 
+	t.Run("long values squeeze no word", func(t *testing.T) {
+		// The longest owner, key and fingerprint, without a space in them, and a header
+		// value as long as a body.
+		owner := strings.Repeat("worker", 256/6)
+		key := "wide-" + strings.Repeat("k", 250)
+		seed.claim(alphaAdmin, key, map[string]any{"lease_ms": 100, "owner": owner, "fingerprint": "sha256:" + strings.Repeat("f", 249)})
+		seed.abandoned(alphaUse, "wide-", 1)
+		lease := seed.claim(alphaAdmin, "wide-header", nil)
+		seed.complete(alphaAdmin, "wide-header", lease, 200, map[string][]string{"content-type": {"text/plain"},
+			"x-trace": {strings.Repeat("0123456789abcdef", 120)}}, nil)
+
+		// lines counts the lines the text of each element matching sel is drawn on.
+		lines := func(ctx context.Context, sel string) map[string]int {
+			t.Helper()
+			return eval[map[string]int](t, ctx, `(() => {
+				const out = {};
+				for (const e of document.querySelectorAll(`+js(sel)+`)) {
+					const r = document.createRange();
+					r.selectNodeContents(e);
+					out[e.textContent] = new Set(Array.from(r.getClientRects(), (c) => Math.round(c.top))).size;
+				}
+				return out;
+			})()`)
+		}
+		ctx := tab(t, browser, d, alphaUse)
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-abandoned")), chromedp.WaitVisible(chromedp.CSS("#view-abandoned")),
+			chromedp.SendKeys(chromedp.CSS("#abandoned-prefix"), "wide-"), chromedp.Click(chromedp.CSS("#abandoned-filter")))
+		waitFor(t, ctx, `document.getElementById('abandoned-table').dataset.prefix === 'wide-' && document.querySelectorAll('#abandoned-rows tr').length === 1`)
+		for text, n := range lines(ctx, "#abandoned-rows button") {
+			if n != 1 {
+				t.Errorf("the button %q is drawn on %d lines", text, n)
+			}
+		}
+		// A column's name breaks between its words, if at all.
+		for text, n := range lines(ctx, "#abandoned-table th") {
+			if words := len(strings.Fields(text)); n > max(words, 1) {
+				t.Errorf("the column %q is drawn on %d lines: a word of it is broken", text, n)
+			}
+		}
+
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-inspect")), chromedp.SetValue(chromedp.CSS("#key"), "wide-header"), chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `!document.getElementById('record').hidden && document.getElementById('f-key').textContent === 'wide-header'`)
+		for text, n := range lines(ctx, "#f-headers tbody td:first-child") {
+			if n != 1 {
+				t.Errorf("the header name %q is drawn on %d lines", text, n)
+			}
+		}
+		if got := eval[bool](t, ctx, `document.documentElement.scrollWidth <= document.documentElement.clientWidth`); !got {
+			t.Error("the record is wider than the window")
+		}
+	})
+
 	t.Run("traffic moves under claims", func(t *testing.T) {
 		ctx := tab(t, browser, d, platformAdmin)
 		waitFor(t, ctx, `document.getElementById('tenant').options.length === 3`)
