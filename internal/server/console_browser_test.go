@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
@@ -709,6 +710,73 @@ func TestConsoleInBrowser(t *testing.T) {
 		}
 		if legend := textOf(t, ctx, "#chart-claims .legend"); !strings.Contains(legend, fmt.Sprintf("acquired: %d,", after["acquired"])) {
 			t.Errorf("the claims chart's legend reads %q", legend)
+		}
+
+		// A time axis: a label every 30 s of the clock, in order, left to right.
+		ticks := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#chart-claims .tick-label'), (e) => e.textContent)`)
+		if len(ticks) < 5 {
+			t.Errorf("the claims chart's time axis has the labels %q, want one every 30 s", ticks)
+		}
+		for i, tick := range ticks {
+			at, err := time.Parse("15:04:05", tick)
+			if err != nil || at.Second()%30 != 0 {
+				t.Errorf("the time axis's label %q is not a time on a half minute", tick)
+			}
+			if i > 0 && tick <= ticks[i-1] && !strings.HasPrefix(tick, "00:") {
+				t.Errorf("the time axis's labels are out of order: %q", ticks)
+			}
+		}
+		// Hover values: each second has a column whose title names its time and each
+		// outcome's value, and the values of all the columns add up to the summary's.
+		sums := eval[map[string]float64](t, ctx, `(() => {
+			const sums = {};
+			const summary = {...document.getElementById('traffic-summary').dataset};
+			for (const title of document.querySelectorAll('#chart-claims .column title')) {
+				for (const m of title.textContent.matchAll(/(acquired|replayed|in progress|fingerprint mismatch|other) (\d+)\/s/g)) {
+					sums[m[1]] = (sums[m[1]] || 0) + Number(m[2]);
+				}
+			}
+			for (const [k, v] of Object.entries(summary)) sums['summary ' + k] = Number(v);
+			return sums;
+		})()`)
+		for outcome, label := range map[string]string{"acquired": "acquired", "replayed": "replayed", "in_progress": "in progress", "fingerprint_mismatch": "fingerprint mismatch", "other": "other"} {
+			if sums[label] != sums["summary "+outcome] {
+				t.Errorf("the claims chart's columns add up to %v %s claims, the summary says %v", sums[label], label, sums["summary "+outcome])
+			}
+		}
+		// Pointing at a second shows its values under the chart.
+		box := eval[[]float64](t, ctx, `(() => {
+			const cols = Array.from(document.querySelectorAll('#chart-claims .column'));
+			const busiest = cols.reduce((a, b) => (JSON.parse(b.dataset.total) > JSON.parse(a.dataset.total) ? b : a));
+			const r = busiest.getBoundingClientRect();
+			return [r.left + r.width / 2, r.top + r.height / 2];
+		})()`)
+		run(t, ctx, chromedp.MouseEvent(input.DispatchMouseEventTypeMouseMoved, box[0], box[1]))
+		waitFor(t, ctx, `/^\d\d:\d\d:\d\d UTC: acquired \d+\/s/.test(document.querySelector('#chart-claims .readout').textContent)`)
+		// No outcome's claims hide another's: in the busiest second, each outcome that
+		// has claims enough for a pixel is what the browser draws somewhere on the line
+		// through it.
+		unseen := eval[[]string](t, ctx, `(() => {
+			const svg = document.querySelector('#chart-claims svg');
+			const cols = Array.from(svg.querySelectorAll('.column'));
+			const busiest = cols.reduce((a, b) => (JSON.parse(b.dataset.total) > JSON.parse(a.dataset.total) ? b : a));
+			const values = JSON.parse(busiest.dataset.values);
+			const r = busiest.getBoundingClientRect();
+			const x = r.left + r.width / 2;
+			const pxPerClaim = r.height / Number(svg.dataset.ymax);
+			const seen = new Set();
+			for (let y = r.top; y <= r.bottom; y += 0.5) {
+				const drawn = document.elementsFromPoint(x, y).find((e) => e.classList.contains('band') || e.classList.contains('line'));
+				if (drawn) seen.add(drawn.dataset.series);
+			}
+			return Object.entries(values).filter(([name, v]) => v * pxPerClaim >= 2 && !seen.has(name)).map(([name, v]) => name + ' ' + v);
+		})()`)
+		if len(unseen) > 0 {
+			t.Errorf("in the busiest second, the claims chart hides %q", unseen)
+		}
+		// p50 and p99 may be equal: their lines differ by more than colour.
+		if dashes := eval[[]string](t, ctx, `Array.from(document.querySelectorAll('#chart-latency path.line'), (p) => getComputedStyle(p).strokeDasharray)`); len(dashes) != 2 || dashes[0] == dashes[1] {
+			t.Errorf("the latency lines' dashes are %q, want two kinds", dashes)
 		}
 		screenshot(t, ctx, "traffic")
 	})

@@ -33,6 +33,8 @@
     record: null,
     feedCursor: '',
     trafficTimer: 0,
+    // pointed is, by chart, the second the pointer is on (its time), or null.
+    pointed: {},
     // latest numbers each view's requests, so that an answer that arrives after a
     // later request's is dropped instead of drawn over it.
     latest: { record: 0, feed: 0, traffic: 0 },
@@ -642,17 +644,20 @@
       OUTCOMES.map((o) => `${t.totals[o]} ${OUTCOME_LABELS[o]}`).join(', ') +
       (t.tracked ? '' : ' (not tracked: the console counts a bounded number of tenants)');
     const toMs = (at) => Date.parse(t.start) + at * t.step_seconds * 1000;
+    // Stacked, so that no outcome's claims hide another's: each band is as thick as
+    // its outcome's claims in that second, and the top edge is all claims.
     chart($('chart-claims'), OUTCOMES.map((o) => ({
       name: OUTCOME_LABELS[o], cls: `line-${o}`, values: t.claims[o],
       legend: `${t.totals[o]}, at most ${formatNumber(Math.max(...t.claims[o]))}/s`,
-    })), { unit: '/s', toMs });
+    })), { unit: '/s', toMs, stacked: true });
     const lastOf = (values) => {
       for (let i = values.length - 1; i >= 0; i--) if (values[i] !== null) return `${formatNumber(values[i])} ms lately`;
       return 'no claim';
     };
+    // p50 is dashed over a wider p99, so that both show where they are equal.
     chart($('chart-latency'), [
-      { name: 'p50', cls: 'line-p50', values: t.p50_ms, legend: lastOf(t.p50_ms) },
       { name: 'p99', cls: 'line-p99', values: t.p99_ms, legend: lastOf(t.p99_ms) },
+      { name: 'p50', cls: 'line-p50', values: t.p50_ms, legend: lastOf(t.p50_ms) },
     ], { unit: ' ms', toMs });
   }
 
@@ -665,32 +670,76 @@
     return e;
   }
 
-  // chart draws series of numbers (null for no value) as lines over the same x, with
-  // the largest value and the window's ends as labels.
+  // clock is a time of day in UTC, as the record's times are given.
+  const clock = (ms) => new Date(ms).toISOString().slice(11, 19);
+
+  const TICK_MS = 30000;
+
+  // chart draws series of numbers (null for no value) over the same seconds: as bands
+  // stacked one on another (opts.stacked), or as lines, which the style sheet tells
+  // apart by their dashes as well as their colours. Below runs a time axis, a label
+  // every 30 s of the clock. Each second has a column that says its time and each
+  // series' value: as its title, on hover, and in the readout under the chart while
+  // the pointer is on it, which a redraw keeps.
   function chart(box, series, opts) {
     const W = 720;
-    const H = 150;
+    const H = 170;
     const left = 56;
     const right = 8;
     const top = 8;
-    const bottom = 20;
+    const bottom = 36;
     const n = series[0].values.length;
+    // tops[k][i] is where series k ends in second i: its value, on those below it
+    // when stacked.
+    const tops = [];
+    series.forEach((s, k) => {
+      tops.push(s.values.map((v, i) => {
+        if (!opts.stacked) return v;
+        return (k > 0 ? tops[k - 1][i] : 0) + (v || 0);
+      }));
+    });
     let peak = 0;
-    for (const s of series) for (const v of s.values) if (v !== null && v > peak) peak = v;
+    for (const row of tops) for (const v of row) if (v !== null && v > peak) peak = v;
     const yMax = peak > 0 ? niceCeil(peak) : 1;
     const x = (i) => left + (i * (W - left - right)) / Math.max(1, n - 1);
     const y = (v) => top + (1 - v / yMax) * (H - top - bottom);
     const root = svg('svg', { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: 'img', class: 'chart-svg' });
     root.dataset.max = String(peak);
-    root.append(svg('line', { x1: left, y1: y(0), x2: W - right, y2: y(0), class: 'axis' }));
+    root.dataset.ymax = String(yMax);
+    root.append(svg('line', { x1: left, y1: y(yMax / 2), x2: W - right, y2: y(yMax / 2), class: 'grid' }));
     root.append(svg('line', { x1: left, y1: y(yMax), x2: W - right, y2: y(yMax), class: 'grid' }));
     root.append(svg('text', { x: left - 6, y: y(yMax) + 4, class: 'label end' }, `${formatNumber(yMax)}${opts.unit}`));
+    root.append(svg('text', { x: left - 6, y: y(yMax / 2) + 4, class: 'label end' }, formatNumber(yMax / 2)));
     root.append(svg('text', { x: left - 6, y: y(0) + 4, class: 'label end' }, '0'));
-    const minutes = Math.round(((n - 1) * (opts.toMs(1) - opts.toMs(0))) / 60000);
-    root.append(svg('text', { x: left, y: H - 4, class: 'label' }, `${minutes} min ago`));
-    root.append(svg('text', { x: W - right, y: H - 4, class: 'label end' }, 'now'));
+
+    // The time axis.
+    const t0 = opts.toMs(0);
+    const stepMs = opts.toMs(1) - t0;
+    const tEnd = opts.toMs(n - 1);
+    for (let at = Math.ceil(t0 / TICK_MS) * TICK_MS; at <= tEnd; at += TICK_MS) {
+      const xt = x((at - t0) / stepMs);
+      root.append(svg('line', { x1: xt, y1: y(0), x2: xt, y2: y(0) + 4, class: 'axis' }));
+      root.append(svg('line', { x1: xt, y1: top, x2: xt, y2: y(0), class: 'grid' }));
+      const anchor = xt > W - right - 28 ? 'end' : 'middle';
+      root.append(svg('text', { x: xt, y: y(0) + 16, class: `label ${anchor} tick-label` }, clock(at)));
+    }
+    root.append(svg('text', { x: W - right, y: H - 4, class: 'label end' }, 'time, UTC'));
+
     const legend = el('p', { class: 'legend' });
-    for (const s of series) {
+    series.forEach((s, k) => {
+      if (opts.stacked) {
+        // The band: along its top edge, then back along the edge below it.
+        let d = '';
+        for (let i = 0; i < n; i++) d += `${i ? 'L' : 'M'}${x(i).toFixed(1)} ${y(tops[k][i]).toFixed(1)} `;
+        for (let i = n - 1; i >= 0; i--) d += `L${x(i).toFixed(1)} ${y(k > 0 ? tops[k - 1][i] : 0).toFixed(1)} `;
+        const band = svg('path', { d: `${d}Z`, class: `band ${s.cls}` });
+        band.dataset.series = s.name;
+        root.append(band);
+        const swatch = svg('svg', { width: 14, height: 10, class: 'swatch' });
+        swatch.append(svg('rect', { x: 0, y: 0, width: 14, height: 10, class: `band ${s.cls}` }));
+        legend.append(swatch, ` ${s.name}: ${s.legend}  `);
+        return;
+      }
       let d = '';
       let pen = false;
       s.values.forEach((v, i) => {
@@ -702,12 +751,65 @@
         pen = true;
         // A value with no neighbour draws no line, so it gets a dot.
         const lone = (i === 0 || s.values[i - 1] === null) && (i === n - 1 || s.values[i + 1] === null);
-        if (lone) root.append(svg('circle', { cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2, class: `dot ${s.cls}` }));
+        if (lone) root.append(svg('circle', { cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: 2.5, class: `dot ${s.cls}` }));
       });
-      if (d) root.append(svg('path', { d, class: `line ${s.cls}` }));
-      legend.append(el('span', { class: `swatch ${s.cls}` }), ` ${s.name}: ${s.legend}  `);
+      if (d) {
+        const line = svg('path', { d, class: `line ${s.cls}` });
+        line.dataset.series = s.name;
+        root.append(line);
+      }
+      const swatch = svg('svg', { width: 24, height: 10, class: 'swatch' });
+      swatch.append(svg('line', { x1: 0, y1: 5, x2: 24, y2: 5, class: `line ${s.cls}` }));
+      legend.append(swatch, ` ${s.name}: ${s.legend}  `);
+    });
+    root.append(svg('line', { x1: left, y1: y(0), x2: W - right, y2: y(0), class: 'axis' }));
+
+    // The columns, one a second, on top of everything, for the pointer.
+    const describe = (i) => {
+      const parts = series.map((s) => `${s.name} ${s.values[i] === null ? '—' : `${formatNumber(s.values[i])}${opts.unit}`}`);
+      const all = opts.stacked ? `; ${formatNumber(tops[series.length - 1][i])}${opts.unit} in all` : '';
+      return `${clock(opts.toMs(i))} UTC: ${parts.join(', ')}${all}`;
+    };
+    const guide = svg('line', { x1: 0, y1: top, x2: 0, y2: y(0), class: 'guide', visibility: 'hidden' });
+    const readout = el('p', { class: 'readout' });
+    const point = (i) => {
+      if (i === null) {
+        guide.setAttribute('visibility', 'hidden');
+        readout.textContent = 'Point at the chart for the values of a second.';
+        return;
+      }
+      guide.setAttribute('x1', x(i).toFixed(1));
+      guide.setAttribute('x2', x(i).toFixed(1));
+      guide.setAttribute('visibility', 'visible');
+      readout.textContent = describe(i);
+    };
+    const columns = svg('g', { class: 'columns' });
+    const half = (W - left - right) / Math.max(1, n - 1) / 2;
+    for (let i = 0; i < n; i++) {
+      const x0 = Math.max(left, x(i) - half);
+      const x1 = Math.min(W - right, x(i) + half);
+      const col = svg('rect', { x: x0.toFixed(2), y: top, width: (x1 - x0).toFixed(2), height: y(0) - top, class: 'column' });
+      col.append(svg('title', null, describe(i)));
+      const values = {};
+      for (const s of series) values[s.name] = s.values[i];
+      col.dataset.values = JSON.stringify(values);
+      col.dataset.total = JSON.stringify(opts.stacked ? tops[series.length - 1][i] : null);
+      col.addEventListener('mouseenter', () => {
+        state.pointed[box.id] = opts.toMs(i);
+        point(i);
+      });
+      columns.append(col);
     }
-    box.replaceChildren(root, legend);
+    root.addEventListener('mouseleave', () => {
+      state.pointed[box.id] = null;
+      point(null);
+    });
+    root.append(guide, columns);
+    // The second pointed at before this redraw, if it is still in the window.
+    const was = state.pointed[box.id];
+    const i = was === null || was === undefined ? -1 : Math.round((was - t0) / stepMs);
+    point(i >= 0 && i < n ? i : null);
+    box.replaceChildren(root, legend, readout);
   }
 
   function niceCeil(v) {
