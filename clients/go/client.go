@@ -280,7 +280,7 @@ func (c *Client) claim(ctx context.Context, key string, opts ClaimOptions, share
 	}
 	cl := &Claim{Outcome: Outcome(out.Outcome), Attempt: out.Attempt, ExpiresAt: out.ExpiresAt}
 	var err error
-	if cl.Response, err = c.openResponse(key, out.Response); err != nil {
+	if cl.Response, err = c.openResponse(key, string(cl.Outcome), out.Response); err != nil {
 		// Nothing goes to the replay cache: every claim asks idemd again, and fails as
 		// this one did until the ring holds the key.
 		return cl, err
@@ -300,11 +300,11 @@ func (c *Client) Complete(ctx context.Context, key, token string, r Response) er
 func (c *Client) complete(ctx context.Context, key, token string, r Response) (*finishedRecord, error) {
 	ctx, cancel := c.callContext(ctx, 0)
 	defer cancel()
-	stored, err := c.storedResponse(key, r)
+	stored, err := c.storedResponse(key, Completed, &r)
 	if err != nil {
 		return nil, err
 	}
-	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: stored,
+	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: *stored,
 		RetentionMs: ptr(c.retention.Milliseconds())}
 	return recordOf(c.do(ctx, idemapi.BatchItem{Complete: &body}))
 }
@@ -321,7 +321,7 @@ func recordOf(res result) (*finishedRecord, error) {
 }
 
 // Release gives the lease back: Retry frees the key, Fail stores r (which may be nil)
-// as a terminal failure.
+// as a terminal failure. A sealing client stores a nil r sealed too (see WithSealing).
 func (c *Client) Release(ctx context.Context, key, token string, mode ReleaseMode, r *Response) error {
 	_, err := c.release(ctx, key, token, mode, r)
 	return err
@@ -332,12 +332,12 @@ func (c *Client) release(ctx context.Context, key, token string, mode ReleaseMod
 	defer cancel()
 	body := idemapi.ReleaseRequest{Key: key, LeaseToken: token, Mode: idemapi.ReleaseRequestMode(mode),
 		RetentionMs: ptr(c.retention.Milliseconds())}
-	if r != nil {
-		stored, err := c.storedResponse(key, *r)
+	if mode == Fail || r != nil {
+		stored, err := c.storedResponse(key, Failed, r)
 		if err != nil {
 			return nil, err
 		}
-		body.Response = &stored
+		body.Response = stored
 	}
 	return recordOf(c.do(ctx, idemapi.BatchItem{Release: &body}))
 }
@@ -384,7 +384,7 @@ func (c *Client) Lookup(ctx context.Context, key string) (*Record, error) {
 	}
 	var pointErr, responseErr error
 	rec.RecoveryPoint, pointErr = c.openPoint(key, out.RecoveryPoint)
-	rec.Response, responseErr = c.openResponse(key, out.Response)
+	rec.Response, responseErr = c.openResponse(key, rec.State, out.Response)
 	return rec, cmp.Or(responseErr, pointErr)
 }
 

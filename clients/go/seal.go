@@ -22,18 +22,21 @@ import (
 //
 // An envelope is
 //
-//	0xC1 | version 1 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
+//	0xC1 | version 2 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
 //
 // sealed with AES-256-GCM under a key derived for the one message, HKDF-SHA256(ring key,
 // salt, "idemd seal v1"), so that random nonces never meet the 2^32-messages-per-key
-// limit of GCM with a fixed key. The associated data binds the envelope's head, the
-// tenant, the idemd key and, for a result, its readable status or, for a recovery
-// point, its name: an envelope moved to another key, tenant, status or point fails to
-// open.
+// limit of GCM with a fixed key. The associated data binds the envelope's head, what
+// it seals (a completed result, a failed one, or a recovery point), the tenant, the
+// idemd key and, for a result, its readable status or, for a recovery point, its name:
+// an envelope moved to another key, tenant, status, outcome or point fails to open.
+// Version 1, which clients wrote before, still opens; it does not bind a result's
+// outcome, so a failed result's envelope opens as a completed one and back.
 
 const (
 	sealMarker   = 0xC1
-	sealVersion  = 1
+	sealVersion  = 2
+	sealV1       = 1
 	sealSaltLen  = 16
 	sealNonceLen = 12
 	sealTagLen   = 16
@@ -52,9 +55,11 @@ const (
 	// SealUnknownKey: the envelope names a key the ring does not hold.
 	SealUnknownKey = "unknown_key"
 	// SealInvalid: not an envelope, or one that fails to open: tampered with, moved to
-	// another key, tenant, status or point, or sealed with other bytes under the id.
+	// another key, tenant, status, outcome or point, or sealed with other bytes under
+	// the id.
 	SealInvalid = "invalid"
-	// SealMissing: the ring requires sealed results (RequireSealed) and this one is plain.
+	// SealMissing: the ring requires sealed results (RequireSealed) and this one is
+	// plain, or a finished key has no result at all.
 	SealMissing = "not_sealed"
 )
 
@@ -177,26 +182,51 @@ func validKeyID(id string) error {
 	return nil
 }
 
+// What an envelope seals, bound into its associated data as one byte.
+const (
+	sealsCompleted = 'C'
+	sealsFailed    = 'F'
+	sealsPoint     = 'P'
+	// sealsResultV1 is version 1's byte for a result, completed or failed alike.
+	sealsResultV1 = 'R'
+)
+
 // sealContext is what an envelope is bound to besides its head.
 type sealContext struct {
 	tenant, key string
+	// kind is sealsCompleted, sealsFailed or sealsPoint.
+	kind byte
 	// point is the recovery point's name; empty for a result, whose status binds it.
 	point  string
 	status int
-	isPt   bool
 }
 
+// resultContext is the context of a result whose record is completed or failed.
+func resultContext(tenant, key string, outcome Outcome, status int) sealContext {
+	kind := byte(sealsCompleted)
+	if outcome == Failed {
+		kind = sealsFailed
+	}
+	return sealContext{tenant: tenant, key: key, kind: kind, status: status}
+}
+
+func pointContext(tenant, key, name string) sealContext {
+	return sealContext{tenant: tenant, key: key, kind: sealsPoint, point: name}
+}
+
+// aad is the associated data of an envelope with head; the version in the head says
+// how a result's outcome is bound (version 1 does not bind it).
 func (c sealContext) aad(head []byte) []byte {
 	b := make([]byte, 0, len(head)+9+len(c.tenant)+len(c.key)+len(c.point))
 	b = append(b, head...)
-	if c.isPt {
-		b = append(b, 'P')
-	} else {
-		b = append(b, 'R')
+	kind := c.kind
+	if head[1] == sealV1 && kind != sealsPoint {
+		kind = sealsResultV1
 	}
+	b = append(b, kind)
 	b = appendString16(b, c.tenant)
 	b = appendString16(b, c.key)
-	if c.isPt {
+	if c.kind == sealsPoint {
 		b = appendString16(b, c.point)
 	} else {
 		b = binary.BigEndian.AppendUint16(b, uint16(c.status))
@@ -229,11 +259,15 @@ func (r *KeyRing) seal(ctx sealContext, plaintext []byte, random io.Reader) ([]b
 
 // envelope begins an envelope for n bytes of plaintext: its head, then room for the
 // salt and nonce, with capacity for the plaintext to be appended and its tag.
-func (r *KeyRing) envelope(n int) []byte {
+func (r *KeyRing) envelope(n int) []byte { return r.envelopeOf(sealVersion, n) }
+
+// envelopeOf is envelope in the given version; only the shared vectors' tests write
+// version 1.
+func (r *KeyRing) envelopeOf(version byte, n int) []byte {
 	id := r.sealWith.ID
 	head := 3 + len(id)
 	env := make([]byte, head+sealSaltLen+sealNonceLen, head+sealSaltLen+sealNonceLen+n+sealTagLen)
-	env[0], env[1], env[2] = sealMarker, sealVersion, byte(len(id))
+	env[0], env[1], env[2] = sealMarker, version, byte(len(id))
 	copy(env[3:], id)
 	return env
 }
@@ -257,9 +291,10 @@ func (r *KeyRing) sealInPlace(ctx sealContext, env []byte, random io.Reader) ([]
 }
 
 // envelopeHead reads an envelope's head: the key id it names, and its length, where
-// the salt starts. Anything else is SealInvalid, without a key id.
+// the salt starts. Anything else (not an envelope, another version, shorter than the
+// head, salt, nonce and tag) is SealInvalid, without a key id.
 func envelopeHead(env []byte) (id string, head int, err error) {
-	if len(env) < 3 || env[0] != sealMarker || env[1] != sealVersion {
+	if len(env) < 3 || env[0] != sealMarker || env[1] != sealVersion && env[1] != sealV1 {
 		return "", 0, &SealError{Reason: SealInvalid}
 	}
 	n := int(env[2])
@@ -395,14 +430,26 @@ func parseResponsePlaintext(b []byte) (http.Header, []byte, error) {
 	return h, b, nil
 }
 
-// sealResponse seals a result's headers and body, bound to its status.
-func (r *KeyRing) sealResponse(tenant, key string, resp Response, random io.Reader) ([]byte, error) {
+// sealResponse seals a result's headers and body, bound to its status and outcome
+// (Completed or Failed).
+func (r *KeyRing) sealResponse(tenant, key string, outcome Outcome, resp Response, random io.Reader) ([]byte, error) {
 	if err := sealable(resp.Header); err != nil {
 		return nil, err
 	}
 	env := r.envelope(responsePlaintextSize(resp.Header, resp.Body))
 	env = appendResponsePlaintext(env, resp.Header, resp.Body)
-	return r.sealInPlace(sealContext{tenant: tenant, key: key, status: resp.Status}, env, random)
+	return r.sealInPlace(resultContext(tenant, key, outcome, resp.Status), env, random)
+}
+
+// noResponseStatus is the status under which a failure without a response is stored
+// sealed: a failed result whose envelope holds nothing, not even the count of header
+// names every response's plaintext starts with.
+const noResponseStatus = http.StatusInternalServerError
+
+// sealNoResponse seals the result of a failure released without a response, so that
+// a ring requiring sealing can tell it from a failure slipped into the store.
+func (r *KeyRing) sealNoResponse(tenant, key string, random io.Reader) ([]byte, error) {
+	return r.seal(resultContext(tenant, key, Failed, noResponseStatus), nil, random)
 }
 
 // sealable refuses headers the plaintext's lengths cannot count. idemd refuses far
@@ -424,18 +471,26 @@ func sealable(h http.Header) error {
 	return nil
 }
 
-// openResponse opens a sealed result into its headers and body.
-func (r *KeyRing) openResponse(tenant, key string, status int, env []byte) (http.Header, []byte, error) {
-	plain, err := r.open(sealContext{tenant: tenant, key: key, status: status}, env)
+// openResponse opens the sealed result of a record whose outcome is Completed or
+// Failed. It is nil for a failure sealed without a response (sealNoResponse).
+func (r *KeyRing) openResponse(tenant, key string, outcome Outcome, status int, env []byte) (*Response, error) {
+	plain, err := r.open(resultContext(tenant, key, outcome, status), env)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return parseResponsePlaintext(plain)
+	if len(plain) == 0 && outcome == Failed && env[1] != sealV1 {
+		return nil, nil
+	}
+	h, body, err := parseResponsePlaintext(plain)
+	if err != nil {
+		return nil, err
+	}
+	return &Response{Status: status, Header: h, Body: body}, nil
 }
 
 // sealPoint seals a recovery point's data, bound to its name.
 func (r *KeyRing) sealPoint(tenant, key, name string, data []byte, random io.Reader) ([]byte, error) {
-	return r.seal(sealContext{tenant: tenant, key: key, point: name, isPt: true}, data, random)
+	return r.seal(pointContext(tenant, key, name), data, random)
 }
 
 // openPoint opens a recovery point's data. Data that is not an envelope is passed
@@ -447,7 +502,7 @@ func (r *KeyRing) openPoint(tenant, key, name string, data []byte) ([]byte, erro
 		}
 		return data, nil
 	}
-	return r.open(sealContext{tenant: tenant, key: key, point: name, isPt: true}, data)
+	return r.open(pointContext(tenant, key, name), data)
 }
 
 var cryptoRandom io.Reader = rand.Reader

@@ -36,7 +36,7 @@ func BenchmarkSeal(b *testing.B) {
 				plain += len(v)
 			}
 		}
-		env, err := ring.sealResponse(tenant, key, bc.resp, cryptoRandom)
+		env, err := ring.sealResponse(tenant, key, Completed, bc.resp, cryptoRandom)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -45,7 +45,7 @@ func BenchmarkSeal(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(plain))
 			for b.Loop() {
-				if _, err := ring.sealResponse(tenant, key, bc.resp, cryptoRandom); err != nil {
+				if _, err := ring.sealResponse(tenant, key, Completed, bc.resp, cryptoRandom); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -55,7 +55,7 @@ func BenchmarkSeal(b *testing.B) {
 			b.ReportAllocs()
 			b.SetBytes(int64(plain))
 			for b.Loop() {
-				if _, _, err := ring.openResponse(tenant, key, bc.resp.Status, env); err != nil {
+				if _, err := ring.openResponse(tenant, key, Completed, bc.resp.Status, env); err != nil {
 					b.Fatal(err)
 				}
 			}

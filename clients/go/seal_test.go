@@ -88,7 +88,7 @@ func lookUp(t *testing.T, key string) stored {
 
 // envelopeKeyID is the key id an envelope names, or "" for what is not one.
 func envelopeKeyID(env []byte) string {
-	if len(env) < 3 || env[0] != 0xC1 || env[1] != 1 || len(env) < 3+int(env[2]) {
+	if len(env) < 3 || env[0] != 0xC1 || (env[1] != 1 && env[1] != 2) || len(env) < 3+int(env[2]) {
 		return ""
 	}
 	return string(env[3 : 3+int(env[2])])
@@ -724,5 +724,168 @@ func TestMiddlewareSealedRecoveryPoint(t *testing.T) {
 	defer mu.Unlock()
 	if want := []string{"", "charged=ch_secret_9"}; !reflect.DeepEqual(points, want) {
 		t.Fatalf("the handler ran from %q, want %q", points, want)
+	}
+}
+
+// rewrite plays whoever can write the store: it replaces the record of key by one of
+// the same fingerprint finished as finish says ("complete" or "fail") with response
+// (nil for none), the envelope of a sealed one copied as it is.
+func rewrite(t *testing.T, key, finish string, response map[string]any) {
+	t.Helper()
+	post := func(path string, body map[string]any) map[string]any {
+		t.Helper()
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Post(daemonURL+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(resp.Body)
+		var out map[string]any
+		if resp.StatusCode/100 != 2 || json.Unmarshal(raw, &out) != nil {
+			t.Fatalf("%s: %d %s", path, resp.StatusCode, raw)
+		}
+		return out
+	}
+	var was struct {
+		Fingerprint string `json:"fingerprint"`
+	}
+	if err := json.Unmarshal(lookUp(t, key).raw, &was); err != nil {
+		t.Fatal(err)
+	}
+	if err := newClient(t).Purge(t.Context(), key); err != nil {
+		t.Fatal(err)
+	}
+	claim := map[string]any{"key": key}
+	if was.Fingerprint != "" {
+		claim["fingerprint"] = was.Fingerprint
+	}
+	token, _ := post("/v1/claim", claim)["lease_token"].(string)
+	req := map[string]any{"key": key, "lease_token": token}
+	if response != nil {
+		req["response"] = response
+	}
+	if finish == "fail" {
+		req["mode"] = "fail"
+		post("/v1/release", req)
+	} else {
+		post("/v1/complete", req)
+	}
+}
+
+// TestSealedOutcomeIsBound: a failed result's envelope stored as a completed result
+// of the same key and status, or a completed one's as a failure, does not open: the
+// envelope binds the outcome.
+func TestSealedOutcomeIsBound(t *testing.T) {
+	ctx := t.Context()
+	r := ring(t, "k1")
+	decline := idem.Response{Status: 402, Header: http.Header{"Content-Type": {"text/plain"}}, Body: []byte("declined")}
+	made := idem.Response{Status: 201, Body: []byte("order made")}
+	for _, tc := range []struct {
+		name          string
+		stored        func(context.Context) (idem.Response, error)
+		status        int
+		state, swapTo string
+	}{
+		{"a failure stored as a success", func(context.Context) (idem.Response, error) {
+			return idem.Response{}, idem.Permanent(errors.New("declined"), decline)
+		}, 402, "failed", "complete"},
+		{"a success stored as a failure", func(context.Context) (idem.Response, error) { return made, nil }, 201, "completed", "fail"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := freshKey("seal-outcome")
+			_, _ = sealing(t, r).Do(ctx, key, "", tc.stored)
+			env := sealedAs(t, key, tc.status, "k1").Response.Sealed
+			rewrite(t, key, tc.swapTo, map[string]any{"status": tc.status, "sealed": env})
+			if rec := lookUp(t, key); rec.State == tc.state || !bytes.Equal(rec.Response.Sealed, env) {
+				t.Fatalf("the rewritten record: %s", rec.raw)
+			}
+			for name, c := range map[string]*idem.Client{"require sealed": sealing(t, r.RequireSealed()), "plain allowed": sealing(t, r)} {
+				ran := false
+				res, err := c.Do(ctx, key, "", func(context.Context) (idem.Response, error) { ran = true; return made, nil })
+				refusedWith(t, "Do, "+name, err, idem.SealInvalid, "k1")
+				if ran || !res.Replayed || res.Body != nil {
+					t.Fatalf("Do, %s: %+v, ran %v; want a refused replay and no run", name, res, ran)
+				}
+				_, err = c.Lookup(ctx, key)
+				refusedWith(t, "Lookup, "+name, err, idem.SealInvalid, "k1")
+			}
+		})
+	}
+}
+
+// TestRequireSealedRefusesUnsealedFailure: a sealing client stores a failure without
+// a response sealed, which a ring requiring sealing replays as that failure; a
+// failure without an envelope put in place of a sealed result is refused as
+// not_sealed, by Do, Once, Consume, Lookup and the middleware.
+func TestRequireSealedRefusesUnsealedFailure(t *testing.T) {
+	ctx := t.Context()
+	r := ring(t, "k1")
+	strict := sealing(t, r.RequireSealed())
+
+	bare := freshKey("seal-bare-failure")
+	cl, err := sealing(t, r).Claim(ctx, bare, idem.ClaimOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sealing(t, r).Release(ctx, bare, cl.Token, idem.Fail, nil); err != nil {
+		t.Fatal(err)
+	}
+	sealedAs(t, bare, 500, "k1")
+	ran := false
+	work := func(context.Context) (idem.Response, error) { ran = true; return idem.Response{Status: 200}, nil }
+	res, err := strict.Do(ctx, bare, "", work)
+	if !errors.Is(err, idem.ErrFailed) || errors.Is(err, idem.ErrUnsealable) || ran || res.Status != 0 || res.Body != nil {
+		t.Fatalf("Do of a sealed failure without a response: %+v %v, ran %v; want ErrFailed without a response", res, err, ran)
+	}
+	if rec, err := strict.Lookup(ctx, bare); err != nil || rec.State != "failed" || rec.Response != nil {
+		t.Fatalf("Lookup of a sealed failure without a response: %+v %v", rec, err)
+	}
+
+	key := freshKey("seal-unsealed-failure")
+	if _, err := sealing(t, r).Do(ctx, key, "", func(context.Context) (idem.Response, error) {
+		return idem.Response{Status: 201, Body: []byte("order made")}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	sealedAs(t, key, 201, "k1")
+	rewrite(t, key, "fail", nil)
+	if rec := lookUp(t, key); rec.State != "failed" || rec.Response != nil {
+		t.Fatalf("the rewritten record: %s", rec.raw)
+	}
+	_, err = strict.Claim(ctx, key, idem.ClaimOptions{})
+	refusedWith(t, "Claim", err, idem.SealMissing, "")
+	res, err = strict.Do(ctx, key, "", work)
+	refusedWith(t, "Do", err, idem.SealMissing, "")
+	if ran || !res.Replayed {
+		t.Fatalf("Do: %+v, ran %v; want a refused replay and no run", res, ran)
+	}
+	err = strict.Once(ctx, key, func(context.Context) error { ran = true; return nil })
+	refusedWith(t, "Once", err, idem.SealMissing, "")
+	v := strict.Consume(ctx, key, func(context.Context) error { ran = true; return nil })
+	refusedWith(t, "Consume", v.Err, idem.SealMissing, "")
+	if ran || v.Ran || v.Action != idem.Requeue {
+		t.Fatalf("Consume: %+v, ran %v; want a requeue without a run", v, ran)
+	}
+	_, err = strict.Lookup(ctx, key)
+	refusedWith(t, "Lookup", err, idem.SealMissing, "")
+	if _, err := sealing(t, r).Do(ctx, key, "", work); !errors.Is(err, idem.ErrFailed) || ran {
+		t.Fatalf("Do with a ring that allows plain results: %v, ran %v; want the plain failure", err, ran)
+	}
+
+	h := &orders{}
+	mwKey := freshKey("mw-unsealed-failure")
+	url := serveWith(t, sealing(t, r), h)
+	if first := send(t, url, "POST", mwKey, "application/json", `{"item":"book"}`); first.status != 201 {
+		t.Fatalf("first request: %+v", first)
+	}
+	rewrite(t, idem.MiddlewareKey("alice", mwKey), "fail", nil)
+	var inc incidents
+	refused := send(t, serveWith(t, strict, h, inc.option()), "POST", mwKey, "application/json", `{"item":"book"}`)
+	if refused.status != 502 || refused.problemCode() != "stored_response_unsealable" || h.runs.Load() != 1 {
+		t.Fatalf("the middleware under require sealed: %+v, %d runs", refused, h.runs.Load())
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -27,8 +28,13 @@ type sealVectorKey struct {
 }
 
 type sealVector struct {
-	Name            string              `json:"name"`
-	Kind            string              `json:"kind"`
+	Name    string `json:"name"`
+	Version int    `json:"version"`
+	Kind    string `json:"kind"`
+	// Outcome is a version 2 result's: completed or failed. Version 1 does not bind it.
+	Outcome string `json:"outcome,omitempty"`
+	// NoResponse marks a failure without a response, sealed as an empty plaintext.
+	NoResponse      bool                `json:"no_response,omitempty"`
 	Tenant          string              `json:"tenant"`
 	Key             string              `json:"key"`
 	Status          int                 `json:"status,omitempty"`
@@ -46,6 +52,7 @@ type sealVector struct {
 type sealRefusal struct {
 	Name         string `json:"name"`
 	Kind         string `json:"kind"`
+	Outcome      string `json:"outcome,omitempty"`
 	Tenant       string `json:"tenant"`
 	Key          string `json:"key"`
 	Status       int    `json:"status,omitempty"`
@@ -116,16 +123,38 @@ func mustB64(t *testing.T, s string) []byte {
 
 func (v sealVector) context() sealContext {
 	if v.Kind == "recovery_point" {
-		return sealContext{tenant: v.Tenant, key: v.Key, point: v.Point, isPt: true}
+		return pointContext(v.Tenant, v.Key, v.Point)
 	}
-	return sealContext{tenant: v.Tenant, key: v.Key, status: v.Status}
+	return resultContext(v.Tenant, v.Key, Outcome(v.Outcome), v.Status)
 }
 
 func (v sealVector) plaintext(t *testing.T) []byte {
-	if v.Kind == "recovery_point" {
+	switch {
+	case v.Kind == "recovery_point":
 		return mustB64(t, *v.DataBase64)
+	case v.NoResponse:
+		return []byte{}
 	}
 	return responsePlaintext(http.Header(v.Headers), mustB64(t, *v.BodyBase64))
+}
+
+// openAs opens a vector's envelope as the result of a record whose outcome is
+// outcome, and fails unless it gives the vector's response (or none).
+func (v sealVector) openAs(t *testing.T, ring *KeyRing, outcome Outcome, env []byte) {
+	t.Helper()
+	r, err := ring.openResponse(v.Tenant, v.Key, outcome, v.Status, env)
+	switch {
+	case err != nil:
+		t.Fatalf("open as %s: %v", outcome, err)
+	case v.NoResponse:
+		if r != nil {
+			t.Fatalf("open as %s: %+v, want no response", outcome, r)
+		}
+		return
+	case r == nil || r.Status != v.Status || !bytes.Equal(r.Body, mustB64(t, *v.BodyBase64)) ||
+		(len(v.Headers) > 0 || len(r.Header) > 0) && !reflect.DeepEqual(map[string][]string(r.Header), v.Headers):
+		t.Fatalf("open as %s: %+v", outcome, r)
+	}
 }
 
 func TestSealVectors(t *testing.T) {
@@ -145,41 +174,52 @@ func TestSealVectors(t *testing.T) {
 		t.Fatal("sealing.json has no vectors or no refusals")
 	}
 	for _, v := range f.Vectors {
-		t.Run(v.Name, func(t *testing.T) {
+		t.Run(fmt.Sprintf("v%d/%s", v.Version, v.Name), func(t *testing.T) {
 			ring := f.ringSealingWith(t, v.KeyID)
 			plain := v.plaintext(t)
 			if !bytes.Equal(plain, mustB64(t, v.PlaintextBase64)) {
 				t.Fatalf("plaintext %x, want %x", plain, mustB64(t, v.PlaintextBase64))
 			}
-			var env []byte
-			var err error
-			random := bytes.NewReader(mustB64(t, v.RandomBase64))
-			if v.Kind == "recovery_point" {
-				env, err = ring.sealPoint(v.Tenant, v.Key, v.Point, plain, random)
-			} else {
-				env, err = ring.sealResponse(v.Tenant, v.Key, Response{Status: v.Status, Header: http.Header(v.Headers), Body: mustB64(t, *v.BodyBase64)}, random)
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := mustB64(t, v.SealedBase64); !bytes.Equal(env, want) {
-				t.Fatalf("sealed %x\nwant   %x", env, want)
-			}
-			if aad := v.context().aad(env[:3+len(v.KeyID)]); !bytes.Equal(aad, mustB64(t, v.AADBase64)) {
+			want := mustB64(t, v.SealedBase64)
+			if aad := v.context().aad(want[:3+len(v.KeyID)]); !bytes.Equal(aad, mustB64(t, v.AADBase64)) {
 				t.Fatalf("associated data %x, want %x", aad, mustB64(t, v.AADBase64))
+			}
+			// Clients write the current version only; a version 1 envelope is opened.
+			if v.Version == sealVersion {
+				var env []byte
+				var err error
+				random := bytes.NewReader(mustB64(t, v.RandomBase64))
+				switch {
+				case v.Kind == "recovery_point":
+					env, err = ring.sealPoint(v.Tenant, v.Key, v.Point, plain, random)
+				case v.NoResponse:
+					env, err = ring.sealNoResponse(v.Tenant, v.Key, random)
+				default:
+					env, err = ring.sealResponse(v.Tenant, v.Key, Outcome(v.Outcome), Response{Status: v.Status, Header: http.Header(v.Headers), Body: mustB64(t, *v.BodyBase64)}, random)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(env, want) {
+					t.Fatalf("sealed %x\nwant   %x", env, want)
+				}
+			} else if want[1] != byte(v.Version) {
+				t.Fatalf("a version %d vector holds an envelope of version %d", v.Version, want[1])
 			}
 			// Any ring holding the key opens it, whichever key that ring seals with.
 			opener := f.ring(t)
-			if v.Kind == "recovery_point" {
-				data, err := opener.openPoint(v.Tenant, v.Key, v.Point, env)
+			switch {
+			case v.Kind == "recovery_point":
+				data, err := opener.openPoint(v.Tenant, v.Key, v.Point, want)
 				if err != nil || !bytes.Equal(data, plain) {
 					t.Fatalf("open: %q %v", data, err)
 				}
-				return
-			}
-			h, body, err := opener.openResponse(v.Tenant, v.Key, v.Status, env)
-			if err != nil || !bytes.Equal(body, mustB64(t, *v.BodyBase64)) || (len(v.Headers) > 0 || len(h) > 0) && !reflect.DeepEqual(map[string][]string(h), v.Headers) {
-				t.Fatalf("open: %v %q %v", h, body, err)
+			case v.Version == sealV1:
+				// Version 1 does not bind the outcome: a result opens as either.
+				v.openAs(t, opener, Completed, want)
+				v.openAs(t, opener, Failed, want)
+			default:
+				v.openAs(t, opener, Outcome(v.Outcome), want)
 			}
 		})
 	}
@@ -190,7 +230,7 @@ func TestSealVectors(t *testing.T) {
 			if r.Kind == "recovery_point" {
 				_, err = ring.openPoint(r.Tenant, r.Key, r.Point, mustB64(t, r.SealedBase64))
 			} else {
-				_, _, err = ring.openResponse(r.Tenant, r.Key, r.Status, mustB64(t, r.SealedBase64))
+				_, err = ring.openResponse(r.Tenant, r.Key, Outcome(r.Outcome), r.Status, mustB64(t, r.SealedBase64))
 			}
 			var se *SealError
 			if !errors.As(err, &se) || se.Reason != r.Error || se.KeyID != r.KeyID || !errors.Is(err, ErrUnsealable) {
@@ -202,91 +242,119 @@ func TestSealVectors(t *testing.T) {
 
 func writeSealVectors(t *testing.T, path string) {
 	f := sealVectorFile{
-		Description: "Sealed results and recovery points (docs/sealing.md). Every client seals each vector from its ring key and random bytes to exactly sealed_base64, opens it with the whole ring, and fails each refusal with its error.",
+		Description: "Sealed results and recovery points (docs/sealing.md). Every client seals each vector of version 2, the version clients write, from its ring key and random bytes to exactly sealed_base64, and opens it with the whole ring as a result of its outcome or as a recovery point; it opens each vector of version 1, which clients wrote before, as a completed and as a failed result alike (version 1 does not bind the outcome); and it fails each refusal with its error and key id (none when key_id is absent).",
 	}
 	for _, id := range []string{"k-2026-11", "k-2026-05", "ops.backup_1"} {
 		f.Ring = append(f.Ring, sealVectorKey{ID: id, KeyBase64: b64(derived("key/"+id, 32))})
 	}
-	resp := func(name, keyID, tenant, key string, status int, h map[string][]string, body []byte) sealVector {
-		return sealVector{Name: name, Kind: "response", Tenant: tenant, Key: key, Status: status, Headers: h, BodyBase64: b64p(body), KeyID: keyID}
+	resp := func(name, keyID, tenant, key string, outcome Outcome, status int, h map[string][]string, body []byte) sealVector {
+		return sealVector{Name: name, Version: sealVersion, Kind: "response", Outcome: string(outcome), Tenant: tenant, Key: key,
+			Status: status, Headers: h, BodyBase64: b64p(body), KeyID: keyID}
 	}
 	point := func(name, keyID, tenant, key, pt string, data []byte) sealVector {
-		return sealVector{Name: name, Kind: "recovery_point", Tenant: tenant, Key: key, Point: pt, DataBase64: b64p(data), KeyID: keyID}
+		return sealVector{Name: name, Version: sealVersion, Kind: "recovery_point", Tenant: tenant, Key: key, Point: pt, DataBase64: b64p(data), KeyID: keyID}
 	}
-	cases := []sealVector{
-		resp("a JSON answer", "k-2026-11", "payments", "order-1001", 201,
+	shared := []sealVector{
+		resp("a JSON answer", "k-2026-11", "payments", "order-1001", Completed, 201,
 			map[string][]string{"Content-Type": {"application/json"}, "Location": {"/orders/1001"}},
 			[]byte(`{"id":"ch_1","amount":4200,"email":"ada@example.com"}`)),
-		resp("no headers, no body", "k-2026-11", "default", "k", 200, nil, []byte{}),
-		resp("a 204 keeps its headers", "k-2026-05", "payments", "refund/77", 204,
+		resp("no headers, no body", "k-2026-11", "default", "k", Completed, 200, nil, []byte{}),
+		resp("a 204 keeps its headers", "k-2026-05", "payments", "refund/77", Completed, 204,
 			map[string][]string{"Etag": {`"v7"`}}, []byte{}),
-		resp("names in byte order, values in order, non-ASCII", "ops.backup_1", "t\u00e9nant", "cl\u00e9-\u96ea", 422,
+		resp("names in byte order, values in order, non-ASCII", "ops.backup_1", "t\u00e9nant", "cl\u00e9-\u96ea", Failed, 422,
 			map[string][]string{"x-b": {"2"}, "X-A": {"one", "two", "caf\u00e9"}, "Set-Cookie": {"a=1", "b=2"}},
 			[]byte(`{"error":"card declined"}`)),
-		resp("a binary body", "k-2026-11", "default", "blob", 200,
+		resp("a binary body", "k-2026-11", "default", "blob", Completed, 200,
 			map[string][]string{"Content-Type": {"application/octet-stream"}}, derived("body", 300)),
 		point("a recovery point", "k-2026-11", "payments", "order-1001", "charged", []byte(`{"charge":"ch_1"}`)),
 		point("an empty recovery point", "k-2026-05", "default", "k", "started", []byte{}),
 	}
-	for i, v := range cases {
+	current := append(slices.Clone(shared),
+		resp("a failure", "k-2026-11", "payments", "order-1001", Failed, 402,
+			map[string][]string{"Content-Type": {"text/plain"}}, []byte("card declined")),
+		sealVector{Name: "a failure without a response", Version: sealVersion, Kind: "response", Outcome: string(Failed), NoResponse: true,
+			Tenant: "payments", Key: "order-1001", Status: noResponseStatus, KeyID: "k-2026-11"},
+		resp("a 304 with a body", "k-2026-05", "default", "etag/1", Completed, 304,
+			map[string][]string{"Etag": {`"v1"`}}, []byte("kept")),
+	)
+	sealed := func(v sealVector, version byte, random []byte) sealVector {
 		ring := f.ringSealingWith(t, v.KeyID)
-		random := derived(fmt.Sprintf("random/%d", i), sealSaltLen+sealNonceLen)
 		v.RandomBase64 = b64(random)
 		plain := v.plaintext(t)
 		v.PlaintextBase64 = b64(plain)
-		env, err := ring.seal(v.context(), plain, bytes.NewReader(random))
+		env, err := ring.sealInPlace(v.context(), append(ring.envelopeOf(version, len(plain)), plain...), bytes.NewReader(random))
 		if err != nil {
 			t.Fatal(err)
 		}
 		v.SealedBase64 = b64(env)
 		v.AADBase64 = b64(v.context().aad(env[:3+len(v.KeyID)]))
+		return v
+	}
+	for i, v := range current {
+		f.Vectors = append(f.Vectors, sealed(v, sealVersion, derived(fmt.Sprintf("random/v2/%d", i), sealSaltLen+sealNonceLen)))
+	}
+	for i, v := range shared {
+		// Version 1's vectors are those of its time, from the same random bytes.
+		v.Version, v.Outcome = sealV1, ""
+		if v.Kind == "response" {
+			v.Outcome = string(Completed)
+		}
+		v = sealed(v, sealV1, derived(fmt.Sprintf("random/%d", i), sealSaltLen+sealNonceLen))
+		v.Outcome = ""
 		f.Vectors = append(f.Vectors, v)
 	}
-	r0, p0 := f.Vectors[0], f.Vectors[5]
-	env := mustB64(t, r0.SealedBase64)
-	flip := func(at int) string { b := bytes.Clone(env); b[at] ^= 1; return b64(b) }
-	unknown := func() string {
-		// Sealed under an id the ring does not hold.
-		r, err := NewKeyRing(SealKey{ID: "k-2025-01", Key: derived("key/k-2025-01", 32)})
-		if err != nil {
-			t.Fatal(err)
+	byName := func(version int, name string) sealVector {
+		for _, v := range f.Vectors {
+			if v.Version == version && v.Name == name {
+				return v
+			}
 		}
-		e, err := r.seal(r0.context(), mustB64(t, r0.PlaintextBase64), bytes.NewReader(derived("random/unknown", 28)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b64(e)
+		t.Fatalf("no vector %q of version %d", name, version)
+		return sealVector{}
 	}
-	otherBytes := func() string {
-		// Sealed under a ring id with other key bytes.
-		r, err := NewKeyRing(SealKey{ID: "k-2026-11", Key: derived("key/impostor", 32)})
+	r0, p0 := byName(sealVersion, "a JSON answer"), byName(sealVersion, "a recovery point")
+	f0, n0 := byName(sealVersion, "a failure"), byName(sealVersion, "a failure without a response")
+	r1 := byName(sealV1, "a JSON answer")
+	r1.Outcome = string(Completed)
+	env := mustB64(t, r0.SealedBase64)
+	changed := func(at int, to byte) string { b := bytes.Clone(env); b[at] = to; return b64(b) }
+	flip := func(at int) string { return changed(at, env[at]^1) }
+	sealedBy := func(id, label string) string {
+		r, err := NewKeyRing(SealKey{ID: id, Key: derived(label, 32)})
 		if err != nil {
 			t.Fatal(err)
 		}
-		e, err := r.seal(r0.context(), mustB64(t, r0.PlaintextBase64), bytes.NewReader(derived("random/impostor", 28)))
+		e, err := r.seal(r0.context(), mustB64(t, r0.PlaintextBase64), bytes.NewReader(derived("random/v2/"+label, 28)))
 		if err != nil {
 			t.Fatal(err)
 		}
 		return b64(e)
 	}
 	refuse := func(name string, v sealVector, sealed, reason, keyID string) sealRefusal {
-		return sealRefusal{Name: name, Kind: v.Kind, Tenant: v.Tenant, Key: v.Key, Status: v.Status, Point: v.Point,
+		return sealRefusal{Name: name, Kind: v.Kind, Outcome: v.Outcome, Tenant: v.Tenant, Key: v.Key, Status: v.Status, Point: v.Point,
 			SealedBase64: sealed, Error: reason, KeyID: keyID}
 	}
 	moved := func(v sealVector, change func(*sealVector)) sealVector { change(&v); return v }
 	f.Refusals = []sealRefusal{
-		refuse("a key the ring does not hold", r0, unknown(), SealUnknownKey, "k-2025-01"),
-		refuse("other bytes under a ring key's id", r0, otherBytes(), SealInvalid, "k-2026-11"),
+		refuse("a key the ring does not hold", r0, sealedBy("k-2025-01", "key/k-2025-01"), SealUnknownKey, "k-2025-01"),
+		refuse("other bytes under a ring key's id", r0, sealedBy("k-2026-11", "key/impostor"), SealInvalid, "k-2026-11"),
 		refuse("a flipped ciphertext byte", r0, flip(len(env)-20), SealInvalid, "k-2026-11"),
 		refuse("a flipped tag byte", r0, flip(len(env)-1), SealInvalid, "k-2026-11"),
 		refuse("a flipped salt byte", r0, flip(3+len(r0.KeyID)), SealInvalid, "k-2026-11"),
 		refuse("moved to another key", moved(r0, func(v *sealVector) { v.Key = "order-1002" }), r0.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("moved to another tenant", moved(r0, func(v *sealVector) { v.Tenant = "orders" }), r0.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("its status changed", moved(r0, func(v *sealVector) { v.Status = 200 }), r0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a failure's envelope as a completed result", moved(f0, func(v *sealVector) { v.Outcome = string(Completed) }), f0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a completed result's envelope as a failure", moved(r0, func(v *sealVector) { v.Outcome = string(Failed) }), r0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a failure without a response as a completed result", moved(n0, func(v *sealVector) { v.Outcome = string(Completed) }), n0.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("a recovery point under another name", moved(p0, func(v *sealVector) { v.Point = "published" }), p0.SealedBase64, SealInvalid, "k-2026-11"),
-		refuse("a recovery point's envelope as a result", sealVector{Kind: "response", Tenant: p0.Tenant, Key: p0.Key, Status: 200}, p0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a recovery point's envelope as a result", sealVector{Kind: "response", Outcome: string(Completed), Tenant: p0.Tenant, Key: p0.Key, Status: 200}, p0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("a result's envelope as a recovery point", sealVector{Kind: "recovery_point", Tenant: r0.Tenant, Key: r0.Key, Point: "charged"}, r0.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("its version changed to the previous one", r0, changed(1, sealV1), SealInvalid, "k-2026-11"),
+		refuse("the previous version moved to another key", moved(r1, func(v *sealVector) { v.Key = "order-1002" }), r1.SealedBase64, SealInvalid, "k-2026-11"),
+		refuse("the previous version with its status changed", moved(r1, func(v *sealVector) { v.Status = 200 }), r1.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("cut short", r0, b64(env[:3+len(r0.KeyID)+sealSaltLen+sealNonceLen+sealTagLen-1]), SealInvalid, ""),
-		refuse("a later version", r0, func() string { b := bytes.Clone(env); b[1] = 2; return b64(b) }(), SealInvalid, ""),
+		refuse("a later version", r0, changed(1, sealVersion+1), SealInvalid, ""),
 		refuse("not an envelope", r0, b64([]byte(`{"id":"ch_1"}`)), SealInvalid, ""),
 	}
 	out, err := json.MarshalIndent(f, "", "  ")

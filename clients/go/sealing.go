@@ -3,7 +3,6 @@ package idem
 import (
 	"errors"
 	"fmt"
-	"net/http"
 
 	"github.com/idemd/idemd/clients/go/idemapi"
 )
@@ -19,10 +18,15 @@ import (
 // without auth): it is bound into every envelope, so every client of one tenant must
 // give the same name. New refuses an empty tenant or a nil ring.
 //
+// A failure released without a response is stored sealed all the same, as an
+// envelope that holds nothing under status 500, and read back as a failure without a
+// response.
+//
 // Answers are opened before any caller sees them: a claim that replays, the recovery
 // point a lease starts from, Lookup. What does not open is a *SealError matching
 // ErrUnsealable: sealed with a key the ring does not hold (SealUnknownKey), changed or
-// moved in the store (SealInvalid), or plain under a ring that requires sealing
+// moved in the store, or moved between a completed and a failed record (SealInvalid),
+// or plain, or finished without a result, under a ring that requires sealing
 // (SealMissing, see KeyRing.RequireSealed). A plain result or point, stored before
 // sealing was turned on, is passed through otherwise. A client without WithSealing
 // that meets a sealed result gets SealUnknownKey naming the envelope's key; it hands a
@@ -50,32 +54,51 @@ func checkSealing(s *settings) error {
 	return nil
 }
 
-// storedResponse is r as the client sends it for key: sealed when the client has a
-// ring.
-func (c *Client) storedResponse(key string, r Response) (idemapi.StoredResponse, error) {
+// storedResponse is r as the client sends it for key, a result of outcome (Completed
+// or Failed): sealed when the client has a ring. A ring seals a failure without a
+// response as well (r nil), so that every result a sealing client stores is sealed;
+// without a ring, that failure is stored without a response.
+func (c *Client) storedResponse(key string, outcome Outcome, r *Response) (*idemapi.StoredResponse, error) {
 	if c.ring == nil {
-		return toStored(r), nil
+		if r == nil {
+			return nil, nil
+		}
+		s := toStored(*r)
+		return &s, nil
 	}
-	env, err := c.ring.sealResponse(c.tenant, key, r, cryptoRandom)
+	var env []byte
+	var err error
+	status := noResponseStatus
+	if r == nil {
+		env, err = c.ring.sealNoResponse(c.tenant, key, cryptoRandom)
+	} else {
+		status = r.Status
+		env, err = c.ring.sealResponse(c.tenant, key, outcome, *r, cryptoRandom)
+	}
 	if err != nil {
-		return idemapi.StoredResponse{}, fmt.Errorf("idem: sealing the result of %q: %w", key, err)
+		return nil, fmt.Errorf("idem: sealing the result of %q: %w", key, err)
 	}
-	return idemapi.StoredResponse{Status: r.Status, Sealed: &env}, nil
+	return &idemapi.StoredResponse{Status: status, Sealed: &env}, nil
 }
 
-// openResponse is the stored response of key as callers see it: opened when sealed.
-func (c *Client) openResponse(key string, s *idemapi.StoredResponse) (*Response, error) {
+// openResponse is the stored response of key, a record in state (completed, failed,
+// or one not finished), as callers see it: opened when sealed. Under a ring that
+// requires sealing, a finished record must carry an envelope: a sealing client stores
+// one even for a failure without a response.
+func (c *Client) openResponse(key, state string, s *idemapi.StoredResponse) (*Response, error) {
 	var err error
+	finished := state == string(Completed) || state == string(Failed)
 	switch {
+	case s == nil && finished && c.ring != nil && c.ring.requireSealed:
+		err = &SealError{Reason: SealMissing}
 	case s == nil:
 		return nil, nil
 	case s.Sealed != nil && c.ring == nil:
 		err = unknownKey(*s.Sealed)
 	case s.Sealed != nil:
-		var h http.Header
-		var body []byte
-		if h, body, err = c.ring.openResponse(c.tenant, key, s.Status, *s.Sealed); err == nil {
-			return &Response{Status: s.Status, Header: h, Body: body}, nil
+		var r *Response
+		if r, err = c.ring.openResponse(c.tenant, key, Outcome(state), s.Status, *s.Sealed); err == nil {
+			return r, nil
 		}
 	case c.ring != nil && c.ring.requireSealed:
 		err = &SealError{Reason: SealMissing}

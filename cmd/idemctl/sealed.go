@@ -80,10 +80,10 @@ func (a *app) rawRecord(ctx context.Context, key string) (*idemapi.KeyRecord, er
 	return &rec, nil
 }
 
-// looksSealed says whether b begins as an envelope does: its marker, version 1, and a
-// key id of 1 to 32 bytes, followed by at least the salt, nonce and tag.
+// looksSealed says whether b begins as an envelope does: its marker, version 1 or 2,
+// and a key id of 1 to 32 bytes, followed by at least the salt, nonce and tag.
 func looksSealed(b []byte) bool {
-	return len(b) > 3 && b[0] == 0xC1 && b[1] == 1 && b[2] >= 1 && b[2] <= 32 && len(b) >= 3+int(b[2])+16+12+16
+	return len(b) > 3 && b[0] == 0xC1 && (b[1] == 1 || b[1] == 2) && b[2] >= 1 && b[2] <= 32 && len(b) >= 3+int(b[2])+16+12+16
 }
 
 // describeSealed says what an envelope's head tells: the key that opens it, and its size.

@@ -252,10 +252,11 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 }
 
 // The first bytes of a sealed envelope (docs/sealing.md): a marker no UTF-8 text
-// holds, the version, and the length of the key id that follows.
+// holds, the version, and the length of the key id that follows. Clients seal in
+// version 2; records sealed in version 1 before are still stored and answered.
 const (
 	sealMarker    = 0xC1
-	sealVersion   = 1
+	sealVersion   = 2
 	sealMaxKeyID  = 32
 	sealFixedSize = 3 + 16 + 12 + 16 // head, salt, nonce, tag
 )
@@ -282,18 +283,22 @@ func (s *Server) sealedResponse(field string, r api.StoredResponse) (engine.Resp
 }
 
 func validEnvelope(env []byte) error {
-	if len(env) < 3 || env[0] != sealMarker {
-		return errors.New("not a sealed envelope (its first byte is 0xC1)")
-	}
-	if env[1] != sealVersion {
-		return fmt.Errorf("envelope version %d; this daemon knows version %d", env[1], sealVersion)
+	switch {
+	case len(env) == 0:
+		return fmt.Errorf("empty; an envelope starts with the byte 0x%02X", sealMarker)
+	case env[0] != sealMarker:
+		return fmt.Errorf("not a sealed envelope: its first byte is 0x%02X, where an envelope's is 0x%02X", env[0], sealMarker)
+	case len(env) < 3:
+		return fmt.Errorf("%d bytes, shorter than an envelope's head", len(env))
+	case env[1] < 1 || env[1] > sealVersion:
+		return fmt.Errorf("envelope version %d; this daemon knows versions 1 and %d", env[1], sealVersion)
 	}
 	n := int(env[2])
 	if n < 1 || n > sealMaxKeyID {
 		return fmt.Errorf("a key id of %d bytes; it is 1 to %d", n, sealMaxKeyID)
 	}
 	if len(env) < sealFixedSize+n {
-		return fmt.Errorf("%d bytes, shorter than the %d of an empty sealed result", len(env), sealFixedSize+n)
+		return fmt.Errorf("%d bytes, shorter than the %d of the shortest envelope with a key id of %d bytes", len(env), sealFixedSize+n, n)
 	}
 	for _, c := range env[3 : 3+n] {
 		if !validKeyIDByte(c) {

@@ -23,9 +23,11 @@ func envelope(version byte, keyID string, rest int) []byte {
 func TestSealedResponses(t *testing.T) { forEachStore(t, testSealedResponses) }
 
 func testSealedResponses(t *testing.T, d *daemon) {
-	for _, status := range []int{201, 204, 422} {
+	for i, status := range []int{201, 204, 422, 500} {
 		for _, path := range []string{"/v1/complete", "/v1/release"} {
-			env := envelope(1, "k-2026.11", 16+12+16+40+status%7)
+			// Version 2 is what clients seal; version 1 envelopes are still stored. The
+			// shortest holds nothing: a failure sealed without a response.
+			env := envelope(byte(1+i%2), "k-2026.11", 16+12+16+40*(status%5))
 			key := freshKey("sealed")
 			req := map[string]any{"key": key, "lease_token": d.acquire(key),
 				"response": map[string]any{"status": status, "sealed": env}}
@@ -52,21 +54,26 @@ func testSealedResponses(t *testing.T, d *daemon) {
 func TestSealedResponsesAreValidated(t *testing.T) { forEachStore(t, testSealedResponsesAreValidated) }
 
 func testSealedResponsesAreValidated(t *testing.T, d *daemon) {
-	good := envelope(1, "k1", 44)
+	good := envelope(2, "k1", 44)
 	for _, tc := range []struct {
 		name     string
 		response map[string]any
 		detail   string
 	}{
+		{"another first byte", map[string]any{"status": 200, "sealed": append([]byte{0xC2}, good[1:]...)},
+			"response.sealed: not a sealed envelope: its first byte is 0xC2, where an envelope's is 0xC1"},
+		{"an envelope's head alone", map[string]any{"status": 200, "sealed": good[:2]},
+			"response.sealed: 2 bytes, shorter than an envelope's head"},
 		{"headers beside the envelope", map[string]any{"status": 200, "sealed": good, "headers": map[string][]string{"X-A": {"1"}}}, "response.headers"},
 		{"a body beside the envelope", map[string]any{"status": 200, "sealed": good, "body": []byte("x")}, "response.body"},
 		{"an empty envelope", map[string]any{"status": 200, "sealed": []byte{}}, "response.sealed"},
 		{"not an envelope", map[string]any{"status": 200, "sealed": []byte(`{"card":"4242"}`)}, "response.sealed"},
-		{"an unknown version", map[string]any{"status": 200, "sealed": envelope(2, "k1", 44)}, "response.sealed"},
-		{"an empty key id", map[string]any{"status": 200, "sealed": envelope(1, "", 44)}, "response.sealed"},
-		{"a key id of 33 bytes", map[string]any{"status": 200, "sealed": envelope(1, strings.Repeat("k", 33), 44)}, "response.sealed"},
-		{"a key id with a slash", map[string]any{"status": 200, "sealed": envelope(1, "k/1", 44)}, "response.sealed"},
-		{"shorter than salt, nonce and tag", map[string]any{"status": 200, "sealed": envelope(1, "k1", 43)}, "response.sealed"},
+		{"an unknown version", map[string]any{"status": 200, "sealed": envelope(3, "k1", 44)}, "response.sealed: envelope version 3; this daemon knows versions 1 and 2"},
+		{"version 0", map[string]any{"status": 200, "sealed": envelope(0, "k1", 44)}, "response.sealed: envelope version 0"},
+		{"an empty key id", map[string]any{"status": 200, "sealed": envelope(2, "", 44)}, "response.sealed"},
+		{"a key id of 33 bytes", map[string]any{"status": 200, "sealed": envelope(2, strings.Repeat("k", 33), 44)}, "response.sealed"},
+		{"a key id with a slash", map[string]any{"status": 200, "sealed": envelope(2, "k/1", 44)}, "response.sealed"},
+		{"shorter than salt, nonce and tag", map[string]any{"status": 200, "sealed": envelope(2, "k1", 43)}, "response.sealed: 48 bytes, shorter than the 49 of the shortest envelope with a key id of 2 bytes"},
 		{"a plain response with the mark's name", map[string]any{"status": 200, "headers": map[string][]string{"idemd-sealed": {"1"}}, "body": good}, `response.headers["idemd-sealed"]`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
