@@ -17,7 +17,7 @@ import {
 import { createClient, createConfig, type Client as GeneratedClient } from "./gen/client/index.js";
 import * as sdk from "./gen/sdk.gen.js";
 import type * as api from "./gen/types.gen.js";
-import { KeyRing, Sealer } from "./seal.js";
+import { KeyRing, noResponseStatus, type Outcome, Sealer } from "./seal.js";
 
 /** Settings of an IdemClient; only baseUrl is required. */
 export interface ClientOptions {
@@ -491,7 +491,7 @@ export class IdemClient {
     return {
       outcome: data.outcome,
       attempt: data.attempt,
-      response: fromWire(data.response, key, this.#sealer),
+      response: fromWire(data.response, key, this.#sealer, data.outcome),
       expiresAt: new Date(data.expires_at),
     };
   }
@@ -501,16 +501,28 @@ export class IdemClient {
    * when the client seals. Repeating it is safe.
    */
   async complete(key: string, leaseToken: string, response: ResponseInit, options: FinishOptions = {}): Promise<void> {
-    const body: api.CompleteRequest = { key, lease_token: leaseToken, response: toWire(response, key, this.#sealer) };
+    const body: api.CompleteRequest = {
+      key,
+      lease_token: leaseToken,
+      response: toWire(response, key, this.#sealer, "completed"),
+    };
     const retention = options.retentionMs ?? this.#retentionMs;
     if (retention !== undefined) body.retention_ms = retention;
     await this.#do({ complete: body }, options.signal);
   }
 
-  /** Gives the lease back: "retry" frees the key, "fail" stores a terminal failure. */
+  /**
+   * Gives the lease back: "retry" frees the key, "fail" stores a terminal failure, with
+   * options.response when given. A sealing client stores a failure without a response
+   * sealed too (docs/sealing.md).
+   */
   async release(key: string, leaseToken: string, mode: "retry" | "fail", options: ReleaseOptions = {}): Promise<void> {
     const body: api.ReleaseRequest = { key, lease_token: leaseToken, mode };
-    if (options.response) body.response = toWire(options.response, key, this.#sealer);
+    if (options.response) body.response = toWire(options.response, key, this.#sealer, "failed");
+    else if (mode === "fail") {
+      const sealed = this.#sealer.sealNoResponse(key);
+      if (sealed !== undefined) body.response = { status: noResponseStatus, sealed: sealed.toString("base64") };
+    }
     const retention = options.retentionMs ?? this.#retentionMs;
     if (retention !== undefined) body.retention_ms = retention;
     await this.#do({ release: body }, options.signal);
@@ -583,7 +595,7 @@ export class IdemClient {
       updatedAt: new Date(data.updated_at),
       leaseExpiresAt: data.lease_expires_at === undefined ? undefined : new Date(data.lease_expires_at),
       expiresAt: new Date(data.expires_at),
-      response: fromWire(data.response, key, this.#sealer),
+      response: fromWire(data.response, key, this.#sealer, data.state),
       recoveryPoint: fromPoint(data.recovery_point, key, this.#sealer),
     };
   }
@@ -1099,15 +1111,21 @@ function sealerOf(sealing: SealingOptions | undefined): Sealer {
 }
 
 /**
- * Builds the stored form of key's response: with a sealer that holds a ring, its
- * status and the envelope of its headers and body, which then are not sent.
+ * Builds the stored form of key's response, a result of outcome: with a sealer that
+ * holds a ring, its status and the envelope of its headers and body, which then are not
+ * sent.
  */
-export function toWire(r: ResponseInit, key = "", sealer: Sealer = Sealer.none): api.StoredResponse {
+export function toWire(
+  r: ResponseInit,
+  key = "",
+  sealer: Sealer = Sealer.none,
+  outcome: Outcome = "completed",
+): api.StoredResponse {
   const headers: Record<string, string[]> = {};
   for (const [name, value] of Object.entries(r.headers ?? {})) headers[name] = Array.isArray(value) ? value : [value];
   const body =
     r.body === undefined ? Buffer.alloc(0) : typeof r.body === "string" ? Buffer.from(r.body, "utf8") : r.body;
-  const sealed = sealer.sealResponse(key, r.status, headers, body);
+  const sealed = sealer.sealResponse(key, outcome, r.status, headers, body);
   if (sealed !== undefined) return { status: r.status, sealed: sealed.toString("base64") };
   const wire: api.StoredResponse = { status: r.status };
   if (Object.keys(headers).length > 0) wire.headers = headers;
@@ -1116,22 +1134,25 @@ export function toWire(r: ResponseInit, key = "", sealer: Sealer = Sealer.none):
 }
 
 /**
- * Reads the stored form of key's response, opening it when it is sealed. A sealed one
- * that does not open, or a plain one under a ring that requires sealing, throws an
- * UnsealableError; without a ring, every sealed one does (unknown_key).
+ * Reads the stored form of key's response, of a record in state (completed, failed,
+ * or one not finished), opening it when it is sealed. A sealed one that does not open,
+ * or a plain one, or none for a finished record, under a ring that requires sealing,
+ * throws an UnsealableError; without a ring, every sealed one does (unknown_key).
  */
 export function fromWire(
   wire: api.StoredResponse | undefined,
   key = "",
   sealer: Sealer = Sealer.none,
+  state = "completed",
 ): StoredResponse | undefined {
-  if (wire === undefined) return undefined;
-  const sealed = wire.sealed === undefined ? undefined : Buffer.from(wire.sealed, "base64");
-  const { headers, body } = sealer.openResponse(key, wire.status, sealed, () => ({
-    headers: wire.headers ?? {},
-    body: Buffer.from(wire.body ?? "", "base64"),
+  const sealed = wire?.sealed === undefined ? undefined : Buffer.from(wire.sealed, "base64");
+  const stored = { present: wire !== undefined, status: wire?.status ?? 0, sealed };
+  const opened = sealer.openResponse(key, state, stored, () => ({
+    headers: wire?.headers ?? {},
+    body: Buffer.from(wire?.body ?? "", "base64"),
   }));
-  return { status: wire.status, headers, body };
+  if (wire === undefined || opened === undefined) return undefined;
+  return { status: wire.status, headers: opened.headers, body: opened.body };
 }
 
 function jsonResponse(body: string): ResponseInit {

@@ -3,18 +3,22 @@
 //
 // An envelope is
 //
-//     0xC1 | version 1 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
+//     0xC1 | version 2 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
 //
 // sealed with AES-256-GCM under a key derived for the one message, HKDF-SHA256(ring key,
 // salt, "idemd seal v1"), so that random nonces never meet the 2^32-messages-per-key
-// limit of GCM with a fixed key. The associated data binds the envelope's head, the
-// tenant, the idemd key and, for a result, its readable status or, for a recovery point,
-// its name: an envelope moved to another key, tenant, status or point fails to open.
+// limit of GCM with a fixed key. The associated data binds the envelope's head, what it
+// seals (a completed result, a failed one, or a recovery point), the tenant, the idemd
+// key and, for a result, its readable status or, for a recovery point, its name: an
+// envelope moved to another key, tenant, status, outcome or point fails to open.
+// Version 1, which clients wrote before, still opens; it does not bind a result's
+// outcome, so a failed result's envelope opens as a completed one and back.
 import { createCipheriv, createDecipheriv, hkdfSync, randomBytes } from "node:crypto";
 import { UnsealableError } from "./errors.js";
 
 const marker = 0xc1;
-const version = 1;
+const version = 2;
+const version1 = 1;
 const saltBytes = 16;
 const nonceBytes = 12;
 const tagBytes = 16;
@@ -41,10 +45,27 @@ export interface KeyRingOptions {
 /** Draws n random bytes: the salt and nonce of an envelope. */
 export type RandomSource = (n: number) => Uint8Array;
 
-/** What an envelope is bound to besides its head: a result's status, or a point's name. */
+/** What an envelope is bound to besides its head: a result's outcome and status, or a point's name. */
 export type SealContext =
-  | { kind: "response"; tenant: string; key: string; status: number }
+  | { kind: Outcome; tenant: string; key: string; status: number }
   | { kind: "point"; tenant: string; key: string; point: string };
+
+/** The outcome of a finished record, which a result's envelope is bound to. */
+export type Outcome = "completed" | "failed";
+
+/** The byte that says, in the associated data, what an envelope of a version seals. */
+function kindByte(kind: SealContext["kind"], envelopeVersion: number | undefined): string {
+  if (kind === "point") return "P";
+  if (envelopeVersion === version1) return "R";
+  return kind === "failed" ? "F" : "C";
+}
+
+/**
+ * The status under which a failure without a response is stored sealed: a failed
+ * result whose envelope holds nothing, not even the count of header names every
+ * response's plaintext starts with.
+ */
+export const noResponseStatus = 500;
 
 let sealWith: (ring: KeyRing, context: SealContext, plaintext: Uint8Array, random: RandomSource) => Buffer;
 let openWith: (ring: KeyRing | undefined, context: SealContext, envelope: Uint8Array) => Buffer;
@@ -157,7 +178,7 @@ function string16(s: string, what: string): Buffer[] {
 
 /** The associated data of an envelope whose head (marker, version, id length and id) is head. */
 export function associatedData(context: SealContext, head: Uint8Array): Buffer {
-  const parts: Buffer[] = [Buffer.from(head), Buffer.from(context.kind === "point" ? "P" : "R")];
+  const parts: Buffer[] = [Buffer.from(head), Buffer.from(kindByte(context.kind, head[1]), "latin1")];
   parts.push(...string16(context.tenant, "the tenant"), ...string16(context.key, "the key"));
   if (context.kind === "point") parts.push(...string16(context.point, "the recovery point's name"));
   else parts.push(u16(context.status, "the status"));
@@ -185,9 +206,13 @@ function seal(
   return Buffer.concat([head, drawn, sealed, cipher.getAuthTag()]);
 }
 
-/** The key id an envelope names, or undefined when it is not an envelope this format reads. */
+/**
+ * The key id an envelope names, or undefined when it is not an envelope this format
+ * reads: another first byte or version, or shorter than its head, salt, nonce and tag.
+ */
 function envelopeHead(envelope: Uint8Array): { id: string; head: number } | undefined {
-  if (envelope.length < 3 || envelope[0] !== marker || envelope[1] !== version) return undefined;
+  if (envelope.length < 3 || envelope[0] !== marker || (envelope[1] !== version && envelope[1] !== version1))
+    return undefined;
   const n = envelope[2] as number;
   const head = 3 + n;
   if (n === 0 || envelope.length < head + saltBytes + nonceBytes + tagBytes) return undefined;
@@ -299,34 +324,60 @@ export class Sealer {
   /** A client without sealing: it stores plain, and refuses what comes back sealed. */
   static readonly none = new Sealer("", undefined);
 
-  /** The envelope of a result's headers and body, bound to key and its status; undefined without a ring. */
+  /**
+   * The envelope of a result's headers and body, bound to key, its status and outcome;
+   * undefined without a ring.
+   */
   sealResponse(
     key: string,
+    outcome: Outcome,
     status: number,
     headers: Readonly<Record<string, readonly string[]>>,
     body: Uint8Array,
   ): Buffer | undefined {
     if (this.ring === undefined) return undefined;
-    const context: SealContext = { kind: "response", tenant: this.tenant, key, status };
+    const context: SealContext = { kind: outcome, tenant: this.tenant, key, status };
     return sealEnvelope(this.ring, context, responsePlaintext(headers, body), this.#random);
   }
 
   /**
-   * Opens a stored result: sealed opens into its headers and body; a plain one (sealed
-   * undefined) is given back as it is, unless the ring requires sealed results.
+   * The envelope of a failure released without a response (under noResponseStatus), so
+   * that a ring requiring sealing can tell it from a failure slipped into the store;
+   * undefined without a ring.
+   */
+  sealNoResponse(key: string): Buffer | undefined {
+    if (this.ring === undefined) return undefined;
+    const context: SealContext = { kind: "failed", tenant: this.tenant, key, status: noResponseStatus };
+    return sealEnvelope(this.ring, context, Buffer.alloc(0), this.#random);
+  }
+
+  /**
+   * Opens the stored result of a record in state (completed, failed, or one not
+   * finished): sealed opens into its headers and body, or into none for a failure
+   * sealed without a response; a plain one (sealed undefined) is given back as it is,
+   * unless the ring requires sealed results. Under such a ring, a finished record
+   * without a result at all (present false) is refused too.
    */
   openResponse(
     key: string,
-    status: number,
-    sealed: Uint8Array | undefined,
+    state: string,
+    stored: { present: boolean; status: number; sealed: Uint8Array | undefined },
     plain: () => { headers: Record<string, string[]>; body: Buffer },
-  ): { headers: Record<string, string[]>; body: Buffer } {
+  ): { headers: Record<string, string[]>; body: Buffer } | undefined {
+    const finished = state === "completed" || state === "failed";
+    if (!stored.present) {
+      if (finished && this.ring?.requireSealed) throw new UnsealableError("not_sealed");
+      return undefined;
+    }
+    const { status, sealed } = stored;
     if (sealed === undefined) {
       if (this.ring?.requireSealed) throw new UnsealableError("not_sealed");
       return plain();
     }
-    const context: SealContext = { kind: "response", tenant: this.tenant, key, status };
+    const outcome: Outcome = state === "failed" ? "failed" : "completed";
+    const context: SealContext = { kind: outcome, tenant: this.tenant, key, status };
     const plaintext = openEnvelope(this.ring, context, sealed);
+    if (plaintext.length === 0 && outcome === "failed" && sealed[1] !== version1) return undefined;
     return parseResponsePlaintext(plaintext, envelopeHead(sealed)?.id);
   }
 

@@ -80,7 +80,7 @@ function stored(): Buffer {
 /** The key id an envelope names, checking its head. */
 function envelopeKeyId(envelope: Buffer): string {
   assert.equal(envelope[0], 0xc1, "an envelope starts with 0xC1");
-  assert.equal(envelope[1], 1, "version 1");
+  assert.equal(envelope[1], 2, "version 2");
   return envelope.subarray(3, 3 + (envelope[2] as number)).toString("ascii");
 }
 
@@ -104,6 +104,30 @@ async function replayed(client: IdemClient, key: string): Promise<StoredResponse
   const claim = await client.claim(key);
   assert.equal(claim.outcome, "completed");
   return claim.response;
+}
+
+/**
+ * Plays whoever can write the store: replaces the record of key by one of the same
+ * fingerprint finished by "complete" or a "fail" release with response (none when
+ * undefined), an envelope copied as it is.
+ */
+async function rewrite(key: string, finish: "complete" | "fail", response?: RawRecord["response"]) {
+  const { fingerprint } = (await raw(key)) as RawRecord & { fingerprint?: string };
+  await plain.purge(key);
+  const post = async (path: string, body: object) => {
+    const res = await fetch(`${daemon.url}${path}`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(body),
+    });
+    const answer = (await res.json()) as { lease_token?: string };
+    assert.ok(res.ok, `${path}: ${res.status} ${JSON.stringify(answer)}`);
+    return answer;
+  };
+  const { lease_token } = await post("/v1/claim", fingerprint ? { key, fingerprint } : { key });
+  const finished = { key, lease_token, ...(response ? { response } : {}) };
+  if (finish === "fail") await post("/v1/release", { ...finished, mode: "fail" });
+  else await post("/v1/complete", finished);
 }
 
 describe("KeyRing", () => {
@@ -292,6 +316,80 @@ describe("sealed results", () => {
     const passed = await replayed(lenient, key);
     assert.equal(Buffer.from(passed?.body ?? []).toString(), "plain");
     assert.deepEqual(passed?.headers, { "content-type": ["text/plain"] });
+  });
+});
+
+describe("what the store's writer cannot change", () => {
+  test("a failure's envelope stored as a completed result, or a success's as a failure, does not open", async () => {
+    const cases = [
+      { stored: "fail" as const, swapTo: "complete" as const, status: 402 },
+      { stored: "complete" as const, swapTo: "fail" as const, status: 201 },
+    ];
+    for (const { stored, swapTo, status } of cases) {
+      const key = freshKey("sealed-outcome");
+      const client = sealing(["k-outcome"]);
+      const claim = await client.claim(key);
+      if (claim.outcome !== "acquired") throw new Error("not acquired");
+      const response = { status, headers: { "content-type": "text/plain" }, body: "declined or made" };
+      if (stored === "fail") await client.release(key, claim.leaseToken, "fail", { response });
+      else await client.complete(key, claim.leaseToken, response);
+      const before = await raw(key);
+      assert.equal(envelopeKeyId(Buffer.from(before.response?.sealed ?? "", "base64")), "k-outcome");
+      await rewrite(key, swapTo, before.response);
+      const after = await raw(key);
+      assert.equal(after.state, swapTo === "fail" ? "failed" : "completed");
+      assert.equal(after.response?.sealed, before.response?.sealed);
+      for (const reader of [sealing(["k-outcome"], { requireSealed: true }), sealing(["k-outcome"])]) {
+        let ran = false;
+        await assert.rejects(reader.claim(key), isUnsealable("invalid", "k-outcome"));
+        await assert.rejects(reader.lookup(key), isUnsealable("invalid", "k-outcome"));
+        await assert.rejects(
+          reader.run(key, () => {
+            ran = true;
+          }),
+          isUnsealable("invalid", "k-outcome"),
+        );
+        assert.equal(ran, false, "the work ran");
+      }
+    }
+  });
+
+  test("require sealed: a sealing client's failure without a response is sealed; an unsealed failure is not_sealed", async () => {
+    const client = sealing(["k-bare"]);
+    const strict = sealing(["k-bare"], { requireSealed: true });
+    const bare = freshKey("sealed-bare-failure");
+    const claim = await client.claim(bare);
+    if (claim.outcome !== "acquired") throw new Error("not acquired");
+    await client.release(bare, claim.leaseToken, "fail");
+    const record = await raw(bare);
+    assert.equal(record.state, "failed");
+    assert.equal(record.response?.status, 500);
+    assert.equal(envelopeKeyId(Buffer.from(record.response?.sealed ?? "", "base64")), "k-bare");
+    const replay = await strict.claim(bare);
+    assert.equal(replay.outcome, "failed");
+    assert.equal(replay.outcome === "failed" ? replay.response : "acquired", undefined);
+    assert.equal((await strict.lookup(bare)).response, undefined);
+
+    const key = freshKey("sealed-unsealed-failure");
+    await finish(client, key, { status: 201, body: "order made" });
+    await rewrite(key, "fail");
+    const swapped = await raw(key);
+    assert.equal(swapped.state, "failed");
+    assert.equal(swapped.response, undefined);
+    let ran = false;
+    const work = () => {
+      ran = true;
+    };
+    await assert.rejects(strict.claim(key), isUnsealable("not_sealed", ""));
+    await assert.rejects(strict.lookup(key), isUnsealable("not_sealed", ""));
+    await assert.rejects(strict.run(key, work), isUnsealable("not_sealed", ""));
+    await assert.rejects(strict.once(key, work), isUnsealable("not_sealed", ""));
+    const verdict = await strict.consume(key, work);
+    assert.equal(verdict.action, "requeue");
+    isUnsealable("not_sealed", "")(verdict.error);
+    assert.equal(ran, false, "the work ran");
+    await assert.rejects(client.run(key, work), FailedError);
+    assert.equal(ran, false, "the work ran");
   });
 });
 

@@ -77,7 +77,10 @@ describe("idempotency_key_header.json", () => {
 
 describe("sealing.json", () => {
   interface Sealed extends Vector {
+    version?: number;
     kind: "response" | "recovery_point";
+    outcome?: "completed" | "failed";
+    no_response?: boolean;
     tenant: string;
     key: string;
     status?: number;
@@ -91,36 +94,76 @@ describe("sealing.json", () => {
   };
   const keys = file.ring.map((k) => ({ id: k.id, key: Buffer.from(k.key_base64, "base64") }));
   const ring = new KeyRing(keys);
-  const context = (v: Sealed): SealContext =>
+  const context = (v: Sealed, outcome = v.outcome ?? "completed"): SealContext =>
     v.kind === "response"
-      ? { kind: "response", tenant: v.tenant, key: v.key, status: v.status as number }
+      ? { kind: outcome, tenant: v.tenant, key: v.key, status: v.status as number }
       : { kind: "point", tenant: v.tenant, key: v.key, point: v.point as string };
-  const head = (keyId: string) => Buffer.concat([Buffer.from([0xc1, 1, keyId.length]), Buffer.from(keyId)]);
+  const head = (version: number, keyId: string) =>
+    Buffer.concat([Buffer.from([0xc1, version, keyId.length]), Buffer.from(keyId)]);
+  /** Opens a result's envelope as the client does, for a record of outcome. */
+  const openAs = (v: Sealed, outcome: "completed" | "failed") => {
+    const stored = { present: true, status: v.status as number, sealed: bytes(v, "sealed") };
+    const opened = new Sealer(v.tenant, ring).openResponse(v.key, outcome, stored, () => assert.fail("plain"));
+    if (v.no_response) {
+      assert.equal(opened, undefined);
+      return;
+    }
+    assert.deepEqual(opened?.headers, v.headers ?? {});
+    assert.deepEqual(opened?.body, bytes(v, "body"));
+  };
 
   assert.ok(file.vectors.length > 0 && file.refusals.length > 0, "sealing.json has no vectors or refusals");
   for (const v of file.vectors) {
-    test(`seals and opens: ${v.name}`, () => {
+    test(`seals and opens: version ${v.version}, ${v.name}`, () => {
       const keyId = v.key_id as string;
-      // A ring whose sealing key is the vector's, the others after it.
-      const sealing = new KeyRing([...keys.filter((k) => k.id === keyId), ...keys.filter((k) => k.id !== keyId)]);
-      assert.equal(sealing.sealingKeyId, keyId);
-      const plaintext = v.kind === "response" ? responsePlaintext(v.headers ?? {}, bytes(v, "body")) : bytes(v, "data");
+      const plaintext =
+        v.kind === "recovery_point"
+          ? bytes(v, "data")
+          : v.no_response
+            ? Buffer.alloc(0)
+            : responsePlaintext(v.headers ?? {}, bytes(v, "body"));
       assert.deepEqual(plaintext, bytes(v, "plaintext"));
-      assert.deepEqual(associatedData(context(v), head(keyId)), bytes(v, "aad"));
-      const random = bytes(v, "random");
-      const drawn: number[] = [];
-      const envelope = sealEnvelope(sealing, context(v), plaintext, (n) => {
-        drawn.push(n);
-        return random;
-      });
-      assert.deepEqual(drawn, [28]);
-      assert.equal(envelope.toString("base64"), v.sealed_base64);
+      assert.deepEqual(associatedData(context(v), head(v.version as number, keyId)), bytes(v, "aad"));
+      assert.equal(bytes(v, "sealed")[1], v.version);
+      if (v.version === 2) {
+        // Clients write version 2 only; the vectors of version 1 are opened.
+        const sealing = new KeyRing([...keys.filter((k) => k.id === keyId), ...keys.filter((k) => k.id !== keyId)]);
+        assert.equal(sealing.sealingKeyId, keyId);
+        const random = bytes(v, "random");
+        const drawn: number[] = [];
+        const sealer = new Sealer(v.tenant, sealing, (n) => {
+          drawn.push(n);
+          return random;
+        });
+        const envelope =
+          v.kind === "recovery_point"
+            ? sealer.sealPoint(v.key, v.point as string, plaintext)
+            : v.no_response
+              ? sealer.sealNoResponse(v.key)
+              : sealer.sealResponse(
+                  v.key,
+                  v.outcome ?? "completed",
+                  v.status as number,
+                  v.headers ?? {},
+                  bytes(v, "body"),
+                );
+        assert.deepEqual(drawn, [28]);
+        assert.equal(Buffer.from(envelope ?? []).toString("base64"), v.sealed_base64);
+        assert.equal(sealEnvelope(sealing, context(v), plaintext, () => random).toString("base64"), v.sealed_base64);
+      }
 
       const opened = openEnvelope(ring, context(v), bytes(v, "sealed"));
       if (v.kind === "response") {
-        const { headers, body } = parseResponsePlaintext(opened);
-        assert.deepEqual(headers, v.headers ?? {});
-        assert.deepEqual(body, bytes(v, "body"));
+        if (!v.no_response) {
+          const { headers, body } = parseResponsePlaintext(opened);
+          assert.deepEqual(headers, v.headers ?? {});
+          assert.deepEqual(body, bytes(v, "body"));
+        }
+        // Version 1 does not bind the outcome: its results open as either.
+        if (v.version === 1) {
+          openAs(v, "completed");
+          openAs(v, "failed");
+        } else openAs(v, v.outcome ?? "completed");
       } else {
         assert.deepEqual(opened, bytes(v, "data"));
         // The client's path too: a point's data that is an envelope opens.
