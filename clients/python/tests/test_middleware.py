@@ -676,7 +676,7 @@ def test_sealed_answers(serve: ServeFn, daemon: Daemon) -> None:
     assert set(raw) == {"status", "sealed"}
     assert raw["status"] == 201
     envelope = base64.b64decode(raw["sealed"])
-    assert envelope.startswith(b"\xc1\x01\x06mw-old")
+    assert envelope.startswith(b"\xc1\x02\x06mw-old")
     assert first.content not in envelope
     assert b"/orders/1" not in envelope
 
@@ -729,7 +729,7 @@ def test_sealed_not_stored_and_recovery_points(serve: ServeFn, daemon: Daemon) -
     point = http.get(f"{daemon.url}/v1/records/{ikey}").json()["recovery_point"]
     data = base64.b64decode(point["data"])
     assert point["name"] == "handled"
-    assert data.startswith(b"\xc1\x01\x06mw-old")
+    assert data.startswith(b"\xc1\x02\x06mw-old")
     assert s.framework.encode() not in data
     # A service whose ring lacks the point's key runs nothing from it, and gives the
     # key back for a retry.

@@ -56,7 +56,7 @@ def envelope_of(raw: dict[str, Any]) -> bytes:
     response = raw["response"]
     assert set(response) == {"status", "sealed"}, response
     envelope = base64.b64decode(response["sealed"])
-    assert envelope[:2] == b"\xc1\x01"
+    assert envelope[:2] == b"\xc1\x02"
     return envelope
 
 
@@ -322,6 +322,114 @@ def test_require_sealed_refuses_a_plain_result(daemon: Daemon) -> None:
             assert (refused.value.reason, refused.value.key_id) == ("not_sealed", "")
 
 
+def rewrite(url: str, key: str, finish: str, response: dict[str, Any] | None) -> None:
+    """Plays whoever can write the store: replaces the record of ``key`` by one of the
+    same fingerprint finished by ``complete`` or a ``fail`` release with ``response``
+    (none when None), an envelope copied as it is."""
+    fingerprint = raw_record(url, key).get("fingerprint")
+    with idemd.Client(url) as c:
+        c.purge(key)
+
+    def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        answer = httpx.post(f"{url}{path}", json=body, timeout=30)
+        assert answer.is_success, answer.text
+        found: dict[str, Any] = answer.json()
+        return found
+
+    claim = post("/v1/claim", {"key": key} | ({"fingerprint": fingerprint} if fingerprint else {}))
+    finished: dict[str, Any] = {"key": key, "lease_token": claim["lease_token"]}
+    if response is not None:
+        finished["response"] = response
+    if finish == "fail":
+        post("/v1/release", finished | {"mode": "fail"})
+    else:
+        post("/v1/complete", finished)
+
+
+@pytest.mark.parametrize(("stored", "swap_to"), [("fail", "complete"), ("complete", "fail")])
+def test_an_envelope_does_not_open_under_the_other_outcome(daemon: Daemon, stored: str, swap_to: str) -> None:
+    """A failure's envelope stored as a completed result of the same key and status, or
+    a success's as a failure, is refused (invalid), and nothing runs."""
+    key = fresh_key("sealed-outcome")
+    with idemd.Client(daemon.url, sealing=sealing(OLD)) as c:
+        token = c.claim(key, fingerprint="fp").token
+        if stored == "fail":
+            c.release(key, token, "fail", RESULT)
+        else:
+            c.complete(key, token, RESULT)
+    before = raw_record(daemon.url, key)
+    envelope = envelope_of(before)
+    rewrite(daemon.url, key, swap_to, before["response"])
+    after = raw_record(daemon.url, key)
+    assert after["state"] == ("failed" if swap_to == "fail" else "completed")
+    assert envelope_of(after) == envelope
+    for strict in (True, False):
+        with idemd.Client(daemon.url, sealing=sealing(OLD, require_sealed=strict)) as reader:
+            calls: list[Callable[[], object]] = [
+                lambda: reader.claim(key, fingerprint="fp"),
+                lambda: reader.lookup(key),
+                lambda: reader.run(key, never, fingerprint="fp"),
+            ]
+            for call in calls:
+                with pytest.raises(idemd.Unsealable) as refused:
+                    call()
+                assert (refused.value.reason, refused.value.key_id) == ("invalid", "k-old")
+
+
+def test_require_sealed_refuses_an_unsealed_failure(daemon: Daemon) -> None:
+    """A sealing client stores a failure without a response sealed, which a ring that
+    requires sealing replays as that failure; a failure without an envelope put in place
+    of a sealed result is refused with not_sealed by claim, lookup, run, once and
+    consume, sync and async, and nothing runs."""
+    bare = fresh_key("sealed-bare-failure")
+    with idemd.Client(daemon.url, sealing=sealing(OLD)) as c:
+        c.release(bare, c.claim(bare).token, "fail")
+    record = raw_record(daemon.url, bare)
+    assert (record["state"], record["response"]["status"]) == ("failed", 500)
+    assert key_id_of(envelope_of(record)) == "k-old"
+    with idemd.Client(daemon.url, sealing=sealing(OLD, require_sealed=True)) as strict:
+        claim = strict.claim(bare)
+        assert (claim.outcome, claim.response) == ("failed", None)
+        assert strict.lookup(bare).response is None
+        with pytest.raises(idemd.Failed):
+            strict.run(bare, never)
+
+    key = fresh_key("sealed-unsealed-failure")
+    with idemd.Client(daemon.url, sealing=sealing(OLD)) as c:
+        c.complete(key, c.claim(key).token, RESULT)
+    rewrite(daemon.url, key, "fail", None)
+    swapped = raw_record(daemon.url, key)
+    assert swapped["state"] == "failed"
+    assert "response" not in swapped
+    with idemd.Client(daemon.url, sealing=sealing(OLD, require_sealed=True)) as strict:
+        calls: list[Callable[[], object]] = [
+            lambda: strict.claim(key),
+            lambda: strict.lookup(key),
+            lambda: strict.run(key, never),
+            lambda: strict.once(key, never),
+        ]
+        for call in calls:
+            with pytest.raises(idemd.Unsealable) as refused:
+                call()
+            assert (refused.value.reason, refused.value.key_id) == ("not_sealed", "")
+        verdict = strict.consume(key, never)
+        assert (verdict.action, verdict.ran, type(verdict.error)) == ("requeue", False, idemd.Unsealable)
+
+    async def never_async(_: idemd.AsyncLease) -> idemd.Response:
+        pytest.fail("the work ran for a key whose result does not open")
+
+    async def run_async() -> None:
+        async with idemd.AsyncClient(daemon.url, sealing=sealing(OLD, require_sealed=True)) as strict:
+            with pytest.raises(idemd.Unsealable) as refused:
+                await strict.run(key, never_async)
+            assert refused.value.reason == "not_sealed"
+            assert (await strict.claim(bare)).response is None
+
+    asyncio.run(run_async())
+    with idemd.Client(daemon.url, sealing=sealing(OLD)) as lenient, pytest.raises(idemd.Failed):
+        lenient.run(key, never)
+
+
 # Recovery points.
 
 
@@ -344,7 +452,7 @@ def test_a_sealed_recovery_point_reaches_the_next_holder(daemon: Daemon) -> None
         raw = raw_record(daemon.url, key)
         assert (raw["state"], raw["recovery_point"]["name"]) == ("released", "charged")
         data = base64.b64decode(raw["recovery_point"]["data"])
-        assert data[:2] == b"\xc1\x01"
+        assert data[:2] == b"\xc1\x02"
         assert key_id_of(data) == "k-old"
         assert POINT not in data
         point = c.lookup(key).recovery_point

@@ -107,10 +107,11 @@ def whole_ring() -> idemd.KeyRing:
     return idemd.KeyRing([idemd.SealKey(k["id"], RING_KEYS[k["id"]]) for k in SEALING["ring"]])
 
 
-@pytest.mark.parametrize("v", SEALING["vectors"], ids=lambda v: v["name"])
+@pytest.mark.parametrize("v", SEALING["vectors"], ids=lambda v: f"v{v['version']} {v['name']}")
 def test_sealing(v: dict[str, Any]) -> None:
-    """Sealed with the vector's key and random bytes, every byte is the vector's; opened
-    with the whole ring, it is the result or the data again."""
+    """A vector of version 2, sealed with its key and random bytes, is every byte the
+    vector's; a vector of either version, opened with the whole ring, is the result (of
+    its outcome; of either under version 1, which does not bind it) or the data again."""
     drawn = base64.b64decode(v["random_base64"])
     asked: list[int] = []
 
@@ -120,24 +121,37 @@ def test_sealing(v: dict[str, Any]) -> None:
 
     ring = idemd.KeyRing([idemd.SealKey(v["key_id"], RING_KEYS[v["key_id"]])])
     sealing = idemd.Sealing(v["tenant"], ring, random=random)
-    head = _seal.envelope_head_of(v["key_id"])
+    version = v["version"]
+    head = bytes([_seal.MARKER, version]) + _seal.envelope_head_of(v["key_id"])[2:]
+    want = base64.b64decode(v["sealed_base64"])
+    assert want[: len(head)] == head
     opener = idemd.Sealing(v["tenant"], whole_ring())
     if v["kind"] == "response":
-        response = idemd.Response(v["status"], v.get("headers", {}), base64.b64decode(v["body_base64"]))
-        plaintext = _seal.response_plaintext(response.headers, response.body)
-        aad = head + _seal.result_aad(v["tenant"], v["key"], v["status"])
-        envelope = sealing.seal_response(v["key"], response)
-        assert opener.open_response(v["key"], v["status"], envelope) == response
+        outcome: _seal.Outcome = "failed" if v.get("outcome") == "failed" else "completed"
+        response: idemd.Response | None = None
+        if v.get("no_response"):
+            plaintext = b""
+            envelope = sealing.seal_no_response(v["key"])
+        else:
+            response = idemd.Response(v["status"], v.get("headers", {}), base64.b64decode(v["body_base64"]))
+            plaintext = _seal.response_plaintext(response.headers, response.body)
+            envelope = sealing.seal_response(v["key"], outcome, response)
+        aad = head + _seal.result_aad(v["tenant"], v["key"], outcome, v["status"], version)
+        opened_as_any: list[_seal.Outcome] = ["completed", "failed"]
+        for opened_as in opened_as_any if version == _seal.VERSION_1 else [outcome]:
+            assert opener.open_response(v["key"], opened_as, v["status"], want) == response
     else:
         data = base64.b64decode(v["data_base64"])
         plaintext = data
-        aad = head + _seal.point_aad(v["tenant"], v["key"], v["point"])
+        aad = head + _seal.point_aad(v["tenant"], v["key"], v["point"], version)
         envelope = sealing.seal_point(v["key"], v["point"], data)
-        assert opener.open_point(v["key"], v["point"], envelope) == data
+        assert opener.open_point(v["key"], v["point"], want) == data
     assert asked == [28]
     assert plaintext == base64.b64decode(v["plaintext_base64"])
     assert aad == base64.b64decode(v["aad_base64"])
-    assert envelope == base64.b64decode(v["sealed_base64"])
+    if version == _seal.VERSION:
+        # Clients write version 2 only; the vectors of version 1 are opened.
+        assert envelope == want
 
 
 @pytest.mark.parametrize("v", SEALING["refusals"], ids=lambda v: v["name"])
@@ -147,7 +161,7 @@ def test_sealing_refusal(v: dict[str, Any]) -> None:
     envelope = base64.b64decode(v["sealed_base64"])
     if v["kind"] == "response":
         with pytest.raises(idemd.Unsealable) as refused:
-            sealing.open_response(v["key"], v["status"], envelope)
+            sealing.open_response(v["key"], v.get("outcome", "completed"), v["status"], envelope)
     else:
         with pytest.raises(idemd.Unsealable) as refused:
             sealing.open_point(v["key"], v["point"], envelope)

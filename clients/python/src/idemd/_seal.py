@@ -3,14 +3,17 @@ with keys idemd never sees, and opens them when they come back (docs/sealing.md)
 
 An envelope is::
 
-    0xC1 | version 1 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
+    0xC1 | version 2 | len(key id) | key id | salt (16) | nonce (12) | ciphertext | tag (16)
 
 sealed with AES-256-GCM under a key derived for the one message,
 HKDF-SHA256(ring key, salt, "idemd seal v1"), so that random nonces never meet the
 2^32-messages-per-key limit of GCM with a fixed key. The associated data binds the
-envelope's head, the tenant, the idemd key and, for a result, its readable status or,
-for a recovery point, its name: an envelope moved to another key, tenant, status or
-point fails to open. The shared vectors in clients/testdata/sealing.json pin every byte.
+envelope's head, what it seals (a completed result, a failed one, or a recovery point),
+the tenant, the idemd key and, for a result, its readable status or, for a recovery
+point, its name: an envelope moved to another key, tenant, status, outcome or point
+fails to open. Version 1, which clients wrote before, still opens; it does not bind a
+result's outcome, so a failed result's envelope opens as a completed one and back. The
+shared vectors in clients/testdata/sealing.json pin every byte.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -31,13 +35,18 @@ from ._errors import Unsealable
 from ._types import Response
 
 MARKER = 0xC1
-VERSION = 1
+VERSION = 2
+VERSION_1 = 1
 SALT_LEN = 16
 NONCE_LEN = 12
 TAG_LEN = 16
 KEY_LEN = 32
 MAX_KEY_ID = 32
 INFO = b"idemd seal v1"
+#: The status under which a failure without a response is stored sealed: a failed
+#: result whose envelope holds nothing, not even the count of header names every
+#: response's plaintext starts with.
+NO_RESPONSE_STATUS = 500
 
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,32}")
 
@@ -121,20 +130,21 @@ class KeyRing:
     def __repr__(self) -> str:
         return f"KeyRing(key_ids={self.key_ids!r})"
 
-    def _seal(self, aad_tail: bytes, plaintext: bytes, random: Random) -> bytes:
-        """An envelope of ``plaintext`` under the sealing key; ``random`` gives the salt
-        and the nonce (os.urandom outside the shared vectors' test)."""
+    def _seal(self, aad_tail: Callable[[int], bytes], plaintext: bytes, random: Random) -> bytes:
+        """An envelope of ``plaintext`` under the sealing key, bound to ``aad_tail`` of
+        its version; ``random`` gives the salt and the nonce (os.urandom outside the
+        shared vectors' test)."""
         head = envelope_head_of(self._sealing_id)
         drawn = random(SALT_LEN + NONCE_LEN)
         if len(drawn) != SALT_LEN + NONCE_LEN:
             raise ValueError(f"the random source gave {len(drawn)} bytes, not {SALT_LEN + NONCE_LEN}")
         salt, nonce = drawn[:SALT_LEN], drawn[SALT_LEN:]
-        sealed = _aead(self._keys[self._sealing_id], salt).encrypt(nonce, plaintext, head + aad_tail)
+        sealed = _aead(self._keys[self._sealing_id], salt).encrypt(nonce, plaintext, head + aad_tail(VERSION))
         return head + drawn + sealed
 
-    def _open(self, aad_tail: bytes, envelope: bytes) -> bytes:
+    def _open(self, aad_tail: Callable[[int], bytes], envelope: bytes) -> bytes:
         """The plaintext of an envelope sealed with any key of the ring, bound to
-        ``aad_tail``; Unsealable when it does not open."""
+        ``aad_tail`` of its version; Unsealable when it does not open."""
         key_id, head = envelope_head(envelope)
         key = self._keys.get(key_id)
         if key is None:
@@ -143,7 +153,7 @@ class KeyRing:
         nonce = envelope[head + SALT_LEN : head + SALT_LEN + NONCE_LEN]
         try:
             return _aead(key, salt).decrypt(
-                nonce, envelope[head + SALT_LEN + NONCE_LEN :], envelope[:head] + aad_tail
+                nonce, envelope[head + SALT_LEN + NONCE_LEN :], envelope[:head] + aad_tail(envelope[1])
             )
         except InvalidTag:
             raise Unsealable("invalid", key_id) from None
@@ -163,8 +173,8 @@ def envelope_head_of(key_id: str) -> bytes:
 
 def envelope_head(envelope: bytes) -> tuple[str, int]:
     """The key id an envelope names and the length of its head; Unsealable (invalid)
-    for bytes that are not an envelope of this version, or too short to be one."""
-    if len(envelope) < 3 or envelope[0] != MARKER or envelope[1] != VERSION:
+    for bytes that are not an envelope of version 1 or 2, or too short to be one."""
+    if len(envelope) < 3 or envelope[0] != MARKER or envelope[1] not in (VERSION, VERSION_1):
         raise Unsealable("invalid")
     n = envelope[2]
     head = 3 + n
@@ -183,12 +193,19 @@ def _string16(s: str) -> bytes:
     return _u16(len(b)) + b
 
 
-def result_aad(tenant: str, key: str, status: int) -> bytes:
-    """What a result's envelope is bound to after its head."""
-    return b"R" + _string16(tenant) + _string16(key) + _u16(status)
+#: The outcome of a finished record, which a result's envelope is bound to.
+Outcome = Literal["completed", "failed"]
 
 
-def point_aad(tenant: str, key: str, name: str) -> bytes:
+def result_aad(tenant: str, key: str, outcome: str, status: int, version: int = VERSION) -> bytes:
+    """What a result's envelope of ``version`` is bound to after its head: its
+    outcome (``completed`` or ``failed``; version 1 binds neither), tenant, key and
+    status."""
+    kind = b"R" if version == VERSION_1 else b"F" if outcome == "failed" else b"C"
+    return kind + _string16(tenant) + _string16(key) + _u16(status)
+
+
+def point_aad(tenant: str, key: str, name: str, version: int = VERSION) -> bytes:
     """What a recovery point's envelope is bound to after its head."""
     return b"P" + _string16(tenant) + _string16(key) + _string16(name)
 
@@ -263,20 +280,37 @@ class Sealing:
         if not isinstance(self.ring, KeyRing):
             raise TypeError("ring is a KeyRing")
 
-    def seal_response(self, key: str, response: Response) -> bytes:
-        """The envelope of a result's headers and body, bound to its status."""
+    def seal_response(self, key: str, outcome: Outcome, response: Response) -> bytes:
+        """The envelope of a result's headers and body, bound to its status and
+        ``outcome``."""
         return self.ring._seal(
-            result_aad(self.tenant, key, response.status),
+            lambda v: result_aad(self.tenant, key, outcome, response.status, v),
             response_plaintext(response.headers, response.body),
             self.random,
         )
 
-    def open_response(self, key: str, status: int, envelope: bytes) -> Response:
-        """The result an envelope holds, with its readable ``status``."""
-        headers, body = parse_response_plaintext(
-            self.ring._open(result_aad(self.tenant, key, status), envelope)
+    def seal_no_response(self, key: str) -> bytes:
+        """The envelope of a failure released without a response, stored under
+        :data:`NO_RESPONSE_STATUS`, so that a ring requiring sealing can tell it from a
+        failure slipped into the store."""
+        return self.ring._seal(
+            lambda v: result_aad(self.tenant, key, "failed", NO_RESPONSE_STATUS, v), b"", self.random
         )
+
+    def open_response(self, key: str, outcome: Outcome, status: int, envelope: bytes) -> Response | None:
+        """The result an envelope holds, with its readable ``status``, of a record
+        whose outcome is ``outcome``; None for a failure sealed without a response."""
+        plain = self.ring._open(lambda v: result_aad(self.tenant, key, outcome, status, v), envelope)
+        if not plain and outcome == "failed" and envelope[1] != VERSION_1:
+            return None
+        headers, body = parse_response_plaintext(plain)
         return Response(status, headers, body)
+
+    def missing_response(self) -> None:
+        """A finished record without a result: refused under require_sealed, since a
+        sealing client stores even a failure without a response sealed."""
+        if self.require_sealed:
+            raise Unsealable("not_sealed")
 
     def plain_response(self, response: Response) -> Response:
         """A plain result as it came: passed through, or refused under require_sealed."""
@@ -286,7 +320,7 @@ class Sealing:
 
     def seal_point(self, key: str, name: str, data: bytes) -> bytes:
         """The envelope of a recovery point's data, bound to its name."""
-        return self.ring._seal(point_aad(self.tenant, key, name), data, self.random)
+        return self.ring._seal(lambda v: point_aad(self.tenant, key, name, v), data, self.random)
 
     def open_point(self, key: str, name: str, data: bytes) -> bytes:
         """A recovery point's data. Data that is not an envelope (not starting with
@@ -296,7 +330,7 @@ class Sealing:
             if self.require_sealed:
                 raise Unsealable("not_sealed")
             return data
-        return self.ring._open(point_aad(self.tenant, key, name), data)
+        return self.ring._open(lambda v: point_aad(self.tenant, key, name, v), data)
 
 
 def unopened(envelope: bytes) -> Unsealable:

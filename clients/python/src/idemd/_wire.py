@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ._errors import Problem, Unsealable, problem_class, unexpected_answer
-from ._seal import Sealing, point_without_ring, unopened
+from ._seal import NO_RESPONSE_STATUS, Outcome, Sealing, point_without_ring, unopened
 from ._types import AbandonedKey, AbandonedPage, Claim, Record, RecoveryPoint, ReleaseMode, Response
 from .idemapi import types as api_types
 from .idemapi.models import (
@@ -29,7 +29,7 @@ from .idemapi.models import (
 )
 from .idemapi.models import Problem as WireProblem
 from .idemapi.models import RecoveryPoint as WirePoint
-from .idemapi.types import UNSET
+from .idemapi.types import UNSET, Unset
 
 
 def new_secret() -> str:
@@ -75,7 +75,7 @@ def complete_request(
     return CompleteRequest(
         key=key,
         lease_token=token,
-        response=to_stored(key, response, sealing),
+        response=to_stored(key, response, sealing, "completed"),
         retention_ms=millis(retention),
     )
 
@@ -92,7 +92,7 @@ def release_request(
         key=key,
         lease_token=token,
         mode=mode,
-        response=UNSET if response is None else to_stored(key, response, sealing),
+        response=failure_stored(key, mode, response, sealing),
         retention_ms=millis(retention),
     )
 
@@ -155,11 +155,24 @@ def _text(value: str | Any) -> str:
     return value if isinstance(value, str) else ""
 
 
-def to_stored(key: str, r: Response, sealing: Sealing | None) -> StoredResponse:
-    """A result as idemd stores it: sealed, with only its status readable, when the
-    client seals."""
+def failure_stored(
+    key: str, mode: ReleaseMode, response: Response | None, sealing: Sealing | None
+) -> StoredResponse | Unset:
+    """What a release stores: ``response`` as a failed result, and for a failure
+    without a response, when the client seals, the sealed mark of none."""
+    if response is not None:
+        return to_stored(key, response, sealing, "failed")
+    if sealing is None or mode != "fail":
+        return UNSET
+    sealed = base64.b64encode(sealing.seal_no_response(key)).decode("ascii")
+    return StoredResponse(status=NO_RESPONSE_STATUS, sealed=sealed)
+
+
+def to_stored(key: str, r: Response, sealing: Sealing | None, outcome: Outcome) -> StoredResponse:
+    """A result of ``outcome`` as idemd stores it: sealed, with only its status
+    readable, when the client seals."""
     if sealing is not None:
-        sealed = base64.b64encode(sealing.seal_response(key, r)).decode("ascii")
+        sealed = base64.b64encode(sealing.seal_response(key, outcome, r)).decode("ascii")
         return StoredResponse(status=r.status, sealed=sealed)
     headers: Any = UNSET
     if r.headers:
@@ -170,10 +183,13 @@ def to_stored(key: str, r: Response, sealing: Sealing | None) -> StoredResponse:
     return StoredResponse(status=r.status, headers=headers, body=body)
 
 
-def from_stored(s: StoredResponse | Any, key: str, sealing: Sealing | None) -> Response | None:
-    """A stored result of ``key``, opened when sealed; Unsealable when it does not open
-    (a sealed one and no ring, or a plain one under require_sealed)."""
+def from_stored(s: StoredResponse | Any, key: str, state: str, sealing: Sealing | None) -> Response | None:
+    """A stored result of ``key``, a record in ``state`` (completed, failed, or one not
+    finished), opened when sealed; Unsealable when it does not open (a sealed one and
+    no ring, or a plain one, or none for a finished record, under require_sealed)."""
     if not isinstance(s, StoredResponse):
+        if sealing is not None and state in ("completed", "failed"):
+            sealing.missing_response()
         return None
     if isinstance(s.sealed, str):
         try:
@@ -182,7 +198,7 @@ def from_stored(s: StoredResponse | Any, key: str, sealing: Sealing | None) -> R
             raise Unsealable("invalid") from None
         if sealing is None:
             raise unopened(envelope)
-        return sealing.open_response(key, s.status, envelope)
+        return sealing.open_response(key, "failed" if state == "failed" else "completed", s.status, envelope)
     headers: dict[str, list[str]] = {}
     if isinstance(s.headers, StoredResponseHeaders):
         headers = {k: list(v) for k, v in s.headers.additional_properties.items()}
@@ -240,7 +256,7 @@ def claim(parsed: ClaimAcquired | ClaimFinished, key: str, sealing: Sealing | No
         outcome=parsed.outcome,
         attempt=parsed.attempt,
         expires_at=parsed.expires_at,
-        response=from_stored(parsed.response, key, sealing),
+        response=from_stored(parsed.response, key, str(parsed.outcome), sealing),
     )
 
 
@@ -259,6 +275,6 @@ def record(parsed: KeyRecord, key: str, sealing: Sealing | None) -> Record:
         lease_expires_at=parsed.lease_expires_at
         if isinstance(parsed.lease_expires_at, datetime.datetime)
         else None,
-        response=from_stored(parsed.response, key, sealing),
+        response=from_stored(parsed.response, key, parsed.state, sealing),
         recovery_point=recovery_point(parsed.recovery_point, key, sealing),
     )
