@@ -210,7 +210,7 @@ public final class IdemClient implements AutoCloseable {
       return new Claim.Finished(
           f.getOutcome() == ClaimFinished.OutcomeEnum.FAILED,
           f.getAttempt(),
-          Optional.ofNullable(f.getResponse()).map(r -> sealing.fromWire(key, r)),
+          sealing.fromWire(key, f.getOutcome().getValue(), f.getResponse()),
           f.getExpiresAt());
     }
     // Not idemd's answer (a base URL that points at something else): nothing may run or
@@ -235,7 +235,7 @@ public final class IdemClient implements AutoCloseable {
         new CompleteRequest()
             .key(key)
             .leaseToken(leaseToken)
-            .response(sealing.toWire(key, response));
+            .response(sealing.toWire(key, false, response));
     Duration keep = retention != null ? retention : this.retention;
     if (keep != null) {
       body.retentionMs(keep.toMillis());
@@ -252,7 +252,10 @@ public final class IdemClient implements AutoCloseable {
     release(key, leaseToken, ReleaseRequest.ModeEnum.RETRY, null, null);
   }
 
-  /** Stores a terminal failure (mode fail): later claims replay response, which may be null. */
+  /**
+   * Stores a terminal failure (mode fail): later claims replay response, which may be null. With
+   * sealing, a failure without a response is stored sealed too (docs/sealing.md).
+   */
   public void releaseAsFailed(
       String key, String leaseToken, StoredResponse response, Duration retention) {
     release(key, leaseToken, ReleaseRequest.ModeEnum.FAIL, response, retention);
@@ -266,7 +269,9 @@ public final class IdemClient implements AutoCloseable {
       Duration retention) {
     ReleaseRequest body = new ReleaseRequest().key(key).leaseToken(leaseToken).mode(mode);
     if (response != null) {
-      body.response(sealing.toWire(key, response));
+      body.response(sealing.toWire(key, true, response));
+    } else if (mode == ReleaseRequest.ModeEnum.FAIL) {
+      body.response(sealing.noResponse(key));
     }
     Duration keep = retention != null ? retention : this.retention;
     if (keep != null && mode == ReleaseRequest.ModeEnum.FAIL) {
@@ -298,7 +303,7 @@ public final class IdemClient implements AutoCloseable {
         r.getUpdatedAt(),
         Optional.ofNullable(r.getLeaseExpiresAt()),
         r.getExpiresAt(),
-        Optional.ofNullable(r.getResponse()).map(wire -> sealing.fromWire(key, wire)),
+        sealing.fromWire(key, r.getState(), r.getResponse()),
         sealing.openPoint(key, Optional.ofNullable(r.getRecoveryPoint())));
   }
 

@@ -31,16 +31,28 @@ import javax.crypto.spec.SecretKeySpec;
  * IdemClient client = IdemClient.builder(url).sealing("payments", ring).build();
  * }</pre>
  *
- * <p>An envelope is {@code 0xC1 | version 1 | len(key id) | key id | salt (16) | nonce (12) |
+ * <p>An envelope is {@code 0xC1 | version 2 | len(key id) | key id | salt (16) | nonce (12) |
  * ciphertext | tag (16)}, sealed with AES-256-GCM under a key derived for the one message,
  * HKDF-SHA256(ring key, salt, "idemd seal v1"), so that random nonces never meet the 2^32-messages
- * limit of GCM under one key. The associated data binds the envelope's head, the tenant, the idemd
- * key and a result's status or a recovery point's name: an envelope moved to another key, tenant,
- * status or point does not open. A KeyRing is immutable and thread-safe.
+ * limit of GCM under one key. The associated data binds the envelope's head, what it seals (a
+ * completed result, a failed one, or a recovery point), the tenant, the idemd key and a result's
+ * status or a recovery point's name: an envelope moved to another key, tenant, status, outcome or
+ * point does not open. Version 1, which clients wrote before, still opens; it does not bind a
+ * result's outcome, so a failed result's envelope opens as a completed one and back. A KeyRing is
+ * immutable and thread-safe.
  */
 public final class KeyRing {
   static final int MARKER = 0xC1;
-  private static final int VERSION = 1;
+  static final int VERSION = 2;
+  static final int VERSION_1 = 1;
+
+  /**
+   * The status under which a failure without a response is stored sealed: a failed result whose
+   * envelope holds nothing, not even the count of header names every response's plaintext starts
+   * with.
+   */
+  static final int NO_RESPONSE_STATUS = 500;
+
   private static final int SALT_BYTES = 16;
   private static final int NONCE_BYTES = 12;
   private static final int TAG_BYTES = 16;
@@ -171,23 +183,27 @@ public final class KeyRing {
   }
 
   /**
-   * What an envelope is bound to besides its head: the tenant, the idemd key, and a result's status
-   * or a recovery point's name (point null for a result).
+   * What an envelope is bound to besides its head: what it seals ('C' a completed result, 'F' a
+   * failed one, 'P' a recovery point), the tenant, the idemd key, and a result's status or a
+   * recovery point's name (point null for a result).
    */
-  record Context(String tenant, String key, int status, String point) {
-    static Context result(String tenant, String key, int status) {
-      return new Context(tenant, key, status, null);
+  record Context(char kind, String tenant, String key, int status, String point) {
+    static Context result(String tenant, String key, boolean failed, int status) {
+      return new Context(failed ? 'F' : 'C', tenant, key, status, null);
     }
 
     static Context point(String tenant, String key, String name) {
-      return new Context(tenant, key, 0, name);
+      return new Context('P', tenant, key, 0, name);
     }
 
-    /** The associated data of an envelope with this head. */
+    /**
+     * The associated data of an envelope with this head; its version says how a result's outcome is
+     * bound (version 1 does not bind it).
+     */
     byte[] aad(byte[] head) {
       ByteArrayOutputStream b = new ByteArrayOutputStream();
       b.writeBytes(head);
-      b.write(point == null ? 'R' : 'P');
+      b.write(head[1] == VERSION_1 && point == null ? 'R' : kind);
       writeString16(b, tenant);
       writeString16(b, key);
       if (point == null) {
@@ -204,6 +220,11 @@ public final class KeyRing {
    * SecureRandom's nextBytes outside the shared vectors' tests).
    */
   byte[] seal(Context ctx, byte[] plaintext, Consumer<byte[]> random) {
+    return seal(VERSION, ctx, plaintext, random);
+  }
+
+  /** {@link #seal} in the given version; only the shared vectors' tests write version 1. */
+  byte[] seal(int version, Context ctx, byte[] plaintext, Consumer<byte[]> random) {
     byte[] id = sealingKeyId.getBytes(StandardCharsets.US_ASCII);
     int head = 3 + id.length;
     byte[] drawn = new byte[RANDOM_BYTES];
@@ -211,7 +232,7 @@ public final class KeyRing {
     byte[] salt = Arrays.copyOfRange(drawn, 0, SALT_BYTES);
     byte[] nonce = Arrays.copyOfRange(drawn, SALT_BYTES, RANDOM_BYTES);
     ByteBuffer env = ByteBuffer.allocate(head + RANDOM_BYTES + plaintext.length + TAG_BYTES);
-    env.put((byte) MARKER).put((byte) VERSION).put((byte) id.length).put(id).put(drawn);
+    env.put((byte) MARKER).put((byte) version).put((byte) id.length).put(id).put(drawn);
     byte[] sealed;
     try {
       Cipher gcm = cipher(Cipher.ENCRYPT_MODE, keys.get(sealingKeyId), salt, nonce);
@@ -253,7 +274,7 @@ public final class KeyRing {
    * result it cannot open was sealed with.
    */
   static String keyIdOf(byte[] env) {
-    if (env.length < 3 || (env[0] & 0xFF) != MARKER || env[1] != VERSION) {
+    if (env.length < 3 || (env[0] & 0xFF) != MARKER || (env[1] != VERSION && env[1] != VERSION_1)) {
       throw new UnsealableException(UnsealableException.Reason.INVALID, "");
     }
     int n = env[2] & 0xFF;

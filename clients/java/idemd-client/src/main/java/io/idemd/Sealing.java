@@ -38,15 +38,19 @@ final class Sealing {
     return ring != null;
   }
 
-  /** A result as it goes to idemd: sealed into {status, sealed} with a ring, plain without. */
-  io.idemd.api.model.StoredResponse toWire(String key, StoredResponse r) {
+  /**
+   * A result as it goes to idemd, of a record completed or failed: sealed into {status, sealed}
+   * with a ring, plain without.
+   */
+  io.idemd.api.model.StoredResponse toWire(String key, boolean failed, StoredResponse r) {
     io.idemd.api.model.StoredResponse wire =
         new io.idemd.api.model.StoredResponse().status(r.status());
     if (ring != null) {
       byte[] plain = KeyRing.responsePlaintext(r.headers(), r.body());
       // The generated model starts with empty headers, which would go out beside the envelope.
       return wire.headers(null)
-          .sealed(ring.seal(KeyRing.Context.result(tenant, key, r.status()), plain, random));
+          .sealed(
+              ring.seal(KeyRing.Context.result(tenant, key, failed, r.status()), plain, random));
     }
     if (!r.headers().isEmpty()) {
       wire.headers(r.headers());
@@ -59,11 +63,37 @@ final class Sealing {
   }
 
   /**
-   * A result of key as idemd answered it, opened when it is sealed. Throws an UnsealableException
-   * when it does not open, when it is sealed and this client has no ring (unknown_key, naming the
-   * envelope's key), and when it is plain and the client requires sealed results (not_sealed).
+   * What a failure without a response stores: with a ring, an envelope that holds nothing under
+   * {@link KeyRing#NO_RESPONSE_STATUS}, so that a ring requiring sealing can tell it from a failure
+   * slipped into the store; null without.
    */
-  StoredResponse fromWire(String key, io.idemd.api.model.StoredResponse wire) {
+  io.idemd.api.model.StoredResponse noResponse(String key) {
+    if (ring == null) {
+      return null;
+    }
+    int status = KeyRing.NO_RESPONSE_STATUS;
+    return new io.idemd.api.model.StoredResponse()
+        .status(status)
+        .headers(null)
+        .sealed(ring.seal(KeyRing.Context.result(tenant, key, true, status), new byte[0], random));
+  }
+
+  /**
+   * The result of key, a record whose state is state (completed, failed, or one not finished), as
+   * idemd answered it (wire null for none), opened when it is sealed; empty for none, and for a
+   * failure sealed without a response. Throws an UnsealableException when it does not open, when it
+   * is sealed and this client has no ring (unknown_key, naming the envelope's key), and when the
+   * client requires sealed results and it is plain, or a finished record has none (not_sealed).
+   */
+  Optional<StoredResponse> fromWire(
+      String key, String state, io.idemd.api.model.StoredResponse wire) {
+    boolean failed = "failed".equals(state);
+    if (wire == null) {
+      if (requireSealed && ring != null && (failed || "completed".equals(state))) {
+        throw new UnsealableException(UnsealableException.Reason.NOT_SEALED, "");
+      }
+      return Optional.empty();
+    }
     int status = wire.getStatus() == null ? 0 : wire.getStatus();
     byte[] sealed = wire.getSealed();
     if (sealed == null) {
@@ -72,18 +102,21 @@ final class Sealing {
       }
       Map<String, java.util.List<String>> headers =
           wire.getHeaders() == null ? Map.of() : wire.getHeaders();
-      return new StoredResponse(status, headers, wire.getBody());
+      return Optional.of(new StoredResponse(status, headers, wire.getBody()));
     }
     if (ring == null) {
       throw new UnsealableException(
           UnsealableException.Reason.UNKNOWN_KEY, KeyRing.keyIdOf(sealed));
     }
-    byte[] plain = ring.open(KeyRing.Context.result(tenant, key, status), sealed);
+    byte[] plain = ring.open(KeyRing.Context.result(tenant, key, failed, status), sealed);
+    if (plain.length == 0 && failed && sealed[1] != KeyRing.VERSION_1) {
+      return Optional.empty();
+    }
     KeyRing.Opened opened = KeyRing.parseResponsePlaintext(plain);
     if (opened == null) {
       throw new UnsealableException(UnsealableException.Reason.INVALID, KeyRing.keyIdOf(sealed));
     }
-    return new StoredResponse(status, opened.headers(), opened.body());
+    return Optional.of(new StoredResponse(status, opened.headers(), opened.body()));
   }
 
   /**

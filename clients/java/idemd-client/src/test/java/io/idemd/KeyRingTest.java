@@ -17,6 +17,7 @@ import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.function.Consumer;
 import java.util.stream.Stream;
 import org.junit.jupiter.api.DynamicTest;
@@ -93,11 +94,11 @@ class KeyRingTest {
     };
   }
 
-  private static byte[] head(String keyId) {
+  private static byte[] head(int version, String keyId) {
     byte[] id = keyId.getBytes(StandardCharsets.US_ASCII);
     byte[] head = new byte[3 + id.length];
     head[0] = (byte) 0xC1;
-    head[1] = 1;
+    head[1] = (byte) version;
     head[2] = (byte) id.length;
     System.arraycopy(id, 0, head, 3, id.length);
     return head;
@@ -111,6 +112,24 @@ class KeyRingTest {
     return new io.idemd.api.model.RecoveryPoint().name(name).data(data).attempt(1L);
   }
 
+  /**
+   * Opens a result vector's envelope as the result of a record of the given state, and checks it is
+   * the vector's response, or none for a failure sealed without one.
+   */
+  private static void opensAs(Sealing opener, JsonNode v, String state, byte[] envelope) {
+    int status = v.path("status").asInt();
+    Optional<StoredResponse> opened =
+        opener.fromWire(v.path("key").asText(), state, sealedWire(status, envelope));
+    if (v.path("no_response").asBoolean()) {
+      assertEquals(Optional.empty(), opened, "a failure sealed without a response");
+      return;
+    }
+    StoredResponse r = opened.orElseThrow();
+    assertEquals(status, r.status());
+    assertEquals(headers(v), r.headers());
+    assertArrayEquals(bytes(v.path("body_base64")), r.body());
+  }
+
   @TestFactory
   Stream<DynamicTest> theVectorsSealByteForByteAndOpenWithTheWholeRing() {
     KeyRing whole = KeyRing.of(fileKeys());
@@ -118,8 +137,9 @@ class KeyRingTest {
         .map(
             v ->
                 DynamicTest.dynamicTest(
-                    v.path("name").asText(),
+                    "version " + v.path("version").asInt() + ", " + v.path("name").asText(),
                     () -> {
+                      int version = v.path("version").asInt();
                       String tenant = v.path("tenant").asText();
                       String key = v.path("key").asText();
                       String keyId = v.path("key_id").asText();
@@ -128,29 +148,40 @@ class KeyRingTest {
                           new Sealing(tenant, sealingWith(keyId), false, fixed(random));
                       Sealing opener = new Sealing(tenant, whole, false);
                       byte[] wantSealed = bytes(v.path("sealed_base64"));
+                      assertEquals(version, wantSealed[1], "the envelope's version");
+                      // Clients write version 2 only; the vectors of version 1 are opened.
+                      boolean current = version == KeyRing.VERSION;
                       if (v.path("kind").asText().equals("response")) {
                         int status = v.path("status").asInt();
+                        boolean failed = v.path("outcome").asText().equals("failed");
+                        boolean none = v.path("no_response").asBoolean();
                         Map<String, List<String>> headers = headers(v);
-                        byte[] body = bytes(v.path("body_base64"));
+                        byte[] body = none ? new byte[0] : bytes(v.path("body_base64"));
                         assertArrayEquals(
                             bytes(v.path("plaintext_base64")),
-                            KeyRing.responsePlaintext(headers, body),
+                            none ? new byte[0] : KeyRing.responsePlaintext(headers, body),
                             "plaintext");
                         assertArrayEquals(
                             bytes(v.path("aad_base64")),
-                            KeyRing.Context.result(tenant, key, status).aad(head(keyId)),
+                            KeyRing.Context.result(tenant, key, failed, status)
+                                .aad(head(version, keyId)),
                             "aad");
-                        io.idemd.api.model.StoredResponse wire =
-                            sealer.toWire(key, new StoredResponse(status, headers, body));
-                        assertEquals(status, wire.getStatus());
-                        assertEquals(null, wire.getHeaders(), "headers beside the envelope");
-                        assertEquals(null, wire.getBody(), "a body beside the envelope");
-                        assertArrayEquals(wantSealed, wire.getSealed(), "sealed");
-                        StoredResponse opened =
-                            opener.fromWire(key, sealedWire(status, wantSealed));
-                        assertEquals(status, opened.status());
-                        assertEquals(headers, opened.headers());
-                        assertArrayEquals(body, opened.body());
+                        if (current) {
+                          io.idemd.api.model.StoredResponse wire =
+                              none
+                                  ? sealer.noResponse(key)
+                                  : sealer.toWire(
+                                      key, failed, new StoredResponse(status, headers, body));
+                          assertEquals(status, wire.getStatus());
+                          assertEquals(null, wire.getHeaders(), "headers beside the envelope");
+                          assertEquals(null, wire.getBody(), "a body beside the envelope");
+                          assertArrayEquals(wantSealed, wire.getSealed(), "sealed");
+                          opensAs(opener, v, failed ? "failed" : "completed", wantSealed);
+                        } else {
+                          // Version 1 does not bind the outcome: it opens as either.
+                          opensAs(opener, v, "completed", wantSealed);
+                          opensAs(opener, v, "failed", wantSealed);
+                        }
                       } else {
                         String point = v.path("point").asText();
                         byte[] data = bytes(v.path("data_base64"));
@@ -158,9 +189,12 @@ class KeyRingTest {
                             bytes(v.path("plaintext_base64")), data, "a point's plaintext");
                         assertArrayEquals(
                             bytes(v.path("aad_base64")),
-                            KeyRing.Context.point(tenant, key, point).aad(head(keyId)),
+                            KeyRing.Context.point(tenant, key, point).aad(head(version, keyId)),
                             "aad");
-                        assertArrayEquals(wantSealed, sealer.sealPoint(key, point, data), "sealed");
+                        if (current) {
+                          assertArrayEquals(
+                              wantSealed, sealer.sealPoint(key, point, data), "sealed");
+                        }
                         RecoveryPoint opened = opener.openPoint(key, pointWire(point, wantSealed));
                         assertEquals(point, opened.name());
                         assertArrayEquals(data, opened.data());
@@ -185,7 +219,10 @@ class KeyRingTest {
                               UnsealableException.class,
                               () -> {
                                 if (v.path("kind").asText().equals("response")) {
-                                  o.fromWire(key, sealedWire(v.path("status").asInt(), envelope));
+                                  o.fromWire(
+                                      key,
+                                      v.path("outcome").asText("completed"),
+                                      sealedWire(v.path("status").asInt(), envelope));
                                 } else {
                                   o.openPoint(key, pointWire(v.path("point").asText(), envelope));
                                 }
@@ -255,11 +292,13 @@ class KeyRingTest {
   void eachSealDrawsItsOwnSaltAndNonce() {
     Sealing s = new Sealing("t", KeyRing.parse("k=" + K1), false);
     StoredResponse r = StoredResponse.of(200, "text/plain", "same");
-    byte[] a = s.toWire("key", r).getSealed();
-    byte[] b = s.toWire("key", r).getSealed();
+    byte[] a = s.toWire("key", false, r).getSealed();
+    byte[] b = s.toWire("key", false, r).getSealed();
     assertFalse(Arrays.equals(a, b), "two envelopes of one result are equal");
-    assertEquals("same", s.fromWire("key", sealedWire(200, a)).bodyText());
-    assertEquals("same", s.fromWire("key", sealedWire(200, b)).bodyText());
+    assertEquals(
+        "same", s.fromWire("key", "completed", sealedWire(200, a)).orElseThrow().bodyText());
+    assertEquals(
+        "same", s.fromWire("key", "completed", sealedWire(200, b)).orElseThrow().bodyText());
     // The head (3 bytes and the key id), salt (16), nonce (12) and tag (16) over the plaintext.
     assertEquals(KeyRing.responsePlaintext(r.headers(), r.body()).length + 47 + 1, a.length);
   }
@@ -267,11 +306,12 @@ class KeyRingTest {
   @Test
   void aClientWithoutARingRefusesASealedResultAndHandsEveryPointOnAsItIs() {
     Sealing ring = new Sealing("t", KeyRing.parse("k-2026=" + K1), false);
-    byte[] envelope = ring.toWire("key", StoredResponse.of(201, "text/plain", "x")).getSealed();
+    byte[] envelope =
+        ring.toWire("key", false, StoredResponse.of(201, "text/plain", "x")).getSealed();
     UnsealableException e =
         assertThrows(
             UnsealableException.class,
-            () -> Sealing.NONE.fromWire("key", sealedWire(201, envelope)));
+            () -> Sealing.NONE.fromWire("key", "completed", sealedWire(201, envelope)));
     assertEquals(UnsealableException.Reason.UNKNOWN_KEY, e.reason());
     assertEquals("k-2026", e.keyId());
     assertTrue(e.getMessage().contains("k-2026"), e.getMessage());
@@ -286,12 +326,15 @@ class KeyRingTest {
     // Plain passes through, results and points; so does binary data that only starts
     // with the envelope's first byte.
     StoredResponse plain =
-        Sealing.NONE.fromWire(
-            "key",
-            new io.idemd.api.model.StoredResponse()
-                .status(200)
-                .headers(Map.of("content-type", List.of("text/plain")))
-                .body("plain".getBytes(StandardCharsets.UTF_8)));
+        Sealing.NONE
+            .fromWire(
+                "key",
+                "completed",
+                new io.idemd.api.model.StoredResponse()
+                    .status(200)
+                    .headers(Map.of("content-type", List.of("text/plain")))
+                    .body("plain".getBytes(StandardCharsets.UTF_8)))
+            .orElseThrow();
     assertEquals("plain", plain.bodyText());
     assertEquals(List.of("text/plain"), plain.headers().get("content-type"));
     byte[] binary = {(byte) 0xC1, 7, 7};
@@ -311,6 +354,7 @@ class KeyRingTest {
             () ->
                 required.fromWire(
                     "key",
+                    "completed",
                     new io.idemd.api.model.StoredResponse()
                         .status(200)
                         .body("plain".getBytes(StandardCharsets.UTF_8))));
@@ -336,9 +380,11 @@ class KeyRingTest {
         new Sealing("t", ring, false)
             .fromWire(
                 "key",
+                "completed",
                 new io.idemd.api.model.StoredResponse()
                     .status(200)
                     .body("plain".getBytes(StandardCharsets.UTF_8)))
+            .orElseThrow()
             .bodyText());
   }
 

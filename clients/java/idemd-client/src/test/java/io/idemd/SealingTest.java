@@ -80,7 +80,7 @@ class SealingTest {
   /** The key id an envelope names. */
   private static String envelopeKeyId(byte[] envelope) {
     assertEquals(0xC1, envelope[0] & 0xFF, "not an envelope");
-    assertEquals(1, envelope[1]);
+    assertEquals(2, envelope[1], "not version 2");
     return new String(envelope, 3, envelope[2], StandardCharsets.US_ASCII);
   }
 
@@ -243,6 +243,122 @@ class SealingTest {
             FailedException.class, () -> sealedOld.run(key, String.class, l -> "ran twice"));
     assertEquals(reason, failed.getMessage());
     assertEquals(7, failed.value().path("code").asInt());
+  }
+
+  /**
+   * Plays whoever can write the store: replaces the record of key by one of the same fingerprint
+   * finished by "complete" or a "fail" release with response (none when null), an envelope copied
+   * as it is.
+   */
+  private static void rewrite(String key, String finish, JsonNode response) throws Exception {
+    JsonNode was = Raw.record(daemon, key);
+    plain.purge(key);
+    com.fasterxml.jackson.databind.ObjectMapper json =
+        new com.fasterxml.jackson.databind.ObjectMapper();
+    com.fasterxml.jackson.databind.node.ObjectNode claim = json.createObjectNode().put("key", key);
+    if (was.hasNonNull("fingerprint")) {
+      claim.put("fingerprint", was.path("fingerprint").asText());
+    }
+    String token = Raw.post(daemon, "/v1/claim", claim).path("lease_token").asText();
+    com.fasterxml.jackson.databind.node.ObjectNode finished =
+        json.createObjectNode().put("key", key).put("lease_token", token);
+    if (response != null) {
+      finished.set("response", response);
+    }
+    if (finish.equals("fail")) {
+      Raw.post(daemon, "/v1/release", finished.put("mode", "fail"));
+    } else {
+      Raw.post(daemon, "/v1/complete", finished);
+    }
+  }
+
+  @Test
+  void anEnvelopeDoesNotOpenUnderTheOtherOutcome() throws Exception {
+    for (String stored : List.of("fail", "complete")) {
+      String key = key("outcome-" + stored);
+      StoredResponse answer =
+          StoredResponse.of(stored.equals("fail") ? 402 : 201, "text/plain", "x");
+      Claim.Acquired lease = (Claim.Acquired) sealedOld.claim(key);
+      if (stored.equals("fail")) {
+        sealedOld.releaseAsFailed(key, lease.leaseToken(), answer, null);
+      } else {
+        sealedOld.complete(key, lease.leaseToken(), answer);
+      }
+      JsonNode before = Raw.record(daemon, key);
+      byte[] envelope = sealedInRecord(before, answer.status());
+      String swapTo = stored.equals("fail") ? "complete" : "fail";
+      rewrite(key, swapTo, before.path("response"));
+      JsonNode after = Raw.record(daemon, key);
+      assertEquals(swapTo.equals("fail") ? "failed" : "completed", after.path("state").asText());
+      assertArrayEquals(envelope, sealedInRecord(after, answer.status()));
+      AtomicInteger runs = new AtomicInteger();
+      for (boolean strict : List.of(true, false)) {
+        try (IdemClient reader =
+            IdemClient.builder(daemon.url)
+                .sealing("payments", KeyRing.of(OLD))
+                .requireSealed(strict)
+                .build()) {
+          String id = OLD.id();
+          refused(UnsealableException.Reason.INVALID, id, () -> reader.claim(key));
+          refused(UnsealableException.Reason.INVALID, id, () -> reader.lookup(key));
+          refused(
+              UnsealableException.Reason.INVALID,
+              id,
+              () -> reader.run(key, String.class, l -> "ran " + runs.incrementAndGet()));
+        }
+      }
+      assertEquals(0, runs.get());
+    }
+  }
+
+  @Test
+  void requireSealedRefusesAnUnsealedFailureAndReplaysASealedOneWithoutAResponse()
+      throws Exception {
+    String bare = key("bare-failure");
+    Claim.Acquired lease = (Claim.Acquired) sealedOld.claim(bare);
+    sealedOld.releaseAsFailed(bare, lease.leaseToken(), null, null);
+    JsonNode record = Raw.record(daemon, bare);
+    assertEquals("failed", record.path("state").asText());
+    assertEquals(OLD.id(), envelopeKeyId(sealedInRecord(record, 500)));
+
+    String key = key("unsealed-failure");
+    sealedOld.run(key, String.class, l -> "ch_1");
+    sealedInRecord(Raw.record(daemon, key), 200);
+    rewrite(key, "fail", null);
+    JsonNode swapped = Raw.record(daemon, key);
+    assertEquals("failed", swapped.path("state").asText());
+    assertFalse(swapped.has("response"), swapped.toString());
+
+    AtomicInteger runs = new AtomicInteger();
+    try (IdemClient strict =
+        IdemClient.builder(daemon.url)
+            .sealing("payments", KeyRing.of(OLD))
+            .requireSealed(true)
+            .build()) {
+      Claim.Finished replay = assertInstanceOf(Claim.Finished.class, strict.claim(bare));
+      assertTrue(replay.failed());
+      assertTrue(replay.response().isEmpty());
+      assertTrue(strict.lookup(bare).response().isEmpty());
+
+      refused(UnsealableException.Reason.NOT_SEALED, "", () -> strict.claim(key));
+      refused(UnsealableException.Reason.NOT_SEALED, "", () -> strict.lookup(key));
+      refused(
+          UnsealableException.Reason.NOT_SEALED,
+          "",
+          () -> strict.run(key, String.class, l -> "ran " + runs.incrementAndGet()));
+      refused(
+          UnsealableException.Reason.NOT_SEALED,
+          "",
+          () -> strict.once(key, l -> runs.incrementAndGet()));
+      Verdict v = strict.consume(key, l -> runs.incrementAndGet());
+      assertEquals(Verdict.Action.REQUEUE, v.action());
+      assertInstanceOf(UnsealableException.class, v.error().orElseThrow());
+    }
+    assertEquals(0, runs.get());
+    assertThrows(
+        FailedException.class,
+        () -> sealedOld.run(key, String.class, l -> "ran " + runs.incrementAndGet()));
+    assertEquals(0, runs.get());
   }
 
   @Test

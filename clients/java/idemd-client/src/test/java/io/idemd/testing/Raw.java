@@ -43,6 +43,22 @@ public final class Raw {
     return new ObjectMapper().readTree(res.body());
   }
 
+  /** POSTs body to path of idemd's API, and returns its answer, which must be a success. */
+  public static JsonNode post(Daemon daemon, String path, JsonNode body)
+      throws IOException, InterruptedException {
+    HttpResponse<String> res =
+        HTTP.send(
+            HttpRequest.newBuilder(URI.create(daemon.url + path))
+                .header("Content-Type", "application/json")
+                .POST(HttpRequest.BodyPublishers.ofString(body.toString()))
+                .build(),
+            HttpResponse.BodyHandlers.ofString());
+    if (res.statusCode() / 100 != 2) {
+      throw new AssertionError(path + ": " + res.statusCode() + " " + res.body());
+    }
+    return new ObjectMapper().readTree(res.body());
+  }
+
   /** The bytes of a base64 member, such as a record's response.sealed. */
   public static byte[] bytes(JsonNode base64) {
     if (!base64.isTextual()) {
