@@ -128,17 +128,19 @@ func NewKeyRing(keys ...SealKey) (*KeyRing, error) {
 }
 
 // ParseKeyRing reads a ring from its text form, as the IDEMD_SEAL_KEYS variable and
-// key files hold it: entries "id=base64 of 32 bytes" separated by commas or newlines,
-// the first of which seals. Blank lines and lines starting with '#' are skipped.
+// key files hold it (docs/sealing.md): entries "id=base64 of 32 bytes" separated by
+// commas or line feeds, the first of which seals. Spaces, tabs and carriage returns
+// around lines, entries, ids and keys are skipped, and so are blank lines and lines
+// starting with '#'. A key is standard base64 with its padding and zero pad bits.
 func ParseKeyRing(text string) (*KeyRing, error) {
 	var keys []SealKey
 	for _, line := range strings.Split(text, "\n") {
-		line = strings.TrimSpace(line)
+		line = trimRingSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		for _, entry := range strings.Split(line, ",") {
-			entry = strings.TrimSpace(entry)
+			entry = trimRingSpace(entry)
 			if entry == "" {
 				continue
 			}
@@ -146,15 +148,24 @@ func ParseKeyRing(text string) (*KeyRing, error) {
 			if !ok {
 				return nil, fmt.Errorf("idemd: key ring entry %d is not id=base64", len(keys))
 			}
-			key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
-			if err != nil {
-				return nil, fmt.Errorf("idemd: key %q: not standard base64: %w", strings.TrimSpace(id), err)
+			id, b64 = trimRingSpace(id), trimRingSpace(b64)
+			// The decoder skips line breaks, which no other client's does.
+			key, err := base64.StdEncoding.Strict().DecodeString(b64)
+			if err == nil && strings.ContainsAny(b64, "\r\n") {
+				err = errors.New("a line break inside the key")
 			}
-			keys = append(keys, SealKey{ID: strings.TrimSpace(id), Key: key})
+			if err != nil {
+				return nil, fmt.Errorf("idemd: key %q: not standard base64: %w", id, err)
+			}
+			keys = append(keys, SealKey{ID: id, Key: key})
 		}
 	}
 	return NewKeyRing(keys...)
 }
+
+// trimRingSpace trims what the ring's text form counts as space: ASCII spaces, tabs
+// and carriage returns, so that every client reads a ring alike.
+func trimRingSpace(s string) string { return strings.Trim(s, " \t\r") }
 
 // RequireSealed returns a ring that refuses plain results and recovery points with a
 // SealError (SealMissing) instead of passing them through. A ring that allows them

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -62,9 +63,19 @@ type sealRefusal struct {
 	KeyID        string `json:"key_id,omitempty"`
 }
 
+// sealRingText is a key ring's text form and what every client reads from it: the
+// ids in order, the first of which seals, or an error.
+type sealRingText struct {
+	Name   string   `json:"name"`
+	Text   string   `json:"text"`
+	KeyIDs []string `json:"key_ids,omitempty"`
+	Error  bool     `json:"error,omitempty"`
+}
+
 type sealVectorFile struct {
 	Description string          `json:"description"`
 	Ring        []sealVectorKey `json:"ring"`
+	RingTexts   []sealRingText  `json:"ring_texts"`
 	Vectors     []sealVector    `json:"vectors"`
 	Refusals    []sealRefusal   `json:"refusals"`
 }
@@ -170,8 +181,30 @@ func TestSealVectors(t *testing.T) {
 	if err := json.Unmarshal(raw, &f); err != nil {
 		t.Fatal(err)
 	}
-	if len(f.Vectors) == 0 || len(f.Refusals) == 0 {
-		t.Fatal("sealing.json has no vectors or no refusals")
+	if len(f.Vectors) == 0 || len(f.Refusals) == 0 || len(f.RingTexts) == 0 {
+		t.Fatal("sealing.json has no vectors, refusals or ring texts")
+	}
+	for _, rt := range f.RingTexts {
+		t.Run("ring text/"+rt.Name, func(t *testing.T) {
+			r, err := ParseKeyRing(rt.Text)
+			if rt.Error {
+				if err == nil {
+					t.Fatalf("read %q as a ring sealing with %q", rt.Text, r.SealingKeyID())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.SealingKeyID() != rt.KeyIDs[0] || len(r.keys) != len(rt.KeyIDs) {
+				t.Fatalf("a ring of %d keys sealing with %q, want %q", len(r.keys), r.SealingKeyID(), rt.KeyIDs)
+			}
+			for _, id := range rt.KeyIDs {
+				if _, ok := r.keys[id]; !ok {
+					t.Fatalf("no key %q in the ring", id)
+				}
+			}
+		})
 	}
 	for _, v := range f.Vectors {
 		t.Run(fmt.Sprintf("v%d/%s", v.Version, v.Name), func(t *testing.T) {
@@ -242,11 +275,12 @@ func TestSealVectors(t *testing.T) {
 
 func writeSealVectors(t *testing.T, path string) {
 	f := sealVectorFile{
-		Description: "Sealed results and recovery points (docs/sealing.md). Every client seals each vector of version 2, the version clients write, from its ring key and random bytes to exactly sealed_base64, and opens it with the whole ring as a result of its outcome or as a recovery point; it opens each vector of version 1, which clients wrote before, as a completed and as a failed result alike (version 1 does not bind the outcome); and it fails each refusal with its error and key id (none when key_id is absent).",
+		Description: "Sealed results and recovery points (docs/sealing.md). Every client seals each vector of version 2, the version clients write, from its ring key and random bytes to exactly sealed_base64, and opens it with the whole ring as a result of its outcome or as a recovery point; it opens each vector of version 1, which clients wrote before, as a completed and as a failed result alike (version 1 does not bind the outcome); it fails each refusal with its error and key id (none when key_id is absent); and it reads each ring text into a ring of key_ids, in order, the first sealing, or refuses it when error is true.",
 	}
 	for _, id := range []string{"k-2026-11", "k-2026-05", "ops.backup_1"} {
 		f.Ring = append(f.Ring, sealVectorKey{ID: id, KeyBase64: b64(derived("key/"+id, 32))})
 	}
+	f.RingTexts = ringTexts(f.Ring)
 	resp := func(name, keyID, tenant, key string, outcome Outcome, status int, h map[string][]string, body []byte) sealVector {
 		return sealVector{Name: name, Version: sealVersion, Kind: "response", Outcome: string(outcome), Tenant: tenant, Key: key,
 			Status: status, Headers: h, BodyBase64: b64p(body), KeyID: keyID}
@@ -363,5 +397,36 @@ func writeSealVectors(t *testing.T, path string) {
 	}
 	if err := os.WriteFile(path, append(out, '\n'), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ringTexts are the text forms of rings every client reads alike, made of ring's keys.
+func ringTexts(ring []sealVectorKey) []sealRingText {
+	a, b, c := ring[0], ring[1], ring[2]
+	entry := func(k sealVectorKey) string { return k.ID + "=" + k.KeyBase64 }
+	ok := func(name, text string, ids ...string) sealRingText {
+		return sealRingText{Name: name, Text: text, KeyIDs: ids}
+	}
+	bad := func(name, text string) sealRingText { return sealRingText{Name: name, Text: text, Error: true} }
+	key := a.KeyBase64
+	return []sealRingText{
+		ok("entries by commas and line feeds, the first sealing", entry(a)+","+entry(b)+"\n"+entry(c), a.ID, b.ID, c.ID),
+		ok("CRLF, blank lines, comments, and spaces and tabs around lines, entries, ids and keys",
+			"# the ring\r\n\r\n \t"+a.ID+" = "+a.KeyBase64+" ,\r\n# "+entry(c)+"\r\n\t"+b.ID+"\t=\t"+b.KeyBase64+"\t,,\r\n", a.ID, b.ID),
+		bad("no key", "# none yet\n\n"),
+		bad("a '#' after an entry is not a comment", entry(a)+" # the current key"),
+		bad("base64 without its padding", a.ID+"="+strings.TrimRight(key, "=")),
+		bad("URL-safe base64", a.ID+"="+strings.NewReplacer("+", "-", "/", "_").Replace(key)),
+		bad("base64 whose pad bits are not zero", a.ID+"="+key[:len(key)-2]+string(key[len(key)-2]+1)+"="),
+		bad("a space inside the key", a.ID+"="+key[:8]+" "+key[8:]),
+		bad("a carriage return inside the key", a.ID+"="+key[:8]+"\r"+key[8:]),
+		bad("a lone carriage return does not end a line", entry(a)+"\r"+entry(b)),
+		bad("a no-break space is not space", "\u00a0"+entry(a)),
+		bad("a key of 31 bytes", a.ID+"="+b64(derived("short", 31))),
+		bad("a non-ASCII letter in a key id", "k\u00e9="+key),
+		bad("a key id of 33 characters", strings.Repeat("k", 33)+"="+key),
+		bad("an empty key id", "="+key),
+		bad("an entry without '='", entry(a)+","+b.ID),
+		bad("an id given twice", entry(a)+"\n"+a.ID+"="+b.KeyBase64),
 	}
 }
