@@ -115,22 +115,24 @@ export class KeyRing {
 
   /**
    * Reads a ring from its text form, as the IDEMD_SEAL_KEYS variable and key files hold
-   * it: entries "id=base64 of 32 bytes" separated by commas or newlines, the first of
-   * which seals. Blank lines and lines starting with '#' are skipped. Throws a TypeError
+   * it (docs/sealing.md): entries "id=base64 of 32 bytes" separated by commas or line
+   * feeds, the first of which seals. Spaces, tabs and carriage returns around lines,
+   * entries, ids and keys are skipped, and so are blank lines and lines starting with
+   * '#'. A key is standard base64 with its padding and zero pad bits. Throws a TypeError
    * naming the entry (never the key) that is wrong.
    */
   static parse(text: string, options: KeyRingOptions = {}): KeyRing {
     const keys: SealKey[] = [];
     for (const rawLine of String(text).split("\n")) {
-      const line = rawLine.trim();
+      const line = trimRingSpace(rawLine);
       if (line === "" || line.startsWith("#")) continue;
       for (const rawEntry of line.split(",")) {
-        const entry = rawEntry.trim();
+        const entry = trimRingSpace(rawEntry);
         if (entry === "") continue;
         const at = entry.indexOf("=");
         if (at < 0) throw new TypeError(`idem: key ring entry ${keys.length} is not id=base64`);
-        const id = entry.slice(0, at).trim();
-        const b64 = entry.slice(at + 1).trim();
+        const id = trimRingSpace(entry.slice(0, at));
+        const b64 = trimRingSpace(entry.slice(at + 1));
         if (!isStdBase64(b64)) throw new TypeError(`idem: key ${JSON.stringify(id)}: not standard base64`);
         keys.push({ id, key: Buffer.from(b64, "base64") });
       }
@@ -147,6 +149,14 @@ export class KeyRing {
   get keyIds(): string[] {
     return [...this.#keys.keys()];
   }
+}
+
+/**
+ * Trims what the ring's text form counts as space: ASCII spaces, tabs and carriage
+ * returns, so that every client reads a ring alike.
+ */
+function trimRingSpace(s: string): string {
+  return s.replace(/^[ \t\r]+|[ \t\r]+$/g, "");
 }
 
 /** Why id is not a key id, or undefined when it is one. */

@@ -89,6 +89,7 @@ describe("sealing.json", () => {
   }
   const file = JSON.parse(readFileSync(join(testdata, "sealing.json"), "utf8")) as {
     ring: { id: string; key_base64: string }[];
+    ring_texts: { name: string; text: string; key_ids?: string[]; error?: boolean }[];
     vectors: Sealed[];
     refusals: (Sealed & { error: string; key_id?: string })[];
   };
@@ -113,6 +114,18 @@ describe("sealing.json", () => {
   };
 
   assert.ok(file.vectors.length > 0 && file.refusals.length > 0, "sealing.json has no vectors or refusals");
+  assert.ok(file.ring_texts.length > 0, "sealing.json has no ring texts");
+  for (const rt of file.ring_texts) {
+    test(`reads the ring text: ${rt.name}`, () => {
+      if (rt.error) {
+        assert.throws(() => KeyRing.parse(rt.text), TypeError);
+        return;
+      }
+      const parsed = KeyRing.parse(rt.text);
+      assert.deepEqual(parsed.keyIds, rt.key_ids);
+      assert.equal(parsed.sealingKeyId, rt.key_ids?.[0]);
+    });
+  }
   for (const v of file.vectors) {
     test(`seals and opens: version ${v.version}, ${v.name}`, () => {
       const keyId = v.key_id as string;
