@@ -154,6 +154,19 @@ def test_sealing(v: dict[str, Any]) -> None:
         assert envelope == want
 
 
+@pytest.mark.parametrize("v", SEALING["ring_texts"], ids=lambda v: v["name"])
+def test_sealing_ring_text(v: dict[str, Any]) -> None:
+    """Each ring text reads into a ring of its key ids, in order, the first sealing, or
+    is refused."""
+    if v.get("error"):
+        with pytest.raises(ValueError, match=r"\S"):
+            idemd.KeyRing.parse(v["text"])
+        return
+    ring = idemd.KeyRing.parse(v["text"])
+    assert ring.key_ids == v["key_ids"]
+    assert ring.sealing_key_id == v["key_ids"][0]
+
+
 @pytest.mark.parametrize("v", SEALING["refusals"], ids=lambda v: v["name"])
 def test_sealing_refusal(v: dict[str, Any]) -> None:
     """Each refusal fails to open with the whole ring, with its reason and key id."""

@@ -49,6 +49,8 @@ INFO = b"idemd seal v1"
 NO_RESPONSE_STATUS = 500
 
 _KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,32}")
+#: What the ring's text form counts as space, so that every client reads a ring alike.
+_RING_SPACE = " \t\r"
 
 #: Where a seal draws its salt and nonce: ``n`` random bytes.
 Random = Callable[[int], bytes]
@@ -94,26 +96,30 @@ class KeyRing:
 
     @classmethod
     def parse(cls, text: str) -> KeyRing:
-        """A ring from its text form, as ``IDEMD_SEAL_KEYS`` and key files hold it:
-        entries ``id=base64 of 32 bytes`` separated by commas or newlines, the first of
-        which seals. Blank lines and lines starting with ``#`` are skipped."""
+        """A ring from its text form, as ``IDEMD_SEAL_KEYS`` and key files hold it
+        (docs/sealing.md): entries ``id=base64 of 32 bytes`` separated by commas or line
+        feeds, the first of which seals. Spaces, tabs and carriage returns around lines,
+        entries, ids and keys are skipped, and so are blank lines and lines starting with
+        ``#``. A key is standard base64 with its padding and zero pad bits."""
         keys: list[SealKey] = []
         for raw_line in text.split("\n"):
-            line = raw_line.strip()
+            line = raw_line.strip(_RING_SPACE)
             if not line or line.startswith("#"):
                 continue
             for raw_entry in line.split(","):
-                entry = raw_entry.strip()
+                entry = raw_entry.strip(_RING_SPACE)
                 if not entry:
                     continue
                 key_id, eq, b64 = entry.partition("=")
                 if not eq:
                     raise ValueError(f"key ring entry {len(keys)} is not id=base64")
-                key_id = key_id.strip()
+                key_id, b64 = key_id.strip(_RING_SPACE), b64.strip(_RING_SPACE)
                 try:
-                    key = base64.b64decode(b64.strip(), validate=True)
+                    key = base64.b64decode(b64, validate=True)
                 except (binascii.Error, ValueError) as err:
                     raise ValueError(f"key {key_id!r}: not standard base64: {err}") from None
+                if base64.b64encode(key).decode("ascii") != b64:
+                    raise ValueError(f"key {key_id!r}: not standard base64: its pad bits are not zero")
                 keys.append(SealKey(key_id, key))
         return cls(keys)
 
