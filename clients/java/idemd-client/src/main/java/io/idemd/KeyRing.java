@@ -110,21 +110,22 @@ public final class KeyRing {
   }
 
   /**
-   * Reads a ring from its text form, as the IDEMD_SEAL_KEYS variable and key files hold it: entries
-   * {@code id=base64 of 32 bytes} separated by commas or newlines, the first of which seals. Blank
-   * lines and lines starting with '#' are skipped. Throws an IllegalArgumentException naming the
-   * entry at fault.
+   * Reads a ring from its text form, as the IDEMD_SEAL_KEYS variable and key files hold it
+   * (docs/sealing.md): entries {@code id=base64 of 32 bytes} separated by commas or line feeds, the
+   * first of which seals. Spaces, tabs and carriage returns around lines, entries, ids and keys are
+   * skipped, and so are blank lines and lines starting with '#'. A key is standard base64 with its
+   * padding and zero pad bits. Throws an IllegalArgumentException naming the entry at fault.
    */
   public static KeyRing parse(String text) {
     Objects.requireNonNull(text, "text");
     List<SealKey> keys = new ArrayList<>();
     for (String rawLine : text.split("\n", -1)) {
-      String line = rawLine.strip();
+      String line = trimRingSpace(rawLine);
       if (line.isEmpty() || line.startsWith("#")) {
         continue;
       }
       for (String rawEntry : line.split(",", -1)) {
-        String entry = rawEntry.strip();
+        String entry = trimRingSpace(rawEntry);
         if (entry.isEmpty()) {
           continue;
         }
@@ -133,18 +134,45 @@ public final class KeyRing {
           throw new IllegalArgumentException(
               "idem: key ring entry " + keys.size() + " is not id=base64");
         }
-        String id = entry.substring(0, eq).strip();
+        String id = trimRingSpace(entry.substring(0, eq));
+        String b64 = trimRingSpace(entry.substring(eq + 1));
         byte[] key;
         try {
-          key = Base64.getDecoder().decode(entry.substring(eq + 1).strip());
+          key = Base64.getDecoder().decode(b64);
         } catch (IllegalArgumentException e) {
           throw new IllegalArgumentException(
               "idem: key \"" + id + "\": not standard base64: " + e.getMessage(), e);
+        }
+        // The decoder takes base64 without its padding, or with pad bits set; no other client
+        // does.
+        if (!Base64.getEncoder().encodeToString(key).equals(b64)) {
+          throw new IllegalArgumentException(
+              "idem: key \"" + id + "\": not standard base64 with its padding and zero pad bits");
         }
         keys.add(new SealKey(id, key));
       }
     }
     return new KeyRing(keys);
+  }
+
+  /**
+   * Trims what the ring's text form counts as space: ASCII spaces, tabs and carriage returns, so
+   * that every client reads a ring alike.
+   */
+  private static String trimRingSpace(String s) {
+    int start = 0;
+    int end = s.length();
+    while (start < end && isRingSpace(s.charAt(start))) {
+      start++;
+    }
+    while (end > start && isRingSpace(s.charAt(end - 1))) {
+      end--;
+    }
+    return s.substring(start, end);
+  }
+
+  private static boolean isRingSpace(char c) {
+    return c == ' ' || c == '\t' || c == '\r';
   }
 
   /** The id of the key that seals: the first. */

@@ -203,6 +203,27 @@ class KeyRingTest {
   }
 
   @TestFactory
+  Stream<DynamicTest> theRingTextsReadAsEveryClientReadsThem() {
+    return all("ring_texts").stream()
+        .map(
+            v ->
+                DynamicTest.dynamicTest(
+                    v.path("name").asText(),
+                    () -> {
+                      String text = v.path("text").asText();
+                      if (v.path("error").asBoolean()) {
+                        assertThrows(IllegalArgumentException.class, () -> KeyRing.parse(text));
+                        return;
+                      }
+                      List<String> ids = new ArrayList<>();
+                      v.path("key_ids").forEach(id -> ids.add(id.asText()));
+                      KeyRing ring = KeyRing.parse(text);
+                      assertEquals(ids, ring.keyIds());
+                      assertEquals(ids.get(0), ring.sealingKeyId());
+                    }));
+  }
+
+  @TestFactory
   Stream<DynamicTest> theRefusalsFailWithTheirReasonAndKeyId() {
     return all("refusals").stream()
         .map(
