@@ -494,7 +494,9 @@ func (r *KeyRing) openResponse(tenant, key string, outcome Outcome, status int, 
 	}
 	h, body, err := parseResponsePlaintext(plain)
 	if err != nil {
-		return nil, err
+		// It opened with the key it names, whose holder sealed something else.
+		id, _, _ := envelopeHead(env)
+		return nil, &SealError{Reason: SealInvalid, KeyID: id}
 	}
 	return &Response{Status: status, Header: h, Body: body}, nil
 }

@@ -385,6 +385,15 @@ func writeSealVectors(t *testing.T, path string) {
 		refuse("a recovery point's envelope as a result", sealVector{Kind: "response", Outcome: string(Completed), Tenant: p0.Tenant, Key: p0.Key, Status: 200}, p0.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("a result's envelope as a recovery point", sealVector{Kind: "recovery_point", Tenant: r0.Tenant, Key: r0.Key, Point: "charged"}, r0.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("its version changed to the previous one", r0, changed(1, sealV1), SealInvalid, "k-2026-11"),
+		refuse("a result whose plaintext does not read", r0, func() string {
+			// Sealed with a ring key, but one header name and nothing after its count.
+			ring := f.ringSealingWith(t, r0.KeyID)
+			e, err := ring.seal(r0.context(), []byte{0, 1}, bytes.NewReader(derived("random/v2/unreadable", 28)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return b64(e)
+		}(), SealInvalid, "k-2026-11"),
 		refuse("the previous version moved to another key", moved(r1, func(v *sealVector) { v.Key = "order-1002" }), r1.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("the previous version with its status changed", moved(r1, func(v *sealVector) { v.Status = 200 }), r1.SealedBase64, SealInvalid, "k-2026-11"),
 		refuse("cut short", r0, b64(env[:3+len(r0.KeyID)+sealSaltLen+sealNonceLen+sealTagLen-1]), SealInvalid, ""),

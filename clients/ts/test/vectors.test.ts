@@ -187,8 +187,14 @@ describe("sealing.json", () => {
   }
   for (const r of file.refusals) {
     test(`refuses: ${r.name}`, () => {
+      const sealed = bytes(r, "sealed");
+      const stored = { present: true, status: r.status as number, sealed };
+      const opener = new Sealer(r.tenant, ring);
       assert.throws(
-        () => openEnvelope(ring, context(r), bytes(r, "sealed")),
+        () =>
+          r.kind === "response"
+            ? opener.openResponse(r.key, r.outcome ?? "completed", stored, () => assert.fail("plain"))
+            : opener.openPoint(r.key, r.point as string, sealed),
         (err) =>
           err instanceof UnsealableError &&
           err.reason === r.error &&

@@ -309,7 +309,11 @@ class Sealing:
         plain = self.ring._open(lambda v: result_aad(self.tenant, key, outcome, status, v), envelope)
         if not plain and outcome == "failed" and envelope[1] != VERSION_1:
             return None
-        headers, body = parse_response_plaintext(plain)
+        try:
+            headers, body = parse_response_plaintext(plain)
+        except Unsealable:
+            # It opened with the key it names, whose holder sealed something else.
+            raise Unsealable("invalid", envelope_head(envelope)[0]) from None
         return Response(status, headers, body)
 
     def missing_response(self) -> None:
