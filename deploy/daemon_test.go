@@ -69,7 +69,7 @@ func call(t *testing.T, base, method, path, token, body string) int {
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
-	resp, err := (&http.Client{Timeout: time.Minute}).Do(req)
+	resp, err := (&http.Client{Timeout: wait.Scale(time.Minute)}).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

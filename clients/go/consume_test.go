@@ -7,6 +7,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
 // deliver is one delivery of a message to Consume, with fn counting its runs and
@@ -120,7 +121,7 @@ func TestConsumeRequeuesWhenTheLeaseRunsOut(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			cause = context.Cause(ctx)
-		case <-time.After(30 * time.Second):
+		case <-time.After(testenv.Scale(30 * time.Second)):
 			return errors.New("the lease went on with its link cut")
 		}
 		return nil

@@ -28,6 +28,7 @@ func reckoned(lease time.Duration) time.Duration { return lease - lease/20 }
 // holdUntil waits, in work run under a lease, until cond holds. It gives up when the
 // lease ends first (with the lease's cause), or after timeout.
 func holdUntil(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	timeout = testenv.Scale(timeout)
 	deadline := time.Now().Add(timeout)
 	for pause := time.Millisecond; !cond(); pause = min(2*pause, 20*time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -102,7 +103,7 @@ func TestDoLeaseExpiresWhenTheLinkIsCut(t *testing.T) {
 			close(holding)
 			select {
 			case <-ctx.Done():
-			case <-time.After(30 * time.Second):
+			case <-time.After(testenv.Scale(30 * time.Second)):
 				return idem.Response{}, errors.New("the lease went on with its link cut")
 			}
 			ended <- end{context.Cause(ctx), l.Deadline(), l.Remaining()}

@@ -454,7 +454,7 @@ func TestDoLeaseLost(t *testing.T) {
 		select {
 		case <-ctx.Done():
 			return idem.Response{}, ctx.Err()
-		case <-time.After(10 * time.Second):
+		case <-time.After(testenv.Scale(10 * time.Second)):
 			return idem.Response{}, errors.New("fn's context was not cancelled after the lease was lost")
 		}
 	}, idem.DoOptions{Lease: 300 * time.Millisecond})
@@ -485,7 +485,7 @@ func TestDoKeepsTheLeaseAfterTheCallerCancels(t *testing.T) {
 		if err != nil {
 			return idem.Response{}, err
 		}
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(testenv.Scale(20 * time.Second))
 		for !time.Now().After(rec.LeaseExpiresAt.Add(100 * time.Millisecond)) {
 			if time.Now().After(deadline) {
 				return idem.Response{}, fmt.Errorf("lease_expires_at %s is not near", rec.LeaseExpiresAt)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
 // cutTransport sends requests to idemd until it is cut; from then on every request
@@ -54,7 +55,7 @@ func stalledHolder(t *testing.T) (*idem.Client, *cutTransport) {
 // holder's lease has run out; it returns the lease fn ran under and when fn started.
 func takeOver(t *testing.T, c *idem.Client, key string) (idem.Lease, time.Time) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(testenv.Scale(30 * time.Second))
 	for {
 		var got idem.Lease
 		var at time.Time
@@ -240,7 +241,7 @@ func TestMiddlewareHandsTheLease(t *testing.T) {
 			r, _ := call{key: key, body: `{}`}.send(t, context.Background(), stalledURL)
 			first <- r
 		}()
-		deadline := time.Now().Add(30 * time.Second)
+		deadline := time.Now().Add(testenv.Scale(30 * time.Second))
 		for {
 			if leases, _ := h.seen(); len(leases) == 1 {
 				break

@@ -996,7 +996,7 @@ func TestMiddlewareIncidents(t *testing.T) {
 			select {
 			case <-r.Context().Done():
 				causes <- context.Cause(r.Context())
-			case <-time.After(30 * time.Second):
+			case <-time.After(testenv.Scale(30 * time.Second)):
 				causes <- errors.New("the handler's context was not cancelled")
 			}
 		}), idem.WithLease(300*time.Millisecond), inc.option())

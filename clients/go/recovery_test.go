@@ -46,7 +46,7 @@ func TestCheckpointReachesTheTakeover(t *testing.T) {
 			close(holding)
 			select {
 			case <-ctx.Done():
-			case <-time.After(30 * time.Second):
+			case <-time.After(testenv.Scale(30 * time.Second)):
 				return idem.Response{}, errors.New("the lease went on with its link cut")
 			}
 			ended <- end{l, context.Cause(ctx)}

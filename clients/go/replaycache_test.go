@@ -14,6 +14,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/clients/go/internal/testenv"
 )
 
 // countingWork is an operation for Do that counts its runs.
@@ -103,7 +104,7 @@ func TestReplayCacheRespectsExpiry(t *testing.T) {
 	}
 	// Wait until the record's own expiry has passed (on this machine's clock, which the
 	// daemon shares), then the key runs again instead of replaying from memory.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Scale(10 * time.Second))
 	for !time.Now().After(cl.ExpiresAt.Add(10 * time.Millisecond)) {
 		if time.Now().After(deadline) {
 			t.Fatalf("expires_at %s is not near", cl.ExpiresAt)
@@ -140,7 +141,7 @@ func TestReplayCacheAndPurge(t *testing.T) {
 		t.Fatalf("default cache right after a purge elsewhere: %+v %v, want the cached replay", res, err)
 	}
 	// A short max age sees it once the entry is older than that.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(testenv.Scale(10 * time.Second))
 	for {
 		res, err := fresh.Do(ctx, key, "fp", countingWork(&runs))
 		if err != nil {

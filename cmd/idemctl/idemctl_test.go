@@ -295,7 +295,7 @@ func TestUsage(t *testing.T) {
 func daemonVerdict(t *testing.T, authPath string) string {
 	t.Helper()
 	addr := testdaemon.FreeAddr(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), wait.Scale(time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binaries.idemd, "--listen", addr, "--data-dir", t.TempDir(), "--auth-file", authPath)
 	cmd.Env = testdaemon.Env()
@@ -467,7 +467,7 @@ func TestBinary(t *testing.T) {
 
 	runBinary := func(env []string, args ...string) (int, string) {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), wait.Scale(time.Minute))
 		defer cancel()
 		cmd := exec.CommandContext(ctx, binaries.idemctl, args...)
 		cmd.Env = append(testdaemon.Env(), env...)

@@ -233,7 +233,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	writeTestFile(t, path, authFile("steady", "old"))
 	m, logs := runDaemon(t, "--auth-file", path)
 	url := "http://" + m.Addr()
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := &http.Client{Timeout: wait.Scale(10 * time.Second)}
 
 	var stop atomic.Bool
 	var failures, served atomic.Int64
@@ -340,7 +340,7 @@ func TestTLS(t *testing.T) {
 	clientFor := func(cert *x509.Certificate) *http.Client {
 		roots := x509.NewCertPool()
 		roots.AddCert(cert)
-		return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		return &http.Client{Timeout: wait.Scale(10 * time.Second), Transport: &http.Transport{
 			TLSClientConfig: &tls.Config{RootCAs: roots}, DisableKeepAlives: true}}
 	}
 	client := clientFor(first)

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testdaemon"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // buildDaemon compiles this command into a temporary binary.
@@ -184,10 +185,10 @@ func TestSecondDaemonOnSameDataDir(t *testing.T) {
 	}()
 	select {
 	case <-done:
-	case <-time.After(20 * time.Second):
+	case <-time.After(wait.Scale(20 * time.Second)):
 		_ = cmd.Process.Kill()
 		<-done
-		t.Fatal("the second daemon neither started nor exited within 20s")
+		t.Fatal("the second daemon neither started nor exited in time")
 	}
 	if err == nil || !strings.Contains(string(out), "locked by another process") {
 		t.Fatalf("second daemon: %v\n%s", err, out)

@@ -49,7 +49,7 @@ func daemonEnv(vars ...string) []string {
 // output.
 func runToExit(t *testing.T, bin string, env []string, args ...string) (int, string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), wait.Scale(time.Minute))
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = env

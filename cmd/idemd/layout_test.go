@@ -135,7 +135,7 @@ func idleMemory(t *testing.T, c redis.UniversalClient) int64 {
 // connections at once, with an empty answer.
 func completeKeys(t *testing.T, base, prefix string, n int) {
 	t.Helper()
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
+	client := &http.Client{Timeout: wait.Scale(10 * time.Second), Transport: &http.Transport{MaxIdleConnsPerHost: 8}}
 	defer client.CloseIdleConnections()
 	call := func(path, body string, want int) (map[string]any, error) {
 		resp, err := client.Post(base+path, "application/json", strings.NewReader(body))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testdaemon"
+	"github.com/idemd/idemd/internal/wait"
 
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
@@ -126,7 +127,7 @@ func TestTracingToOTLP(t *testing.T) {
 		rcv := startReceiver(t)
 		p, logs := start(t, "OTEL_EXPORTER_OTLP_ENDPOINT="+rcv.url, "OTEL_SERVICE_NAME=idemd-test", "OTEL_BSP_SCHEDULE_DELAY=50")
 		claim(t, p, "00-"+traceID+"-"+parentID+"-01")
-		deadline := time.Now().Add(20 * time.Second)
+		deadline := time.Now().Add(wait.Scale(20 * time.Second))
 		for {
 			spans, services := rcv.received()
 			for _, s := range spans {

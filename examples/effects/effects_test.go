@@ -19,6 +19,7 @@ import (
 	"github.com/idemd/idemd/examples/effects"
 	"github.com/idemd/idemd/internal/testdaemon"
 	"github.com/idemd/idemd/internal/testpg"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // The tests below prove on a real PostgreSQL and a real idemd what docs/effects.md
@@ -148,7 +149,7 @@ func stalledHolder(t *testing.T, url, key string, before, after func(context.Con
 func takeOver(t *testing.T, url, key string, work func(context.Context, idem.Lease) (idem.Response, error)) idem.Lease {
 	t.Helper()
 	c := client(t, url)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(wait.Scale(30 * time.Second))
 	for {
 		var lease idem.Lease
 		_, err := c.Do(t.Context(), key, "", func(ctx context.Context) (idem.Response, error) {

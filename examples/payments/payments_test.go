@@ -123,7 +123,7 @@ func TestEveryAcceptedPaymentIsChargedOnce(t *testing.T) {
 				body := fmt.Sprintf(`{"account":"acct-%d","cents":%d}`, rand.IntN(accounts), cents)
 				var payment string
 				sends := 2 + rand.IntN(2)
-				deadline := time.Now().Add(60 * time.Second)
+				deadline := time.Now().Add(wait.Scale(60 * time.Second))
 				for n := 0; n < sends && time.Now().Before(deadline); n++ {
 					requests.Add(1)
 					if n > 0 {

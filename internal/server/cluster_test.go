@@ -38,7 +38,7 @@ func clusterDaemons(t *testing.T, cluster *testredis.Cluster, n int, opts rediss
 type poster struct{ client *http.Client }
 
 func newPoster() *poster {
-	return &poster{client: &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
+	return &poster{client: &http.Client{Timeout: wait.Scale(30 * time.Second), Transport: &http.Transport{MaxIdleConnsPerHost: 128}}}
 }
 
 func (p *poster) post(url, path, body string) (int, map[string]any) {

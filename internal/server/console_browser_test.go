@@ -94,7 +94,7 @@ func openConsole(t *testing.T, browser context.Context, d *authDaemon) context.C
 	t.Cleanup(cancel)
 	// A bound on the whole subtest, so that a page that never shows what the test
 	// waits for fails the test instead of hanging it.
-	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	ctx, cancelTimeout := context.WithTimeout(ctx, wait.Scale(2*time.Minute))
 	t.Cleanup(cancelTimeout)
 	run(t, ctx, chromedp.Func(func(ctx context.Context, target *chromedp.Target) error {
 		_, err := cdp.Call(ctx, target, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: pageWatch})

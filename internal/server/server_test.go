@@ -555,7 +555,7 @@ func testWaitAcquiresAfterRelease(t *testing.T, d *daemon) {
 
 func waitForMetric(t testing.TB, d *daemon, line string) {
 	t.Helper()
-	wait.For(t, 10*time.Second, "the metric line "+line, func() bool {
+	wait.For(t, 30*time.Second, "the metric line "+line, func() bool {
 		resp, err := http.Get(d.url + "/metrics")
 		if err != nil {
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/server"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // slowDaemon is a daemon with the body timeout given and a short write timeout, over
@@ -85,7 +86,7 @@ func trickle(t *testing.T, d *daemon, body string) (cutOff bool, resp *http.Resp
 		<-tick.C
 	}
 	// Let the reader see what came back, without waiting for an idle connection.
-	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	_ = conn.SetReadDeadline(time.Now().Add(wait.Scale(10 * time.Second)))
 	return cutOff, <-answered
 }
 

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // ErrNotInstalled is Start's error when initdb or postgres cannot be found.
@@ -153,7 +155,7 @@ func start(bin, dir, data string, cred *syscall.Credential) (*Server, error) {
 		logs: logPath,
 	}
 	go func() { _ = cmd.Wait(); close(s.done) }()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(wait.Scale(30 * time.Second))
 	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
 		select {
 		case <-s.done:

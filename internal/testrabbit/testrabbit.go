@@ -18,6 +18,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // ErrNotInstalled is Start's error when rabbitmq-server or epmd cannot be found.
@@ -152,7 +154,7 @@ func start(server, epmdPath string) (*Broker, error) {
 	}
 	go func() { _ = b.node.Wait(); close(b.done) }()
 
-	deadline := time.Now().Add(90 * time.Second)
+	deadline := time.Now().Add(wait.Scale(90 * time.Second))
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 250*time.Millisecond) {
 		select {
 		case <-b.done:

@@ -52,7 +52,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		_ = s.cmd.Process.Kill()
 		_, _ = s.cmd.Process.Wait()
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), wait.Scale(20*time.Second))
 	defer cancel()
 	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Addr()})
 	defer sc.Close()

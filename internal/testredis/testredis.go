@@ -224,7 +224,7 @@ func send(addr string, args ...string) (conn net.Conn, r *bufio.Reader, err erro
 	if err != nil {
 		return nil, nil, err
 	}
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	_ = conn.SetDeadline(time.Now().Add(wait.Scale(5 * time.Second)))
 	var b strings.Builder
 	fmt.Fprintf(&b, "*%d\r\n", len(args))
 	for _, a := range args {

@@ -63,7 +63,7 @@ func (c *clock) advance(d time.Duration) {
 }
 
 func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	c, cancel := context.WithTimeout(context.Background(), wait.Scale(10*time.Second))
 	t.Cleanup(cancel)
 	return c
 }

@@ -66,7 +66,7 @@ func (g *gate) heldBy(t *testing.T, do func() error) <-chan error {
 		if n != 1 {
 			t.Fatalf("the first write transaction holds %d transitions, want 1", n)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Scale(10 * time.Second)):
 		t.Fatal("the first transition never reached a commit")
 	}
 	return done
@@ -88,7 +88,7 @@ func recv(t *testing.T, c <-chan error) error {
 	select {
 	case err := <-c:
 		return err
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Scale(10 * time.Second)):
 		t.Fatal("a transition never answered")
 		return nil
 	}
@@ -306,7 +306,7 @@ func TestHungCommitAnswersAtTheDeadline(t *testing.T) {
 	g.open()
 	select {
 	case <-w.C():
-	case <-time.After(10 * time.Second):
+	case <-time.After(wait.Scale(10 * time.Second)):
 		t.Fatal("the completion committed after its caller left woke no waiter")
 	}
 	if st := state(t, s, "held"); st != engine.StateCompleted {

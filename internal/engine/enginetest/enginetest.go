@@ -184,7 +184,7 @@ func testTakeover(t *testing.T, s engine.Store) {
 	mustAcquire(t, s, old)
 	var res engine.ClaimResult
 	next := claim(id)
-	wait.For(t, 5*time.Second, "the lease to expire", func() bool {
+	wait.For(t, 10*time.Second, "the lease to expire", func() bool {
 		var err error
 		res, err = s.Claim(ctx(t), next)
 		return err == nil

@@ -98,7 +98,7 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), wait.Scale(30*time.Second))
 		defer cancel()
 		prefix := fmt.Sprintf("spread-%d", time.Now().UnixNano())
 		for i := range 300 {
@@ -278,7 +278,7 @@ func TestClusterMasterStopsAnswering(t *testing.T) {
 	defer resume()
 	stuckDone := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		ctx, cancel := context.WithTimeout(context.Background(), wait.Scale(time.Minute))
 		defer cancel()
 		_, err := s.Lookup(ctx, stuck)
 		stuckDone <- err

@@ -7,6 +7,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // TestNotifierWatchAfterClose: once closed, the notifier makes no pub/sub connection
@@ -72,7 +73,7 @@ func TestWatchConfirmedLateWakesItsWaiter(t *testing.T) {
 	resumed = true
 	select {
 	case <-late.C():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the confirmation of a late subscription did not wake its watcher within 10s")
+	case <-time.After(wait.Scale(10 * time.Second)):
+		t.Fatal("the confirmation of a late subscription did not wake its watcher in time")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // stats reads the "name:value" lines of an INFO or CLUSTER INFO answer whose name
@@ -59,8 +60,8 @@ func waitNotified(t *testing.T, w engine.Watch, after string) {
 	t.Helper()
 	select {
 	case <-w.C():
-	case <-time.After(10 * time.Second):
-		t.Fatalf("no notification within 10s after %s", after)
+	case <-time.After(wait.Scale(10 * time.Second)):
+		t.Fatalf("no notification in time after %s", after)
 	}
 }
 
@@ -132,7 +133,7 @@ func testShardedNotification(t *testing.T, cluster *testredis.Cluster) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), wait.Scale(30*time.Second))
 	defer cancel()
 	id := engine.ID{Tenant: "t", Key: fmt.Sprintf("shard-%d", time.Now().UnixNano())}
 	c := engine.Claim{ID: id, Lease: time.Minute, Retention: time.Hour, Token: engine.NewLeaseToken()}

@@ -181,7 +181,7 @@ func answer[T any](t *testing.T, ch <-chan T, what string) T {
 	select {
 	case v := <-ch:
 		return v
-	case <-time.After(time.Minute):
+	case <-time.After(wait.Scale(time.Minute)):
 		t.Fatalf("no answer from %s in a minute", what)
 		panic("unreachable")
 	}
@@ -374,7 +374,7 @@ func TestPipelineLanesRetireUnderLoad(t *testing.T) {
 	s, g := gatedStore(t, testredis.Start(t), 1)
 	close(g.open)
 	s.SetLaneIdle(time.Millisecond)
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), wait.Scale(time.Minute))
 	defer cancel()
 	const rounds, callers, cycles = 20, 16, 5
 	for round := range rounds {

@@ -1,6 +1,9 @@
 // Package testenv runs real idemd daemons for the client's tests: it builds the
 // daemon from this repository and starts it on a free loopback port with the
 // embedded store in a temporary directory.
+//
+// Every deadline a test gives for a condition is multiplied by the slowdown factor
+// IDEMD_TEST_SLOWDOWN (3 unless set), as the daemon's internal/wait does.
 package testenv
 
 import (
@@ -13,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -118,10 +122,37 @@ func (d *Daemon) Kill() {
 	})
 }
 
+// DefaultSlowdown is the factor deadlines are multiplied by when IDEMD_TEST_SLOWDOWN
+// is not set.
+const DefaultSlowdown = 3
+
+var slowdown = parseSlowdown(os.Getenv("IDEMD_TEST_SLOWDOWN"))
+
+// parseSlowdown reads the factor; a value that is not a positive number is a mistake
+// the tests should not hide, so it panics.
+func parseSlowdown(v string) float64 {
+	if v == "" {
+		return DefaultSlowdown
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || !(f > 0) {
+		panic(fmt.Sprintf("IDEMD_TEST_SLOWDOWN=%q: want a positive number", v))
+	}
+	return f
+}
+
+// Scale is d multiplied by the slowdown factor: the deadline for a condition, or for
+// work, that a test would give d on an ordinary machine. Lease lengths, timeouts under
+// test and other durations a test depends on are never scaled.
+func Scale(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * slowdown)
+}
+
 // Until calls check until it returns nil, pausing a little longer each time (up to
-// 50 ms), and returns check's last error once timeout has passed. It is the daemon's
-// internal/wait, which this module cannot import.
+// 50 ms), and returns check's last error once Scale(timeout) has passed. It is the
+// daemon's internal/wait, which this module cannot import.
 func Until(timeout time.Duration, check func() error) error {
+	timeout = Scale(timeout)
 	deadline := time.Now().Add(timeout)
 	for pause := time.Millisecond; ; pause = min(2*pause, 50*time.Millisecond) {
 		err := check()
@@ -135,7 +166,7 @@ func Until(timeout time.Duration, check func() error) error {
 	}
 }
 
-// WaitFor fails the test unless cond holds within timeout; what names the condition.
+// WaitFor fails the test unless cond holds within Scale(timeout); what names the condition.
 func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	err := Until(timeout, func() error {
