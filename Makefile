@@ -1,16 +1,22 @@
 # The one command that runs every test of every language: `make test`. It first installs
 # what the machine lacks (.ci/deps: Debian packages when run as root, else it stops and
 # prints the apt-get line; helm and kubernetes-validate), and turns every test's skip
-# for a missing server or tool into a failure, so that it runs every test.
+# for a missing server or tool into a failure, so that it runs every test. It runs every
+# language's suite even when an earlier one fails, prints which passed and which failed,
+# and fails at the end if any did.
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one, and
 # skips what the machine lacks.
 
-.PHONY: test deps test-go test-ts test-python test-java bench-java check-contract check-ts-generated generate-python generate-java payments-api
+.PHONY: test test-busy deps test-go test-ts test-python test-java bench-java check-contract check-ts-generated generate-python generate-java payments-api
 
 # The pinned tools .ci/deps installs: helm in the Go bin directory, kubernetes-validate
 # under the tools cache.
 TOOLS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/idemd-ci
 export PATH := $(PATH):/usr/local/go/bin:$(shell go env GOPATH 2>/dev/null)/bin:$(TOOLS)/bin
+
+# Every language's suite, which make test runs one after the other, each even when an
+# earlier one failed, and fails at the end if any did.
+SUITES := test-go test-ts test-python test-java
 
 test: export IDEMD_REQUIRE_REDIS = 1
 test: export IDEMD_REQUIRE_POSTGRES = 1
@@ -19,7 +25,19 @@ test: export IDEMD_REQUIRE_NETNS = 1
 test: export IDEMD_REQUIRE_DEPLOY_TOOLS = 1
 test: export IDEMD_REQUIRE_BROWSER = 1
 test: deps
-	$(MAKE) test-go test-ts test-python test-java
+	@passed=; failed=; \
+	for suite in $(SUITES); do \
+		if $(MAKE) $$suite; then passed="$$passed $$suite"; else failed="$$failed $$suite"; fi; \
+	done; \
+	echo "== passed:$${passed:- none}"; echo "== failed:$${failed:- none}"; \
+	test -z "$$failed"
+
+# make test with the machine kept busy: one busy loop per core for as long as the tests
+# run (at most BUSY_SECONDS), which shows the waits of every test are long enough for a
+# machine much slower than this one (see .ci/busy).
+BUSY_SECONDS ?= 5400
+test-busy:
+	bash .ci/busy $(BUSY_SECONDS) $(MAKE) test
 
 deps:
 	bash .ci/deps
