@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import anyio.to_thread
+from slowdown import scale
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response as StarletteResponse
@@ -29,7 +30,7 @@ class Orders:
         self.gate = threading.Event()
         self.block = False
         #: How long a held handler waits for the gate at most.
-        self.hold_limit = 20.0
+        self.hold_limit = scale(20.0)
         self.stream_gate = threading.Event()
         self.quiet_done = threading.Event()
         #: The types of the messages the quiet handler received, in order.
@@ -95,7 +96,7 @@ def starlette_app(state: Orders) -> Starlette:
 
     async def slow(request: Request) -> StarletteResponse:
         state.run("slow")
-        await asyncio.sleep(20)  # cancelled when the lease is lost
+        await asyncio.sleep(scale(20))  # cancelled when the lease is lost
         return StarletteResponse(b"too late", 201)
 
     async def quiet(scope: Any, receive: Any, send: Any) -> None:
@@ -180,7 +181,7 @@ def flask_app(state: Orders) -> Any:
 
         def chunks() -> Iterator[bytes]:
             yield b"first\n"
-            state.stream_gate.wait(20)
+            state.stream_gate.wait(scale(20))
             yield b"second\n"
 
         return flask.Response(chunks(), 200, mimetype="text/plain")
@@ -209,7 +210,7 @@ def flask_app(state: Orders) -> Any:
     @app.post("/slow")
     def slow() -> Any:
         state.run("slow")
-        flask.request.environ["idemd.lease"].lost.wait(20)
+        flask.request.environ["idemd.lease"].lost.wait(scale(20))
         return flask.Response(b"too late", 201)
 
     return app.wsgi_app
@@ -273,7 +274,7 @@ def _django_stream(request: Any) -> Any:
 
     def chunks() -> Iterator[bytes]:
         yield b"first\n"
-        state.stream_gate.wait(20)
+        state.stream_gate.wait(scale(20))
         yield b"second\n"
 
     return StreamingHttpResponse(chunks(), content_type="text/plain")
@@ -300,7 +301,7 @@ def _django_slow(request: Any) -> Any:
     from django.http import HttpResponse
 
     _dstate().run("slow")
-    request.META["idemd.lease"].lost.wait(20)
+    request.META["idemd.lease"].lost.wait(scale(20))
     return HttpResponse(b"too late", status=201)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from proxy import GateProxy
+from slowdown import scale
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -29,8 +30,9 @@ def free_port() -> int:
 
 
 def wait_until(what: str, cond: Callable[[], bool], deadline: float = 20.0) -> None:
-    """Wait for a condition, failing the test when it does not come within the deadline."""
-    end = time.monotonic() + deadline
+    """Wait for a condition, failing the test when it does not come within the deadline
+    (scaled by IDEMD_TEST_SLOWDOWN)."""
+    end = time.monotonic() + scale(deadline)
     while not cond():
         if time.monotonic() > end:
             pytest.fail(f"timed out waiting for {what}")

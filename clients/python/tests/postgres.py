@@ -18,6 +18,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from conftest import free_port
+from slowdown import scale
 
 NOT_INSTALLED = "PostgreSQL not installed (apt-get install postgresql)"
 
@@ -48,7 +49,7 @@ class Postgres:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             try:
-                self.process.wait(30)
+                self.process.wait(scale(30))
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
@@ -116,7 +117,7 @@ def start() -> Postgres:
                 **user,  # type: ignore[call-overload]
             )
         server = Postgres(f"postgresql://postgres@127.0.0.1:{port}/postgres", process, directory)
-        end = time.monotonic() + 30
+        end = time.monotonic() + scale(30)
         while process.poll() is None:
             try:
                 psycopg.connect(server.url, connect_timeout=1).close()

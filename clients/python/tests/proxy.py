@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 
 import httpx
+from slowdown import scale
 
 #: How long a held request waits for its gate at most, so that a failing test ends.
-HOLD_LIMIT = 60.0
+HOLD_LIMIT = scale(60.0)
 
 _HOP_BY_HOP = ("content-length", "content-encoding", "transfer-encoding", "connection", "date", "server")
 
@@ -60,7 +61,7 @@ class GateProxy:
         self._batch_status = batch_status
         self._lock = threading.Lock()
         self._gates = {index: threading.Event() for index in hold}
-        self._upstream = httpx.Client(timeout=30)
+        self._upstream = httpx.Client(timeout=scale(30))
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):

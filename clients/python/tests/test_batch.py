@@ -18,10 +18,11 @@ import httpx
 import pytest
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 
-TIMEOUT = 60.0
+TIMEOUT = scale(60.0)
 
 
 class Caller:

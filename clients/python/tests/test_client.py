@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import Daemon, fresh_key
+from slowdown import scale
 
 import idemd
 import idemd._transport
@@ -346,7 +347,7 @@ def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) 
 
         def worker(n: int) -> None:
             try:
-                start.wait(timeout=60)
+                start.wait(timeout=scale(60))
                 for i in range(CYCLES):
                     key = fresh_key(f"conns-{n}-{i}")
                     cl = c.claim(key)
@@ -370,14 +371,14 @@ def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) 
 # thread switch wide, so the test makes the interpreter switch threads every 10 µs.
 def test_pool_never_closes_a_connection_in_use(own_daemon: Callable[..., Daemon]) -> None:
     d = own_daemon()
-    transport = idemd._transport.RetryTransport(timeout=30, retries=0, backoff=0.01)
+    transport = idemd._transport.RetryTransport(timeout=scale(30), retries=0, backoff=0.01)
     client = httpx.Client(transport=transport, base_url=d.url)
     failures: list[BaseException] = []
     start = threading.Barrier(CALLERS)
 
     def worker() -> None:
         try:
-            start.wait(timeout=60)
+            start.wait(timeout=scale(60))
             for _ in range(200):
                 client.get("/healthz").raise_for_status()
         except BaseException as err:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 from idemd._completer import BACKOFF_FIRST, BACKOFF_MAX, backoff_delay
@@ -104,7 +105,7 @@ def test_two_completers_finish_each_key_once(daemon: Daemon) -> None:
     prefix = fresh_key("complete") + "/"
     keys = abandoned_keys(daemon, prefix, 8)
     handled = Handled()
-    start = threading.Barrier(2, timeout=30)
+    start = threading.Barrier(2, timeout=scale(30))
 
     def finish(held: idemd.Lease) -> idemd.Response:
         handled.saw(held)
@@ -116,7 +117,7 @@ def test_two_completers_finish_each_key_once(daemon: Daemon) -> None:
         return completer.run_once()
 
     with idemd.Client(daemon.url) as a, idemd.Client(daemon.url) as b, ThreadPoolExecutor(2) as pool:
-        stats = [f.result(60) for f in [pool.submit(one_pass, a), pool.submit(one_pass, b)]]
+        stats = [f.result(scale(60)) for f in [pool.submit(one_pass, a), pool.submit(one_pass, b)]]
     assert_finished(daemon, keys, handled)
     assert sum(s.finished for s in stats) == len(keys)
     for s in stats:
@@ -170,7 +171,7 @@ def test_completer_skips_fails_and_leaves_pending(daemon: Daemon) -> None:
         if not first_runs.is_set():
             roles[held.key] = "ok"
             first_runs.set()
-            assert roles_set.wait(30)
+            assert roles_set.wait(scale(30))
         role = roles[held.key]
         if role == "error":
             raise RuntimeError("the provider is down")
@@ -185,7 +186,7 @@ def test_completer_skips_fails_and_leaves_pending(daemon: Daemon) -> None:
     )
     with ThreadPoolExecutor(1) as pool:
         running = pool.submit(completer.run_once)
-        assert first_runs.wait(30)
+        assert first_runs.wait(scale(30))
         live, finished, error, permanent = sorted(set(keys) - set(roles))
         roles.update({live: "live", finished: "finished", error: "error", permanent: "permanent"})
         other = idemd.Client(daemon.url)
@@ -194,7 +195,7 @@ def test_completer_skips_fails_and_leaves_pending(daemon: Daemon) -> None:
         theirs = other.claim(finished, fingerprint=keys[finished])
         other.complete(finished, theirs.token, idemd.Response(201, body=b"theirs"))
         roles_set.set()
-        stats = running.result(60)
+        stats = running.result(scale(60))
 
     assert stats == idemd.CompleterStats(listed=5, finished=1, failed=1, skipped=2, errors=1)
     ok = next(k for k, r in roles.items() if r == "ok")
@@ -225,7 +226,7 @@ def test_run_stops_when_asked(daemon: Daemon) -> None:
         handled.saw(held)
         if held.key.endswith("slow"):
             in_flight.set()
-            assert gate.wait(30)
+            assert gate.wait(scale(30))
         return idemd.Response(200, body=f"finished {held.key}".encode())
 
     c = idemd.Client(daemon.url)
@@ -239,16 +240,16 @@ def test_run_stops_when_asked(daemon: Daemon) -> None:
         second = abandoned_keys(daemon, prefix + "b", 2, listed_first=False)
         wait_until("the later keys to be finished", lambda: completed(c, second))
         assert c.claim(prefix + "slow", lease=0.2).outcome == "acquired"
-        assert in_flight.wait(30)
+        assert in_flight.wait(scale(30))
         completer.stop()
         assert runner.is_alive()  # the handler in flight holds it
         gate.set()
-        runner.join(30)
+        runner.join(scale(30))
         assert not runner.is_alive()
     finally:
         completer.stop()
         gate.set()
-        runner.join(30)
+        runner.join(scale(30))
     assert c.lookup(prefix + "slow").state == "completed"
     runs = Counter(handled.runs)
     assert runs == Counter(dict.fromkeys([*first, *second, prefix + "slow"], 1))
@@ -276,7 +277,7 @@ def test_async_run_stops_when_asked_or_cancelled(daemon: Daemon) -> None:
             if "slow" in held.key:
                 in_flight.set()
                 try:
-                    await asyncio.wait_for(gate.wait(), 30)
+                    await asyncio.wait_for(gate.wait(), scale(30))
                 except asyncio.CancelledError:
                     cancelled.append(held.key)
                     raise
@@ -289,11 +290,11 @@ def test_async_run_stops_when_asked_or_cancelled(daemon: Daemon) -> None:
             with idemd.Client(daemon.url) as sync:
                 await asyncio.to_thread(wait_until, "the keys to be finished", lambda: completed(sync, keys))
             await c.claim(prefix + "slow-1", lease=0.2)
-            await asyncio.wait_for(in_flight.wait(), 30)
+            await asyncio.wait_for(in_flight.wait(), scale(30))
             completer.stop()
             assert not task.done()  # the handler in flight holds it
             gate.set()
-            await asyncio.wait_for(task, 30)
+            await asyncio.wait_for(task, scale(30))
             assert (await c.lookup(prefix + "slow-1")).state == "completed"
 
             gate.clear()
@@ -301,7 +302,7 @@ def test_async_run_stops_when_asked_or_cancelled(daemon: Daemon) -> None:
             other = idemd.AsyncCompleter(c, handler, prefix=prefix + "slow-2", poll_interval=0.05)
             task = asyncio.create_task(other.run())
             await c.claim(prefix + "slow-2", lease=0.2)
-            await asyncio.wait_for(in_flight.wait(), 30)
+            await asyncio.wait_for(in_flight.wait(), scale(30))
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
@@ -344,7 +345,7 @@ def test_run_rides_out_an_unreachable_idemd(daemon: Daemon, proxies: Callable[..
             wait_until("the keys to be finished", lambda: completed(c, keys))
     finally:
         completer.stop()
-        runner.join(30)
+        runner.join(scale(30))
     assert not runner.is_alive()
     # The passes came further apart: after the n-th failure run paused at least half of
     # BACKOFF_FIRST * 2**(n-1) (the jitter's lower bound).

@@ -6,6 +6,7 @@ import asyncio
 
 from conftest import Daemon, free_port, fresh_key
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 
@@ -74,7 +75,7 @@ def test_requeues_an_unstored_outcome(cut_proxy: GateProxy) -> None:
     def work(_: idemd.Lease) -> None:
         cut_proxy.cut = True  # the work is done, but its outcome cannot be stored
 
-    with idemd.Client(cut_proxy.url, retries=0, timeout=2) as c:
+    with idemd.Client(cut_proxy.url, retries=0, timeout=scale(2)) as c:
         v = c.consume(idemd.step_key(fresh_key("req"), "charge"), work)
     assert (v.action, v.ran) == ("requeue", True)
     assert v.error is not None

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 from idemd._lease import MARGIN, MIN_DELAY, local_deadline, renewal_period, retry_delay
@@ -76,7 +77,7 @@ def test_a_lease_is_lost_when_its_deadline_passes() -> None:
     lease = idemd.Lease("k", "t", 1, deadline=deadline)
     assert lease.deadline == deadline
     assert 0 < lease.remaining() <= 0.05
-    assert lease.lost.wait(30)  # the waiter wakes at the deadline; nothing sets the event
+    assert lease.lost.wait(scale(30))  # the waiter wakes at the deadline; nothing sets the event
     assert time.monotonic() >= deadline
     assert lease.lost.is_set()
     assert lease.remaining() == 0.0
@@ -170,19 +171,19 @@ def test_cut_link_expires_the_lease(daemon: Daemon, proxies: Callable[..., GateP
 
     def stall(held: idemd.Lease) -> idemd.Response:
         holding.set()
-        seen["lost"] = held.lost.wait(30)
+        seen["lost"] = held.lost.wait(scale(30))
         seen["remaining"], seen["deadline"] = held.remaining(), held.deadline
-        taken.wait(30)
+        taken.wait(scale(30))
         return idemd.Response(201, body=b"late")
 
     with ThreadPoolExecutor(1) as pool:
         before = time.monotonic()
         first: Future[idemd.Result] = pool.submit(holder.run, key, stall, lease=lease)
-        assert holding.wait(30)
+        assert holding.wait(scale(30))
         took, result = take_over(daemon, key, lease)
         taken.set()
         with pytest.raises(idemd.LeaseExpired) as lost:
-            first.result(30)
+            first.result(scale(30))
     assert isinstance(lost.value, idemd.LeaseLost)
     assert seen["lost"]
     assert seen["remaining"] == 0.0
@@ -210,7 +211,7 @@ def test_async_cut_link_expires_the_lease(daemon: Daemon, proxies: Callable[...,
         async def stall(held: idemd.AsyncLease) -> idemd.Response:
             holding.set()
             try:
-                await asyncio.sleep(30)
+                await asyncio.sleep(scale(30))
             except asyncio.CancelledError:
                 seen["lost"], seen["remaining"] = held.lost.is_set(), held.remaining()
                 seen["deadline"], seen["cancelled_at"] = held.deadline, time.monotonic()
@@ -219,9 +220,9 @@ def test_async_cut_link_expires_the_lease(daemon: Daemon, proxies: Callable[...,
 
         before = time.monotonic()
         first = asyncio.ensure_future(holder.run(key, stall, lease=lease))
-        await asyncio.wait_for(holding.wait(), 30)
+        await asyncio.wait_for(holding.wait(), scale(30))
         with pytest.raises(idemd.LeaseExpired):
-            await asyncio.wait_for(first, 30)
+            await asyncio.wait_for(first, scale(30))
         seen["before"] = before
         await holder.aclose()
 
@@ -256,7 +257,7 @@ def take_over(daemon: Daemon, key: str, lease: float) -> tuple[list[tuple[int, b
         return idemd.Response(201, body=b"mine")
 
     with idemd.Client(daemon.url) as c:
-        end = time.monotonic() + 30
+        end = time.monotonic() + scale(30)
         while True:
             try:
                 return took, c.run(key, take, lease=TAKER_LEASE, wait=max(5, 2 * lease))
@@ -317,7 +318,7 @@ def test_async_a_link_restored_in_time_keeps_the_lease(
     kept: list[tuple[float, float]] = []
 
     async def until(what: str, cond: Callable[[], bool]) -> None:
-        end = time.monotonic() + 20
+        end = time.monotonic() + scale(20)
         while not cond():
             if time.monotonic() > end:
                 pytest.fail(f"timed out waiting for {what}")
@@ -482,7 +483,7 @@ def test_a_claim_that_waited_is_renewed_before_the_work(
     wait_until("a third of the lease", lambda: time.monotonic() > arrived + lease / 3)
     released = time.monotonic()
     owner.release(key, other.token)
-    assert waiting.result(30).replayed is False
+    assert waiting.result(scale(30)).replayed is False
     [(paths, deadline)] = seen
     assert paths == ["/v1/claim", "/v1/extend"]
     # Reckoned from the renewal, which was sent after the release.
@@ -507,7 +508,7 @@ def test_a_claim_that_waited_and_lost_its_lease_does_not_run(
     owner.purge(key)
     proxy.open(1)
     with pytest.raises(idemd.LeaseLost) as lost:
-        waiting.result(30)
+        waiting.result(scale(30))
     assert not isinstance(lost.value, idemd.LeaseExpired)  # idemd answered
     assert ran == []
     assert proxy.paths() == ["/v1/claim", "/v1/extend"]

@@ -15,6 +15,7 @@ from conftest import Daemon, fresh_key
 from effects import SCHEMA, Fenced, charge, charge_once, charge_unfenced
 from postgres import Postgres, start
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 
@@ -78,7 +79,7 @@ class StalledHolder:
             before(lease)
             self.proxy.cut = True
             holding.set()
-            self._wake.wait(30)
+            self._wake.wait(scale(30))
             # A holder back from a pause does not look at its lease first: that is the
             # case the fence is for.
             after(lease)
@@ -86,7 +87,7 @@ class StalledHolder:
 
         self._pool = ThreadPoolExecutor(1)
         self._run: Future[idemd.Result] = self._pool.submit(client.run, key, stall, lease=0.3)
-        if not holding.wait(30):
+        if not holding.wait(scale(30)):
             self._run.result(0)  # raises what stopped it
             pytest.fail("the first holder never stalled")
 
@@ -96,7 +97,7 @@ class StalledHolder:
 
     def outcome(self) -> BaseException | None:
         try:
-            self._run.result(30)
+            self._run.result(scale(30))
             return None
         except Exception as err:
             return err
@@ -115,7 +116,7 @@ def take_over(daemon: Daemon, key: str, work: Callable[[idemd.Lease], object]) -
         work(lease)
         return idemd.Response(201)
 
-    end = time.monotonic() + 30
+    end = time.monotonic() + scale(30)
     while True:
         try:
             client.run(key, body, wait=1)

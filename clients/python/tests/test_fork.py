@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 
@@ -30,7 +31,7 @@ pytestmark = [
 ]
 
 #: How long a child may take to report, and the bound of every wait on the parent's side.
-DEADLINE = 60.0
+DEADLINE = scale(60.0)
 #: Keys each process goes through in the tests of concurrent use, after each of FORKS forks.
 ROUNDS = 50
 FORKS = 3
@@ -207,7 +208,7 @@ def test_a_child_forked_while_another_thread_holds_the_batchers_lock_calls_throu
 
 def test_parent_and_child_get_only_their_own_answers_over_an_inherited_pool(daemon: Daemon) -> None:
     # Without resends, a connection of the parent's that the child broke fails a call.
-    client = idemd.Client(daemon.url, timeout=5.0, retries=0)
+    client = idemd.Client(daemon.url, timeout=scale(20.0), retries=0)
     # Sharing a connection goes wrong only when both processes use it at once, which
     # the timing decides: each fork is a fresh chance.
     for _ in range(FORKS):
@@ -264,7 +265,7 @@ def test_a_child_forked_while_an_async_batch_is_in_flight_calls_through_the_same
 def test_parent_and_child_get_only_their_own_answers_over_an_inherited_async_pool(
     daemon: Daemon, loop: Loop
 ) -> None:
-    client = idemd.AsyncClient(daemon.url, timeout=5.0, retries=0)
+    client = idemd.AsyncClient(daemon.url, timeout=scale(20.0), retries=0)
     assert loop.run(async_lifecycle(client, fresh_key("before-fork"))) == []
     start = FORK.Barrier(2)
 

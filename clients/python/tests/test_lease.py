@@ -15,6 +15,7 @@ import httpx
 import pytest
 from conftest import Daemon, free_port, fresh_key
 from proxy import GateProxy
+from slowdown import scale
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response as StarletteResponse
@@ -31,7 +32,7 @@ def fields(lease: idemd.Lease | idemd.AsyncLease | None) -> tuple[str, int, bool
 
 def deadline_loop(what: str, seconds: float = 30.0) -> Iterator[None]:
     """Yields until the deadline passes, then fails the test."""
-    end = time.monotonic() + seconds
+    end = time.monotonic() + scale(seconds)
     while time.monotonic() < end:
         yield
     pytest.fail(f"timed out: {what}")
@@ -115,12 +116,12 @@ def test_taking_over_a_stalled_holder_is_the_next_attempt_recovered(
         first.append(lease)
         cut_proxy.cut = True
         holding.set()
-        wake.wait(30)
+        wake.wait(scale(30))
         return idemd.Response(200, body=b"late")
 
     with ThreadPoolExecutor(1) as pool:
         holder: Future[idemd.Result] = pool.submit(stalled.run, key, stall, lease=0.3)
-        assert holding.wait(30)
+        assert holding.wait(scale(30))
         second: list[idemd.Lease] = []
 
         def take(lease: idemd.Lease) -> idemd.Response:
@@ -140,7 +141,7 @@ def test_taking_over_a_stalled_holder_is_the_next_attempt_recovered(
         assert first[0].lost.is_set()
         wake.set()
         with pytest.raises(idemd.LeaseExpired):
-            holder.result(30)
+            holder.result(scale(30))
 
 
 def test_async_takeover_is_recovered(daemon: Daemon, cut_proxy: GateProxy) -> None:
@@ -158,7 +159,7 @@ def test_async_takeover_is_recovered(daemon: Daemon, cut_proxy: GateProxy) -> No
             return idemd.Response(200)
 
         holder = asyncio.ensure_future(stalled.run(key, stall, lease=0.3))
-        await asyncio.wait_for(holding.wait(), 30)
+        await asyncio.wait_for(holding.wait(), scale(30))
         c = idemd.AsyncClient(daemon.url)
         second: list[idemd.AsyncLease] = []
 
@@ -176,7 +177,7 @@ def test_async_takeover_is_recovered(daemon: Daemon, cut_proxy: GateProxy) -> No
         # The holder was cancelled at its local deadline, before idemd handed the key over.
         assert first[0].lost.is_set()
         with pytest.raises(idemd.LeaseExpired):
-            await asyncio.wait_for(holder, 30)
+            await asyncio.wait_for(holder, scale(30))
 
     asyncio.run(main())
 
@@ -207,7 +208,7 @@ def flask_lease_app(seen: Seen, hold: threading.Event | None) -> Any:
         lease = flask.request.environ.get("idemd.lease")
         seen.append((fields(lease), idemd.current_lease() is lease))
         if hold is not None and len(seen) == 1:
-            hold.wait(30)
+            hold.wait(scale(30))
         return flask.Response(b"{}", 201, mimetype="application/json")
 
     return app
@@ -253,7 +254,7 @@ def post(url: str, key: str | None, method: str = "POST") -> httpx.Response:
     headers = {"Content-Type": "application/json", "X-User": "user-1"}
     if key is not None:
         headers["Idempotency-Key"] = f'"{key}"'
-    return httpx.request(method, url + "/orders", content=b"{}", headers=headers, timeout=30)
+    return httpx.request(method, url + "/orders", content=b"{}", headers=headers, timeout=scale(30))
 
 
 def test_middleware_hands_the_handler_its_lease(daemon: Daemon, lease_app: Start) -> None:
@@ -288,7 +289,7 @@ def test_middleware_takeover_is_recovered(daemon: Daemon, cut_proxy: GateProxy, 
                 break
         cut_proxy.cut = False
         hold.set()
-        first.result(30)
+        first.result(scale(30))
     ikey = idemd.middleware_key("user-1", key)
     assert seen == [((ikey, 1, False), True), ((ikey, 2, True), True)]
 

@@ -23,6 +23,7 @@ import uvicorn
 from apps import BIG, Orders, django_app, flask_app, starlette_app
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
+from slowdown import scale
 from werkzeug.serving import make_server
 
 import idemd
@@ -34,7 +35,7 @@ FRAMEWORKS = ["starlette", "flask", "django"]
 #: One HTTP client for the tests' requests: making one per request costs more than the
 #: request (it loads the CA bundle). A connection per request, as a server may close one
 #: after a failed request.
-http = httpx.Client(timeout=60, headers={"Connection": "close"})
+http = httpx.Client(timeout=scale(60), headers={"Connection": "close"})
 
 
 @dataclass
@@ -93,7 +94,7 @@ class _Uvicorn:
 
     def stop(self) -> None:
         self.server.should_exit = True
-        self.thread.join(30)
+        self.thread.join(scale(30))
         self.sock.close()
 
 
@@ -106,7 +107,7 @@ class _Werkzeug:
 
     def stop(self) -> None:
         self.server.shutdown()
-        self.thread.join(30)
+        self.thread.join(scale(30))
         self.server.server_close()
 
 
@@ -572,7 +573,7 @@ def test_asgi_wait_ends_when_the_client_leaves(own_daemon: Callable[..., Daemon]
     state = Orders()
     state.block = True
     # Longer than the test's deadlines: the first request ends only when the test says.
-    state.hold_limit = 60
+    state.hold_limit = scale(60)
     app = starlette_app(state)
     app.add_middleware(asgi.IdempotencyMiddleware, client=idemd.AsyncClient(d.url), scope=_asgi_user, wait=30)
     server = _Uvicorn(app)

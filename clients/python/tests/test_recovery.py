@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import Daemon, fresh_key, wait_until
 from proxy import GateProxy
+from slowdown import scale
 
 import idemd
 
@@ -41,7 +42,7 @@ def take_over(url: str, key: str, fn: Callable[[idemd.Lease], idemd.Response]) -
     """Runs ``fn`` under the key once idemd hands it over: the claim waits for the
     holder's lease to run out, and is tried again when its wait ends first."""
     with idemd.Client(url) as c:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scale(30)
         while True:
             try:
                 return c.run(key, fn, wait=5)
@@ -66,7 +67,7 @@ def test_checkpoint_reaches_the_takeover(daemon: Daemon, proxies: Callable[..., 
         held.checkpoint("charged", DATA)
         proxy.cut = True
         holding.set()
-        stale["lost"] = held.lost.wait(30)
+        stale["lost"] = held.lost.wait(scale(30))
         stale["lease"] = held
         return idemd.Response(201, body=b"stale")
 
@@ -81,10 +82,10 @@ def test_checkpoint_reaches_the_takeover(daemon: Daemon, proxies: Callable[..., 
     before = datetime.datetime.now(datetime.UTC)
     with ThreadPoolExecutor(1) as pool:
         first: Future[idemd.Result] = pool.submit(holder.run, key, work, lease=0.6)
-        assert holding.wait(30)
+        assert holding.wait(scale(30))
         result = take_over(daemon.url, key, resume)
         with pytest.raises(idemd.LeaseExpired):
-            first.result(30)
+            first.result(scale(30))
     assert stale["start"] is None
     assert stale["lost"]
     assert (seen["attempt"], seen["recovered"]) == (2, True)
@@ -119,7 +120,7 @@ def test_async_checkpoint_reaches_the_takeover(daemon: Daemon, proxies: Callable
             await held.checkpoint("charged", DATA)
             proxy.cut = True
             holding.set()
-            await asyncio.wait_for(asyncio.Event().wait(), 30)  # cancelled at the deadline
+            await asyncio.wait_for(asyncio.Event().wait(), scale(30))  # cancelled at the deadline
             raise AssertionError("the stale holder was not cancelled")
 
         async def resume(held: idemd.AsyncLease) -> idemd.Response:
@@ -127,7 +128,7 @@ def test_async_checkpoint_reaches_the_takeover(daemon: Daemon, proxies: Callable
             return idemd.Response(201)
 
         first = asyncio.create_task(holder.run(key, work, lease=0.6))
-        await asyncio.wait_for(holding.wait(), 30)
+        await asyncio.wait_for(holding.wait(), scale(30))
         async with idemd.AsyncClient(daemon.url) as c:
             for _ in range(6):
                 try:
@@ -196,7 +197,7 @@ def test_async_checkpoint_answered_lease_lost(daemon: Daemon) -> None:
                 except idemd.LeaseLost as err:
                     seen["error"] = err
                 seen["lost"] = held.lost.is_set()
-                await asyncio.wait_for(asyncio.Event().wait(), 30)  # cancelled: the lease is lost
+                await asyncio.wait_for(asyncio.Event().wait(), scale(30))  # cancelled: the lease is lost
                 seen["went on"] = True
                 return idemd.Response(201)
 

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import Daemon, fresh_key, wait_until
+from slowdown import scale
 
 import idemd
 
@@ -41,7 +42,7 @@ def test_run_concurrent_callers_run_once(daemon: Daemon) -> None:
         nonlocal runs
         with lock:
             runs += 1
-        release.wait(20)
+        release.wait(scale(20))
         return idemd.Response(200, body=b"once")
 
     with ThreadPoolExecutor(20) as pool:
@@ -121,7 +122,7 @@ def test_run_lease_lost(any_daemon: Daemon) -> None:
     def fn(held: idemd.Lease) -> idemd.Response:
         nonlocal told
         c.purge(key)
-        told = held.lost.wait(20)
+        told = held.lost.wait(scale(20))
         return idemd.Response(200, body=b"too late")
 
     with pytest.raises(idemd.LeaseLost):
@@ -219,7 +220,7 @@ def test_async_run_extends_then_loses_the_lease(any_daemon: Daemon) -> None:
                 await c.purge(key)
                 try:
                     # The cancellation comes at the next renewal; 20 s bounds the wait.
-                    await asyncio.sleep(20)
+                    await asyncio.sleep(scale(20))
                 except asyncio.CancelledError:
                     cancelled = True
                     raise
@@ -243,7 +244,7 @@ def test_async_cancelled_caller_releases_the_key(daemon: Daemon) -> None:
 
             async def fn(held: idemd.AsyncLease) -> idemd.Response:
                 started.set()
-                await asyncio.sleep(60)
+                await asyncio.sleep(scale(60))
                 return idemd.Response(200)
 
             task = asyncio.create_task(c.run(key, fn))

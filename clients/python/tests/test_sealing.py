@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Daemon, fresh_key, wait_until
+from slowdown import scale
 
 import idemd
 
@@ -45,7 +46,7 @@ def sealing(*keys: idemd.SealKey, require_sealed: bool = False, tenant: str = TE
 
 def raw_record(url: str, key: str) -> dict[str, Any]:
     """The record as idemd answers it, read without the client."""
-    answer = httpx.get(f"{url}/v1/records/{urllib.parse.quote(key, safe='')}", timeout=30)
+    answer = httpx.get(f"{url}/v1/records/{urllib.parse.quote(key, safe='')}", timeout=scale(30))
     assert answer.status_code == 200, answer.text
     record: dict[str, Any] = answer.json()
     return record
