@@ -9,6 +9,24 @@ import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { IdemClient } from "../src/index.js";
 
+/**
+ * How much longer than an ordinary machine the tests allow for: every deadline a test
+ * gives a condition is multiplied by IDEMD_TEST_SLOWDOWN, 3 unless set. A condition that
+ * holds ends its wait at once, so a larger factor only makes a failing test slower to
+ * fail. Lease lengths and timeouts that a test is about are not scaled.
+ */
+export const slowdown = ((value) => {
+  if (value === undefined || value === "") return 3;
+  const factor = Number(value);
+  if (!(factor > 0)) throw new Error(`IDEMD_TEST_SLOWDOWN=${JSON.stringify(value)}: want a positive number`);
+  return factor;
+})(process.env.IDEMD_TEST_SLOWDOWN);
+
+/** The deadline for a condition that an ordinary machine meets within ms. */
+export function scaled(ms: number): number {
+  return ms * slowdown;
+}
+
 export class Daemon {
   readonly url: string;
   readonly #process: ChildProcess;
@@ -56,7 +74,7 @@ export class Daemon {
         process.kill(child.pid, "SIGKILL");
       }
     });
-    const deadline = Date.now() + 20_000;
+    const deadline = Date.now() + scaled(20_000);
     while (Date.now() < deadline) {
       if (child.exitCode !== null) throw new Error(`idemd exited with ${child.exitCode}:\n${logs}`);
       try {
@@ -103,13 +121,13 @@ export function freshKey(prefix: string): string {
   return `${prefix}-${process.pid}-${counter}-${Date.now()}`;
 }
 
-/** Waits until check() is true, failing after the deadline. */
+/** Waits until check() is true, failing after the deadline (scaled). */
 export async function waitFor(
   what: string,
   check: () => boolean | Promise<boolean>,
   deadlineMs = 20_000,
 ): Promise<void> {
-  const deadline = Date.now() + deadlineMs;
+  const deadline = Date.now() + scaled(deadlineMs);
   while (!(await check())) {
     if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
     await sleep(10);

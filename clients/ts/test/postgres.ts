@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import pg from "pg";
-import { freePort } from "./daemon.js";
+import { freePort, scaled } from "./daemon.js";
 
 export const notInstalled = "PostgreSQL not installed (apt-get install postgresql)";
 
@@ -82,7 +82,7 @@ export class Postgres {
       const server = new Postgres(`postgres://postgres@127.0.0.1:${port}/postgres`, child, dir);
       // A test process that ends without its after hooks still stops the server.
       process.once("exit", () => server.#kill());
-      const deadline = Date.now() + 30_000;
+      const deadline = Date.now() + scaled(30_000);
       for (;;) {
         if (child.exitCode !== null) break;
         const conn = new pg.Client({ connectionString: server.url });
@@ -95,7 +95,7 @@ export class Postgres {
         }
         if (Date.now() > deadline) {
           await server.stop();
-          throw new Error(`postgres did not accept connections within 30 s: ${readFileSync(log, "utf8")}`);
+          throw new Error(`postgres did not accept connections in time: ${readFileSync(log, "utf8")}`);
         }
         await sleep(20);
       }
