@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.idemd.testing.Daemon;
+import io.idemd.testing.Wait;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
@@ -47,7 +48,7 @@ class BatchTest {
       }
       List<RunResult<String>> out = new ArrayList<>();
       for (Future<RunResult<String>> f : futures) {
-        out.add(f.get(60, TimeUnit.SECONDS));
+        out.add(f.get(Wait.seconds(60), TimeUnit.SECONDS));
       }
       return out;
     } finally {

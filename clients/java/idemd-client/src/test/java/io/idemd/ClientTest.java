@@ -121,7 +121,7 @@ class ClientTest {
         () -> !waiting.isDone() && client.lookup(key).state().equals("pending"));
     client.complete(key, held.leaseToken(), StoredResponse.of(200, "text/plain", "done"));
     Claim.Finished finished =
-        assertInstanceOf(Claim.Finished.class, waiting.get(20, TimeUnit.SECONDS));
+        assertInstanceOf(Claim.Finished.class, waiting.get(Wait.seconds(20), TimeUnit.SECONDS));
     assertEquals("done", finished.response().orElseThrow().bodyText());
   }
 

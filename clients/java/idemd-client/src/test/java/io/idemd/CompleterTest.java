@@ -167,7 +167,8 @@ class CompleterTest {
       Future<CompleterStats> a = threads.submit(first::runOnce);
       Future<CompleterStats> b = threads.submit(second::runOnce);
       List<CompleterStats> stats =
-          List.of(a.get(60, TimeUnit.SECONDS), b.get(60, TimeUnit.SECONDS));
+          List.of(
+              a.get(Wait.seconds(60), TimeUnit.SECONDS), b.get(Wait.seconds(60), TimeUnit.SECONDS));
       assertEquals(Map.of(), errors);
 
       int finished = 0;
@@ -384,7 +385,7 @@ class CompleterTest {
                     runs.add(l.key());
                     if (l.key().equals(slow)) {
                       slowStarted.countDown();
-                      if (!release.await(60, TimeUnit.SECONDS)) {
+                      if (!release.await(Wait.seconds(60), TimeUnit.SECONDS)) {
                         throw new IllegalStateException("never released");
                       }
                     }
@@ -411,7 +412,7 @@ class CompleterTest {
     runner.start();
 
     abandon(slow, null, null);
-    assertTrue(slowStarted.await(30, TimeUnit.SECONDS), "the slow key was not run");
+    assertTrue(slowStarted.await(Wait.seconds(30), TimeUnit.SECONDS), "the slow key was not run");
     abandon(quick, null, null);
     Wait.until(
         "a later pass to finish the quick key beside the slow one",
@@ -431,8 +432,9 @@ class CompleterTest {
     assertEquals(1, returned.getCount(), "run returned with a handler in flight");
     assertEquals(1, closed.getCount(), "close returned with a handler in flight");
     release.countDown();
-    assertTrue(returned.await(30, TimeUnit.SECONDS), "run did not return once stopped");
-    assertTrue(closed.await(30, TimeUnit.SECONDS), "close did not return");
+    assertTrue(
+        returned.await(Wait.seconds(30), TimeUnit.SECONDS), "run did not return once stopped");
+    assertTrue(closed.await(Wait.seconds(30), TimeUnit.SECONDS), "close did not return");
     assertNull(runFailed.get());
     assertEquals(0, inFlight.get(), "a handler still runs");
     // The handler in flight returned a result, which was stored.
@@ -522,7 +524,8 @@ class CompleterTest {
       } finally {
         completer.close();
       }
-      assertTrue(returned.await(30, TimeUnit.SECONDS), "run did not return once closed");
+      assertTrue(
+          returned.await(Wait.seconds(30), TimeUnit.SECONDS), "run did not return once closed");
       assertNull(runFailed.get());
     }
   }

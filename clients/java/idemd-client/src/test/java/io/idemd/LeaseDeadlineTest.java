@@ -93,7 +93,8 @@ class LeaseDeadlineTest {
       assertTrue(taken.get().recovered());
 
       ExecutionException failed =
-          assertThrows(ExecutionException.class, () -> first.get(20, TimeUnit.SECONDS));
+          assertThrows(
+              ExecutionException.class, () -> first.get(Wait.seconds(20), TimeUnit.SECONDS));
       LeaseExpiredException expired =
           assertInstanceOf(LeaseExpiredException.class, failed.getCause());
       assertEquals("lease_lost", expired.code());
@@ -189,7 +190,7 @@ class LeaseDeadlineTest {
     assertFalse(waiting.isDone());
     long releasedAt = System.nanoTime();
     client.releaseForRetry(key, first.leaseToken());
-    assertEquals("after the wait", waiting.get(20, TimeUnit.SECONDS).value());
+    assertEquals("after the wait", waiting.get(Wait.seconds(20), TimeUnit.SECONDS).value());
     // Reckoned from the claim, sent before the release, the lease would have had less than
     // half of itself left; the renewal sent once the claim was answered starts it anew.
     assertTrue(
@@ -224,7 +225,7 @@ class LeaseDeadlineTest {
       }
       for (Future<RunResult<String>> r : runs) {
         try {
-          r.get(60, TimeUnit.SECONDS);
+          r.get(Wait.seconds(60), TimeUnit.SECONDS);
         } catch (ExecutionException e) {
           if (!(e.getCause() instanceof LeaseLostException)) {
             throw e;
@@ -285,7 +286,7 @@ class LeaseDeadlineTest {
       for (int i = 0; i < runs.size(); i++) {
         RunResult<String> r;
         try {
-          r = runs.get(i).get(60, TimeUnit.SECONDS);
+          r = runs.get(i).get(Wait.seconds(60), TimeUnit.SECONDS);
         } catch (ExecutionException e) {
           throw new AssertionError(
               "a holder of a " + leaseOf.get(i) + " lease failed", e.getCause());

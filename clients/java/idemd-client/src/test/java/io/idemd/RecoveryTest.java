@@ -104,7 +104,8 @@ class RecoveryTest {
       assertNotNull(p.recordedAt());
 
       ExecutionException failed =
-          assertThrows(ExecutionException.class, () -> first.get(20, TimeUnit.SECONDS));
+          assertThrows(
+              ExecutionException.class, () -> first.get(Wait.seconds(20), TimeUnit.SECONDS));
       assertInstanceOf(LeaseExpiredException.class, failed.getCause());
       // A lease already lost records nothing, without asking idemd.
       int refused = relay.refused();
@@ -142,7 +143,7 @@ class RecoveryTest {
                       held.set(l);
                       l.checkpoint("step-1", bytes("first"));
                       recorded.countDown();
-                      assertTrue(takenOver.await(20, TimeUnit.SECONDS));
+                      assertTrue(takenOver.await(Wait.seconds(20), TimeUnit.SECONDS));
                       try {
                         l.checkpoint("step-2", bytes("second"));
                       } catch (RuntimeException e) {
@@ -154,7 +155,8 @@ class RecoveryTest {
                 throw new java.util.concurrent.CompletionException(e);
               }
             });
-    assertTrue(recorded.await(20, TimeUnit.SECONDS), "the holder did not record its point");
+    assertTrue(
+        recorded.await(Wait.seconds(20), TimeUnit.SECONDS), "the holder did not record its point");
 
     Claim taken =
         client.claim(
@@ -172,7 +174,8 @@ class RecoveryTest {
     assertEquals(1, p.attempt());
 
     ExecutionException failed =
-        assertThrows(ExecutionException.class, () -> holder.get(20, TimeUnit.SECONDS));
+        assertThrows(
+            ExecutionException.class, () -> holder.get(Wait.seconds(20), TimeUnit.SECONDS));
     LeaseLostException lost = assertInstanceOf(LeaseLostException.class, failed.getCause());
     assertFalse(lost instanceof LeaseExpiredException, "idemd answered: " + lost);
     LeaseLostException fromCheckpoint =

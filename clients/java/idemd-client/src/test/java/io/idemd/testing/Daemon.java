@@ -55,7 +55,7 @@ public final class Daemon implements AutoCloseable {
         new ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log.toFile()).start();
     Daemon daemon = new Daemon(process, dataDir, log, "http://127.0.0.1:" + port);
     HttpClient http = HttpClient.newHttpClient();
-    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(20);
+    long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(Wait.seconds(20));
     while (System.nanoTime() < deadline) {
       if (!process.isAlive()) {
         daemon.close();

@@ -110,7 +110,7 @@ class FilterTest {
         case "/block" -> {
           entered.countDown();
           try {
-            release.await(20, TimeUnit.SECONDS);
+            release.await(Wait.seconds(20), TimeUnit.SECONDS);
           } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
           }
@@ -119,7 +119,7 @@ class FilterTest {
         case "/stream" -> {
           entered.countDown();
           try {
-            release.await(20, TimeUnit.SECONDS);
+            release.await(Wait.seconds(20), TimeUnit.SECONDS);
           } catch (InterruptedException e) {
             Thread.currentThread().interrupt();
           }
@@ -133,7 +133,7 @@ class FilterTest {
         case "/lost" -> {
           Lease lease = Lease.current().orElseThrow();
           client.purge(lease.key());
-          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(Wait.seconds(10));
           while (!lease.isLost() && System.nanoTime() < deadline) {
             try {
               Thread.sleep(5);
@@ -159,7 +159,7 @@ class FilterTest {
           }
           // The link to idemd breaks while the first attempt runs: its lease runs out.
           relay.cut();
-          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+          long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(Wait.seconds(10));
           while (!lease.isLost() && System.nanoTime() < deadline) {
             try {
               Thread.sleep(5);
@@ -463,7 +463,7 @@ class FilterTest {
     try (Server s = serve(b -> {})) {
       String key = key();
       var first = postAsync(s.url + "/block", "alice", key, "{}");
-      assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
+      assertTrue(s.app.entered.await(Wait.seconds(20), TimeUnit.SECONDS));
       HttpResponse<String> dup = post(s.url + "/block", "alice", key, "{}");
       assertEquals(409, dup.statusCode()); // C3
       assertEquals("in_progress", code(dup));
@@ -472,7 +472,7 @@ class FilterTest {
       assertEquals(422, other.statusCode()); // C4
       assertEquals("fingerprint_mismatch", code(other));
       s.app.release.countDown();
-      assertEquals("blocked 1", first.get(20, TimeUnit.SECONDS).body());
+      assertEquals("blocked 1", first.get(Wait.seconds(20), TimeUnit.SECONDS).body());
       assertEquals(1, s.app.runs.get());
     }
   }
@@ -482,11 +482,11 @@ class FilterTest {
     try (Server s = serve(b -> b.waitFor(Duration.ofSeconds(20)))) {
       String key = key();
       var first = postAsync(s.url + "/block", "alice", key, "{}");
-      assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
+      assertTrue(s.app.entered.await(Wait.seconds(20), TimeUnit.SECONDS));
       var dup = postAsync(s.url + "/block", "alice", key, "{}");
       s.app.release.countDown();
-      assertEquals("blocked 1", first.get(20, TimeUnit.SECONDS).body());
-      HttpResponse<String> replayed = dup.get(30, TimeUnit.SECONDS);
+      assertEquals("blocked 1", first.get(Wait.seconds(20), TimeUnit.SECONDS).body());
+      HttpResponse<String> replayed = dup.get(Wait.seconds(30), TimeUnit.SECONDS);
       assertEquals("blocked 1", replayed.body());
       assertEquals("true", replayed.headers().firstValue("Idempotent-Replayed").orElse(""));
       assertEquals(1, s.app.runs.get());
@@ -538,7 +538,7 @@ class FilterTest {
                 + "\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}";
         socket.getOutputStream().write(request.getBytes(StandardCharsets.US_ASCII));
         socket.getOutputStream().flush();
-        assertTrue(s.app.entered.await(20, TimeUnit.SECONDS));
+        assertTrue(s.app.entered.await(Wait.seconds(20), TimeUnit.SECONDS));
         socket.setSoLinger(true, 0); // a reset, as a client that dies sends
       }
       s.app.release.countDown();

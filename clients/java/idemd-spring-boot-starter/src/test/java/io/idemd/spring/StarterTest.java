@@ -7,6 +7,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import io.idemd.Lease;
 import io.idemd.servlet.IdempotencyFilter;
 import io.idemd.testing.Daemon;
+import io.idemd.testing.Wait;
 import jakarta.servlet.Filter;
 import jakarta.servlet.http.HttpServletRequest;
 import jakarta.servlet.http.HttpServletRequestWrapper;
@@ -130,7 +131,7 @@ class StarterTest {
       @PostMapping("/slow")
       String slow() throws InterruptedException {
         app.entered.countDown();
-        app.release.await(20, TimeUnit.SECONDS);
+        app.release.await(Wait.seconds(20), TimeUnit.SECONDS);
         return "slow " + app.runs.incrementAndGet();
       }
     }
@@ -198,13 +199,13 @@ class StarterTest {
                 throw new IllegalStateException(e);
               }
             });
-    assertTrue(app.entered.await(20, TimeUnit.SECONDS));
+    assertTrue(app.entered.await(Wait.seconds(20), TimeUnit.SECONDS));
     HttpResponse<String> dup = post("/slow", "alice", key, "{}");
     assertEquals(409, dup.statusCode());
     assertThat(dup.body()).contains("\"code\":\"in_progress\"");
     assertTrue(dup.headers().firstValue("Retry-After").isPresent());
     app.release.countDown();
-    assertEquals(200, first.get(20, TimeUnit.SECONDS).statusCode());
+    assertEquals(200, first.get(Wait.seconds(20), TimeUnit.SECONDS).statusCode());
   }
 
   @Test
