@@ -198,7 +198,7 @@ func monotonic() int64 {
 // at a time. It records the lookups in NETSPLIT_HISTORY as load does, so that
 // porcupine sees what was lost too.
 func verify() int {
-	client := &http.Client{Timeout: 5 * time.Second}
+	client := &http.Client{Timeout: wait.Scale(10 * time.Second)}
 	clientBase, _ := strconv.Atoi(os.Getenv("NETSPLIT_CLIENT_BASE"))
 	history, err := newRecorder()
 	if err != nil {
