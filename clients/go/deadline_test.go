@@ -202,14 +202,15 @@ func TestDoLeaseOutlivesABriefCut(t *testing.T) {
 // and no lease may end. A renewal has 62 % of the lease to be answered in; a batching
 // client's renewal may wait for the batch in flight and then go in the next, which
 // doubles its round trip, so the shortest lease here leaves room for two round trips
-// of 150 ms on a busy machine.
+// of 150 ms on a busy machine, times the slowdown factor, since a slower machine takes
+// longer to answer.
 func TestNoFalseExpiries(t *testing.T) {
 	rl := &relay{delay: func() time.Duration { return 20*time.Millisecond + rand.N(30*time.Millisecond) }}
 	url := rl.start(t, daemonURL)
 	const holders = 25
 	var wg sync.WaitGroup
 	var keys sync.Map
-	for _, lease := range []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second} {
+	for _, lease := range []time.Duration{testenv.Scale(500 * time.Millisecond), testenv.Scale(time.Second), testenv.Scale(2 * time.Second)} {
 		// One client per lease, so that its holders' calls share batches.
 		c, err := idem.New(url)
 		if err != nil {
