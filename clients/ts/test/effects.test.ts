@@ -26,7 +26,17 @@ before(async () => {
 });
 after(async () => {
   if (skip) return;
+  // The pool's end() resolves before its connections have closed; the server's shutdown
+  // must not reach one still open, whose error would then reach no listener.
+  let open = db.totalCount;
+  const closed = new Promise<void>((resolve) => {
+    if (open === 0) resolve();
+    db.on("remove", () => {
+      if (--open === 0) resolve();
+    });
+  });
   await db.end();
+  await closed;
   await server.stop();
   await daemon.stop();
 });
