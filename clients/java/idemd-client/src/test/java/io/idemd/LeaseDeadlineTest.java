@@ -126,7 +126,7 @@ class LeaseDeadlineTest {
 
   @Test
   void aLinkRestoredBeforeTheDeadlineKeepsTheLease() throws Exception {
-    Duration lease = Duration.ofSeconds(3);
+    Duration lease = Duration.ofSeconds(Wait.seconds(3));
     String key = key();
     try (Relay relay = Relay.to(daemon.url);
         IdemClient holder = IdemClient.builder(relay.url).retries(0).build()) {
@@ -241,7 +241,10 @@ class LeaseDeadlineTest {
   void healthyHoldersBehindASlowLinkKeepTheirLeases() throws Exception {
     int holders = 20;
     List<Duration> leases =
-        List.of(Duration.ofSeconds(1), Duration.ofSeconds(2), Duration.ofSeconds(3));
+        List.of(
+            Duration.ofSeconds(Wait.seconds(1)),
+            Duration.ofSeconds(Wait.seconds(2)),
+            Duration.ofSeconds(Wait.seconds(3)));
     ExecutorService pool = Executors.newFixedThreadPool(holders * leases.size());
     try (Relay relay = Relay.to(daemon.url);
         IdemClient slow = IdemClient.builder(relay.url).build()) {
