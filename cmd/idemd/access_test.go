@@ -167,7 +167,7 @@ func TestAllowedHosts(t *testing.T) {
 	m, _ := runDaemon(t, "--allowed-hosts", "idemd.platform.svc, idemd.internal")
 	addr := m.Addr()
 	// Every name resolves to the daemon, as a rebound one would.
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+	client := &http.Client{Timeout: wait.Scale(10 * time.Second), Transport: &http.Transport{
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, network, addr)
 		},
