@@ -108,7 +108,7 @@ def test_an_async_lease_is_lost_when_its_deadline_passes() -> None:
             pass
         assert lease.remaining() == 0.0
         assert lease.lost.is_set()
-        assert await asyncio.wait_for(lease.lost.wait(), 30)
+        assert await asyncio.wait_for(lease.lost.wait(), scale(30))
         # A renewal answered now came too late: it does not bring the lease back.
         assert not lease._reckoning.answered(time.monotonic(), 30.0)
         assert lease.deadline == deadline
@@ -116,7 +116,7 @@ def test_an_async_lease_is_lost_when_its_deadline_passes() -> None:
 
         later = time.monotonic() + 0.05
         waited = idemd.AsyncLease("k", "t", 1, deadline=later)
-        assert await asyncio.wait_for(waited.lost.wait(), 30)  # nothing sets the event
+        assert await asyncio.wait_for(waited.lost.wait(), scale(30))  # nothing sets the event
         assert time.monotonic() >= later
         assert waited.lost.is_set()
 
@@ -187,7 +187,9 @@ def test_cut_link_expires_the_lease(daemon: Daemon, proxies: Callable[..., GateP
     assert isinstance(lost.value, idemd.LeaseLost)
     assert seen["lost"]
     assert seen["remaining"] == 0.0
-    assert before < seen["deadline"] <= before + lease
+    # Reckoned from the claim's send, which is before the proxy received it, however long
+    # a loaded machine took to send it after before.
+    assert before < seen["deadline"] <= proxy.received[0].at + lease * (1 - MARGIN)
     # The holder gave the lease up by its own clock before idemd handed the key over.
     assert seen["deadline"] < took[0][2]
     assert [(attempt, recovered) for attempt, recovered, _ in took] == [(2, True)]
@@ -229,7 +231,7 @@ def test_async_cut_link_expires_the_lease(daemon: Daemon, proxies: Callable[...,
     asyncio.run(main())
     assert seen["lost"]
     assert seen["remaining"] == 0.0
-    assert seen["before"] < seen["deadline"] <= seen["before"] + lease
+    assert seen["before"] < seen["deadline"] <= proxy.received[0].at + lease * (1 - MARGIN)
     assert seen["cancelled_at"] >= seen["deadline"]
     took, result = take_over(daemon, key, lease)
     assert [(attempt, recovered) for attempt, recovered, _ in took] == [(2, True)]
