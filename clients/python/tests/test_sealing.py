@@ -332,7 +332,7 @@ def rewrite(url: str, key: str, finish: str, response: dict[str, Any] | None) ->
         c.purge(key)
 
     def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
-        answer = httpx.post(f"{url}{path}", json=body, timeout=30)
+        answer = httpx.post(f"{url}{path}", json=body, timeout=scale(30))
         assert answer.is_success, answer.text
         found: dict[str, Any] = answer.json()
         return found
