@@ -28,6 +28,7 @@ func FuzzDecodeClaim(f *testing.F) {
 		`{"key":"a","wait_ms":9223372036854775807}`, `{"key":"a","lease_ms":99999999999999999999}`,
 		`{"key":"a","key":"b"}`, `{"KEY":"a"}`, `{"key":"a","Lease_ms":500}`, `{"key":"\udc00"}`,
 		`{"key":"\ud83d\ude00"}`, `{"key":"\\ud800"}`, `{"key":"\ud800\u0041"}`,
+		`{"key":"a","wait_ms":null}`, `{"key":null}`, `{"key":"null","owner":"null"}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -43,6 +44,7 @@ func FuzzDecodeClaim(f *testing.F) {
 			checkRefusal(t, err)
 			return
 		}
+		noNull(t, body)
 		// A U+FFFD in an accepted key was sent as one, never made from a lone surrogate.
 		if strings.ContainsRune(req.ID.Key, utf8.RuneError) && !bytes.Contains(body, []byte("\uFFFD")) &&
 			!bytes.Contains(bytes.ToLower(body), []byte(`\ufffd`)) {
@@ -75,6 +77,9 @@ func FuzzDecodeComplete(f *testing.F) {
 		`{"key":"a","lease_token":"t","response":{"status":204,"sealed":"wQECazFaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlo="}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"sealed":"wQECazE=","body":""}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"Idemd-Sealed":["1"]},"body":"QQ=="}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"A":null}}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"A":["1",null]}}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"body":null},"retention_ms":null}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -90,6 +95,7 @@ func FuzzDecodeComplete(f *testing.F) {
 			checkRefusal(t, err)
 			return
 		}
+		noNull(t, body)
 		if c.Response.Status < 200 || c.Response.Status > 599 || c.Response.Size() > 64 || c.LeaseToken == "" {
 			t.Fatalf("accepted %+v", c)
 		}
@@ -111,6 +117,38 @@ func FuzzDecodeComplete(f *testing.F) {
 			t.Fatalf("accepted %+v from %s", c.Response, body)
 		}
 	})
+}
+
+// noNull fails on an accepted body that holds a null anywhere: the contract allows none.
+func noNull(t *testing.T, body []byte) {
+	t.Helper()
+	var v any
+	if err := json.Unmarshal(body, &v); err != nil {
+		t.Fatalf("accepted %q, which is not JSON: %v", body, err)
+	}
+	var walk func(any) bool
+	walk = func(v any) bool {
+		switch v := v.(type) {
+		case nil:
+			return true
+		case map[string]any:
+			for _, m := range v {
+				if walk(m) {
+					return true
+				}
+			}
+		case []any:
+			for _, e := range v {
+				if walk(e) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	if walk(v) {
+		t.Fatalf("accepted %q, which holds a null", body)
+	}
 }
 
 func checkRefusal(t *testing.T, err error) {
@@ -141,6 +179,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		`{"items":[]}`, `{"items":[{}]}`, `{"items":[{"claim":{"key":"a"},"extend":{"key":"a"}}]}`, `{"items":null}`,
 		`{"items":[null]}`, `{"items":[{"claim":null}]}`, `{"items":[{"lookup":{"key":"a"}}]}`, `{"Items":[]}`,
 		`{"items":[{"claim":{"key":"\ud800"}}]}`, `{"items":[{"claim":{"key":""}}]}`,
+		`{"items":[{"claim":{"key":"a"},"extend":null}]}`, `{"items":[{"claim":{"key":"a","wait_ms":null}}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -151,6 +190,7 @@ func FuzzDecodeBatch(f *testing.F) {
 			checkRefusal(t, err)
 			return
 		}
+		noNull(t, body)
 		for i, it := range r.Items {
 			item, err := s.batchItem(engine.DefaultTenant, i, it)
 			if err != nil {

@@ -16,7 +16,8 @@ import (
 // that appears twice (encoding/json keeps the last), a member named in another case
 // than the contract's (encoding/json matches names case-insensitively), and a \u
 // escape that is half a surrogate pair (encoding/json turns it into U+FFFD, so two
-// different keys would name one record). It walks the tokens alongside t.
+// different keys would name one record), and a null (encoding/json takes it for an
+// absent member). It walks the tokens alongside t.
 func checkStrict(body []byte, t reflect.Type) error {
 	w := &strictWalker{body: body}
 	if err := w.value(t, 0); err != errMalformed {
@@ -149,8 +150,18 @@ func (w *strictWalker) value(t reflect.Type, depth int) error {
 			return invalid("%q holds a \\u escape that is half of a UTF-16 surrogate pair; strings must be Unicode text", w.where())
 		}
 		return nil
+	case 'n':
+		// encoding/json reads a null as if the member were absent, but the contract
+		// allows null nowhere: a null member is a mistake to point out, not a default.
+		if !bytes.HasPrefix(w.body[w.at:], []byte("null")) {
+			return errMalformed
+		}
+		if len(w.path) == 0 {
+			return invalid("request body is null; send a JSON object")
+		}
+		return invalid("%q is null; the contract allows no null: leave the member out to take its default", w.where())
 	}
-	// A number, true, false or null: its bytes run to the next delimiter.
+	// A number, true or false: its bytes run to the next delimiter.
 	for w.at < len(w.body) {
 		switch w.body[w.at] {
 		case ',', ']', '}', ' ', '\t', '\r', '\n':

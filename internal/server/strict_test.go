@@ -12,7 +12,8 @@ import (
 // TestDecodingIsAsStrictAsTheContract: the contract says additionalProperties: false
 // and names its members exactly, and a key is a string of Unicode characters. A body
 // with a member twice, a member in another case, or an escape that is half a
-// surrogate pair is refused with a 400 naming the member, and nothing is stored.
+// surrogate pair is refused with a 400 naming the member, and nothing is stored. So is
+// a null, which no member of the contract allows (encoding/json would read it as absent).
 func TestDecodingIsAsStrictAsTheContract(t *testing.T) {
 	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
 	if err != nil {
@@ -38,6 +39,15 @@ func TestDecodingIsAsStrictAsTheContract(t *testing.T) {
 		{"a header twice", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":["1"],"A":["2"]}}}`, `"response.headers.A"`, nil},
 		{"a nested member in another case", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"Status":200}}`, `"response.Status"`, nil},
 		{"a lone surrogate in a header value", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":["\udfff"]}}}`, `"response.headers.A[0]"`, nil},
+		{"a null member", "/v1/claim", `{"key":"null-1","wait_ms":null}`, `"wait_ms"`, []string{"null-1"}},
+		{"a null key", "/v1/claim", `{"key":null}`, `"key"`, nil},
+		{"a null batch member beside a claim", "/v1/batch", `{"items":[{"claim":{"key":"null-2"},"extend":null}]}`, `"items[0].extend"`, []string{"null-2"}},
+		{"a null batch item", "/v1/batch", `{"items":[{"claim":{"key":"null-3"}},null]}`, `"items[1]"`, []string{"null-3"}},
+		{"a null response", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":null}`, `"response"`, nil},
+		{"a null header value", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":null}}}`, `"response.headers.A"`, nil},
+		{"a null in a header's values", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":["1",null]}}}`, `"response.headers.A[1]"`, nil},
+		{"a null recovery point", "/v1/recovery-point", `{"key":"held","lease_token":"` + token + `","name":"charged","data":null}`, `"data"`, nil},
+		{"a null body", "/v1/claim", `null`, `null`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := d.do(http.MethodPost, tc.path, "application/json", []byte(tc.body))
