@@ -218,14 +218,24 @@ func (s seeder) claim(token, key string, fields map[string]any) string {
 
 func (s seeder) complete(token, key, lease string, status int, headers map[string][]string, body []byte) {
 	s.t.Helper()
-	a := s.d.call(token, http.MethodPost, "/v1/complete", map[string]any{"key": key, "lease_token": lease,
-		"response": map[string]any{"status": status, "headers": headers, "body": body}})
+	response := map[string]any{"status": status}
+	if headers != nil {
+		response["headers"] = headers
+	}
+	if body != nil {
+		response["body"] = body
+	}
+	a := s.d.call(token, http.MethodPost, "/v1/complete", map[string]any{"key": key, "lease_token": lease, "response": response})
 	expectStatus(s.t, "complete "+key, a, http.StatusOK, "")
 }
 
 func (s seeder) point(token, key, lease, name string, data []byte) {
 	s.t.Helper()
-	a := s.d.call(token, http.MethodPost, "/v1/recovery-point", map[string]any{"key": key, "lease_token": lease, "name": name, "data": data})
+	req := map[string]any{"key": key, "lease_token": lease, "name": name}
+	if data != nil {
+		req["data"] = data
+	}
+	a := s.d.call(token, http.MethodPost, "/v1/recovery-point", req)
 	expectStatus(s.t, "recovery point "+key, a, http.StatusOK, "")
 }
 

@@ -153,8 +153,11 @@ func (d *daemon) acquire(key string, extra ...any) string {
 
 func (d *daemon) complete(key, token string, status int, body []byte) answer {
 	d.t.Helper()
-	return d.post("/v1/complete", map[string]any{"key": key, "lease_token": token,
-		"response": map[string]any{"status": status, "headers": map[string][]string{"Content-Type": {"application/json"}}, "body": body}})
+	response := map[string]any{"status": status, "headers": map[string][]string{"Content-Type": {"application/json"}}}
+	if body != nil {
+		response["body"] = body
+	}
+	return d.post("/v1/complete", map[string]any{"key": key, "lease_token": token, "response": response})
 }
 
 func (d *daemon) lookup(key string) answer {
