@@ -178,8 +178,11 @@ type ClaimFinished struct {
 	ExpiresAt time.Time `json:"expires_at"`
 
 	// Outcome completed for a stored result, failed for a terminal failure.
-	Outcome  ClaimFinishedOutcome `json:"outcome"`
-	Response *StoredResponse      `json:"response,omitempty"`
+	Outcome ClaimFinishedOutcome `json:"outcome"`
+
+	// Response A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+	// alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
+	Response *StoredResponse `json:"response,omitempty"`
 }
 
 // ClaimFinishedOutcome completed for a stored result, failed for a terminal failure.
@@ -219,9 +222,14 @@ type ClaimRequest struct {
 // CompleteRequest defines model for CompleteRequest.
 type CompleteRequest struct {
 	// Key The idempotency key, 1 to 255 bytes of UTF-8.
-	Key        string         `json:"key"`
-	LeaseToken string         `json:"lease_token"`
-	Response   StoredResponse `json:"response"`
+	Key string `json:"key"`
+
+	// LeaseToken The lease_token of the claim that holds the key, at most 256 bytes.
+	LeaseToken string `json:"lease_token"`
+
+	// Response A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+	// alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
+	Response StoredResponse `json:"response"`
 
 	// RetentionMs How long the result is kept, in milliseconds from now. Absent means 24 hours (or the daemon's --retention).
 	RetentionMs *int64 `json:"retention_ms,omitempty"`
@@ -233,7 +241,9 @@ type ExtendRequest struct {
 	Key string `json:"key"`
 
 	// LeaseMs The new lease, in milliseconds from now.
-	LeaseMs    int64  `json:"lease_ms"`
+	LeaseMs int64 `json:"lease_ms"`
+
+	// LeaseToken The lease_token of the claim that holds the key, at most 256 bytes.
 	LeaseToken string `json:"lease_token"`
 }
 
@@ -257,8 +267,11 @@ type KeyRecord struct {
 	Owner *string `json:"owner,omitempty"`
 
 	// RecoveryPoint The last point a holder of the key recorded, while the key is not finished.
-	RecoveryPoint *RecoveryPoint  `json:"recovery_point,omitempty"`
-	Response      *StoredResponse `json:"response,omitempty"`
+	RecoveryPoint *RecoveryPoint `json:"recovery_point,omitempty"`
+
+	// Response A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+	// alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
+	Response *StoredResponse `json:"response,omitempty"`
 
 	// State pending, released, completed or failed (an open set: accept others).
 	// released means the key was given back for a retry and is free to claim.
@@ -315,7 +328,9 @@ type RecoveryPointRequest struct {
 	Data *[]byte `json:"data,omitempty"`
 
 	// Key The idempotency key, 1 to 255 bytes of UTF-8.
-	Key        string `json:"key"`
+	Key string `json:"key"`
+
+	// LeaseToken The lease_token of the claim that holds the key, at most 256 bytes.
 	LeaseToken string `json:"lease_token"`
 
 	// Name The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
@@ -325,12 +340,17 @@ type RecoveryPointRequest struct {
 // ReleaseRequest defines model for ReleaseRequest.
 type ReleaseRequest struct {
 	// Key The idempotency key, 1 to 255 bytes of UTF-8.
-	Key        string `json:"key"`
+	Key string `json:"key"`
+
+	// LeaseToken The lease_token of the claim that holds the key, at most 256 bytes.
 	LeaseToken string `json:"lease_token"`
 
 	// Mode retry frees the key for the next claim; fail stores a terminal failure.
-	Mode     ReleaseRequestMode `json:"mode"`
-	Response *StoredResponse    `json:"response,omitempty"`
+	Mode ReleaseRequestMode `json:"mode"`
+
+	// Response A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+	// alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
+	Response *StoredResponse `json:"response,omitempty"`
 
 	// RetentionMs How long a failure is kept, in milliseconds from now. Absent means 24 hours (or the daemon's --retention).
 	RetentionMs *int64 `json:"retention_ms,omitempty"`
@@ -339,7 +359,8 @@ type ReleaseRequest struct {
 // ReleaseRequestMode retry frees the key for the next claim; fail stores a terminal failure.
 type ReleaseRequestMode string
 
-// StoredResponse defines model for StoredResponse.
+// StoredResponse A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+// alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
 type StoredResponse struct {
 	// Body The body, base64-encoded. A 204 or 304 response has none.
 	Body *[]byte `json:"body,omitempty"`

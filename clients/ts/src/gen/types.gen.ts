@@ -107,6 +107,11 @@ export type ClaimFinished = {
     expires_at: string;
 };
 
+/**
+ * A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+ * alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
+ *
+ */
 export type StoredResponse = {
     /**
      * A final HTTP status; a 1xx cannot be replayed as an answer.
@@ -133,6 +138,9 @@ export type CompleteRequest = {
      * The idempotency key, 1 to 255 bytes of UTF-8.
      */
     key: string;
+    /**
+     * The lease_token of the claim that holds the key, at most 256 bytes.
+     */
     lease_token: string;
     response: StoredResponse;
     /**
@@ -146,6 +154,9 @@ export type ReleaseRequest = {
      * The idempotency key, 1 to 255 bytes of UTF-8.
      */
     key: string;
+    /**
+     * The lease_token of the claim that holds the key, at most 256 bytes.
+     */
     lease_token: string;
     /**
      * retry frees the key for the next claim; fail stores a terminal failure.
@@ -163,6 +174,9 @@ export type ExtendRequest = {
      * The idempotency key, 1 to 255 bytes of UTF-8.
      */
     key: string;
+    /**
+     * The lease_token of the claim that holds the key, at most 256 bytes.
+     */
     lease_token: string;
     /**
      * The new lease, in milliseconds from now.
@@ -239,6 +253,9 @@ export type RecoveryPointRequest = {
      * The idempotency key, 1 to 255 bytes of UTF-8.
      */
     key: string;
+    /**
+     * The lease_token of the claim that holds the key, at most 256 bytes.
+     */
     lease_token: string;
     /**
      * The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
@@ -831,7 +848,9 @@ export type ListAbandonedData = {
 
 export type ListAbandonedErrors = {
     /**
-     * An RFC 9457 problem.
+     * A parameter out of its range, or a `cursor` that is no `next_cursor` this feed
+     * gave for this `prefix` (invalid_request, naming the parameter).
+     *
      */
     400: Problem;
     /**

@@ -25,7 +25,9 @@ class ClaimFinished:
         outcome (ClaimFinishedOutcome): completed for a stored result, failed for a terminal failure.
         attempt (int): The attempt that finished the key.
         expires_at (datetime.datetime): When the record is forgotten; until then the result is replayed.
-        response (StoredResponse | Unset):
+        response (StoredResponse | Unset): A response to replay: plain, with `headers` and `body`, or sealed, with
+            `sealed`
+            alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
     """
 
     outcome: ClaimFinishedOutcome

@@ -19,8 +19,9 @@ class CompleteRequest:
     """
     Attributes:
         key (str): The idempotency key, 1 to 255 bytes of UTF-8.
-        lease_token (str):
-        response (StoredResponse):
+        lease_token (str): The lease_token of the claim that holds the key, at most 256 bytes.
+        response (StoredResponse): A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+            alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
         retention_ms (int | Unset): How long the result is kept, in milliseconds from now. Absent means 24 hours (or the
             daemon's --retention).
     """

@@ -13,7 +13,7 @@ class ExtendRequest:
     """
     Attributes:
         key (str): The idempotency key, 1 to 255 bytes of UTF-8.
-        lease_token (str):
+        lease_token (str): The lease_token of the claim that holds the key, at most 256 bytes.
         lease_ms (int): The new lease, in milliseconds from now.
     """
 

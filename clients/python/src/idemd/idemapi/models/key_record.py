@@ -31,7 +31,9 @@ class KeyRecord:
         fingerprint (str | Unset):
         owner (str | Unset): The label the current or last claim gave; it grants nothing.
         lease_expires_at (datetime.datetime | Unset):
-        response (StoredResponse | Unset):
+        response (StoredResponse | Unset): A response to replay: plain, with `headers` and `body`, or sealed, with
+            `sealed`
+            alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
         recovery_point (RecoveryPoint | Unset): The last point a holder of the key recorded, while the key is not
             finished.
     """

@@ -15,7 +15,7 @@ class RecoveryPointRequest:
     """
     Attributes:
         key (str): The idempotency key, 1 to 255 bytes of UTF-8.
-        lease_token (str):
+        lease_token (str): The lease_token of the claim that holds the key, at most 256 bytes.
         name (str): The point reached, 1 to 128 bytes of UTF-8, for example `charged`.
         data (str | Unset): What the next holder needs to resume, base64-encoded; at most the daemon's
             --max-recovery-point-bytes (4096 by default) once decoded. Absent means empty.

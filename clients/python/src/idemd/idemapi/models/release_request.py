@@ -20,9 +20,11 @@ class ReleaseRequest:
     """
     Attributes:
         key (str): The idempotency key, 1 to 255 bytes of UTF-8.
-        lease_token (str):
+        lease_token (str): The lease_token of the claim that holds the key, at most 256 bytes.
         mode (ReleaseRequestMode): retry frees the key for the next claim; fail stores a terminal failure.
-        response (StoredResponse | Unset):
+        response (StoredResponse | Unset): A response to replay: plain, with `headers` and `body`, or sealed, with
+            `sealed`
+            alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
         retention_ms (int | Unset): How long a failure is kept, in milliseconds from now. Absent means 24 hours (or the
             daemon's --retention).
     """

@@ -16,18 +16,20 @@ T = TypeVar("T", bound="StoredResponse")
 
 @_attrs_define
 class StoredResponse:
-    """
-    Attributes:
-        status (int): A final HTTP status; a 1xx cannot be replayed as an answer.
-        headers (StoredResponseHeaders | Unset): Header names are RFC 9110 tokens and values hold no CR, LF, NUL or
-            other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer,
-            Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
-        body (str | Unset): The body, base64-encoded. A 204 or 304 response has none.
-        sealed (str | Unset): The response's headers and body, sealed by the client with a key idemd does not hold (an
-            AEAD envelope, base64-encoded; docs/sealing.md gives its format). idemd stores and answers it as given and reads
-            only its first bytes, to refuse what is not an envelope; the status stays readable. With it, `headers` and
-            `body` are absent, whatever the status. A plain response may not carry a header named `Idemd-Sealed`, the name
-            under which a store keeps the mark of a sealed one.
+    """A response to replay: plain, with `headers` and `body`, or sealed, with `sealed`
+    alone. A response with `sealed` and `headers` or `body` (even empty) is refused.
+
+        Attributes:
+            status (int): A final HTTP status; a 1xx cannot be replayed as an answer.
+            headers (StoredResponseHeaders | Unset): Header names are RFC 9110 tokens and values hold no CR, LF, NUL or
+                other control characters. Hop-by-hop and framing headers (Connection, Keep-Alive, Proxy-*, TE, Trailer,
+                Transfer-Encoding, Upgrade, Content-Length) are refused: the server replaying the response sets them.
+            body (str | Unset): The body, base64-encoded. A 204 or 304 response has none.
+            sealed (str | Unset): The response's headers and body, sealed by the client with a key idemd does not hold (an
+                AEAD envelope, base64-encoded; docs/sealing.md gives its format). idemd stores and answers it as given and reads
+                only its first bytes, to refuse what is not an envelope; the status stays readable. With it, `headers` and
+                `body` are absent, whatever the status. A plain response may not carry a header named `Idemd-Sealed`, the name
+                under which a store keeps the mark of a sealed one.
     """
 
     status: int
