@@ -7,7 +7,7 @@
 # Each language has its own target, so `make test-go` (or -ts, -python) runs one, and
 # skips what the machine lacks.
 
-.PHONY: test test-busy deps test-go test-ts test-python test-java bench-java check-contract check-ts-generated generate-python generate-java payments-api
+.PHONY: test test-busy deps test-go test-ts test-python test-java test-contract-fuzz bench-java check-contract check-ts-generated generate-python generate-java payments-api
 
 # The pinned tools .ci/deps installs: helm in the Go bin directory, kubernetes-validate
 # under the tools cache.
@@ -16,7 +16,7 @@ export PATH := $(PATH):/usr/local/go/bin:$(shell go env GOPATH 2>/dev/null)/bin:
 
 # Every language's suite, which make test runs one after the other, each even when an
 # earlier one failed, and fails at the end if any did.
-SUITES := test-go test-ts test-python test-java
+SUITES := test-go test-ts test-python test-java test-contract-fuzz
 
 test: export IDEMD_REQUIRE_REDIS = 1
 test: export IDEMD_REQUIRE_POSTGRES = 1
@@ -86,6 +86,21 @@ check-contract: api/check/node_modules/.package-lock.json generate-java
 
 api/check/node_modules/.package-lock.json: api/check/package-lock.json
 	cd api/check && npm ci --no-audit --no-fund
+
+# The contract under Schemathesis (api/check/fuzz/run.sh): idemd built here, on a free
+# loopback port with an auth file, every check and phase, stateful included, bounded by
+# FUZZ_EXAMPLES per operation. Schemathesis, pinned, lives in a venv of its own under the
+# tools cache, made on first use and again when its requirements change.
+STVENV := $(TOOLS)/schemathesis
+test-contract-fuzz: $(STVENV)/installed
+	mkdir -p api/check/fuzz/target
+	go build -o api/check/fuzz/target/idemd ./cmd/idemd
+	api/check/fuzz/run.sh api/check/fuzz/target/idemd $(STVENV)/bin/st
+
+$(STVENV)/installed: api/check/fuzz/requirements.txt
+	$(PYTHON) -m venv $(STVENV)
+	$(STVENV)/bin/pip install --quiet --disable-pip-version-check -r api/check/fuzz/requirements.txt
+	cp api/check/fuzz/requirements.txt $@
 
 # The Python client's checks and tests run in clients/python/.venv, made on first use
 # (and again when its pinned requirements change) with the python3 on the PATH (3.11+).
