@@ -39,7 +39,8 @@ RULE_REFUSALS = [
     re.compile(r"^prefix is \d+ bytes, over the limit of \d+$"),
     # A stored response: header names are RFC 9110 tokens, values hold no control
     # characters, hop-by-hop and framing headers and the sealed mark are refused.
-    re.compile(r"^response\.headers(\[.*\])?(: | has an empty header name)"),
+    re.compile(r"^response\.headers\[.*\]: "),
+    re.compile(r"^response\.headers has an empty header name$"),
     re.compile(r"^response\.headers\[.*\]\[\d+\]: a header value may not hold"),
     # A 204 or 304 has no body; only a release with mode fail stores a response.
     re.compile(r"^response\.body: a \d+ response has no body"),
@@ -78,7 +79,11 @@ def documented_refusal(response: Any) -> bool:
     code, detail = problem.get("code"), problem.get("detail", "")
     if (response.status_code, code) in STATE_REFUSALS:
         return True
-    if response.status_code == 400 and code == "invalid_request" and isinstance(detail, str):
+    if (
+        response.status_code == 400
+        and code == "invalid_request"
+        and isinstance(detail, str)
+    ):
         return any(rule.search(detail) for rule in RULE_REFUSALS)
     return False
 
@@ -90,7 +95,9 @@ def item_refused(response: Any) -> bool:
     except (ValueError, AttributeError):
         return False
     return any(
-        isinstance(r, dict) and r.get("status") == 400 and r.get("problem", {}).get("code") == "invalid_request"
+        isinstance(r, dict)
+        and r.get("status") == 400
+        and r.get("problem", {}).get("code") == "invalid_request"
         for r in results
     )
 
@@ -112,8 +119,14 @@ def filter_failure(context: Any, failure: Any, case: Any, response: Any) -> bool
     if isinstance(failure, RejectedPositiveData) and documented_refusal(response):
         return False
     if isinstance(failure, AcceptedNegativeData):
-        if case.operation.path == "/v1/batch" and response.status_code == 200 and item_refused(response):
+        if (
+            case.operation.path == "/v1/batch"
+            and response.status_code == 200
+            and item_refused(response)
+        ):
             return False
-        if case.operation.path == "/v1/claim" and secret_long_enough_in_bytes(failure, case):
+        if case.operation.path == "/v1/claim" and secret_long_enough_in_bytes(
+            failure, case
+        ):
             return False
     return True
