@@ -8,8 +8,9 @@
 #
 #   api/check/fuzz/run.sh IDEMD_BINARY ST_BINARY
 #
-# FUZZ_EXAMPLES (100) bounds the examples per operation, FUZZ_SEED (1) fixes the run,
-# FUZZ_MAX_TIME (900) bounds it in seconds.
+# FUZZ_EXAMPLES (100) bounds the examples per operation, FUZZ_STATEFUL_SECONDS (60) the
+# stateful phase, FUZZ_SEED (1) fixes the run, FUZZ_MAX_TIME (900) bounds each st run in
+# seconds.
 set -euo pipefail
 idemd=$(realpath "$1")
 st=$(realpath "$2")
@@ -50,14 +51,22 @@ done
 
 echo "== Schemathesis against idemd on $addr"
 cd "$work" # where Schemathesis keeps its cache
+fuzz() {
+  SCHEMATHESIS_HOOKS=hooks PYTHONPATH="$here" timeout "${FUZZ_MAX_TIME:-900}" "$st" run "http://$addr/openapi.yaml" \
+    --checks all \
+    --header "Authorization: Bearer $token" \
+    --seed "${FUZZ_SEED:-1}" \
+    --workers 1 \
+    --request-timeout 45 \
+    --no-color "$@"
+}
 status=0
-SCHEMATHESIS_HOOKS=hooks PYTHONPATH="$here" timeout "${FUZZ_MAX_TIME:-900}" "$st" run "http://$addr/openapi.yaml" \
-  --checks all \
-  --header "Authorization: Bearer $token" \
-  --max-examples "${FUZZ_EXAMPLES:-100}" \
-  --seed "${FUZZ_SEED:-1}" \
-  --workers 1 \
-  --no-color || status=$?
+# A claim waits up to wait_ms, at most 30 s, for a holder: the timeout is over that.
+# Examples, the schemas' edges and random requests, a number per operation.
+fuzz --phases examples,coverage,fuzzing --max-examples "${FUZZ_EXAMPLES:-100}" || status=$?
+# Sequences that follow the links, scenario after scenario for a time: one suite of
+# scenarios from one seed may stop after a few.
+fuzz --phases stateful --max-time "${FUZZ_STATEFUL_SECONDS:-60}" || status=$?
 if [ $status -ne 0 ]; then
   echo "== idemd's log"; tail -50 "$work/idemd.log"
 fi
