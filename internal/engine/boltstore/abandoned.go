@@ -48,6 +48,11 @@ func encodePending(r *stored) ([]byte, error) {
 
 // index keeps r's entry in the pending index as its state says.
 func (t *txn) index(r *stored) error {
+	if r.Key == "" {
+		// Imported from a store that kept only the key's digest: the feed cannot name
+		// it until a transition has named it.
+		return nil
+	}
 	b := t.tx.Bucket(bucketPending)
 	pk := pendingKey(r.Tenant, r.Key)
 	if r.State != engine.StatePending {

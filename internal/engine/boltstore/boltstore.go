@@ -306,10 +306,14 @@ func (t *txn) remove(rk []byte, r *stored) error {
 // the way). A ctx that ends returns its own error at once: before the transition's
 // group starts, the transition is not applied; while it commits, it may be.
 func (s *Store) update(ctx context.Context, id engine.ID, fn func(t *txn, rk []byte) error) error {
+	return s.updateKey(ctx, recordKey(id), fn)
+}
+
+// updateKey is update on the record key rk.
+func (s *Store) updateKey(ctx context.Context, rk []byte, fn func(t *txn, rk []byte) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	rk := recordKey(id)
 	var t txn
 	err := s.commits.run(ctx, func(tx *bolt.Tx) error {
 		t = txn{tx: tx, now: s.now().UnixMilli()}
@@ -373,6 +377,11 @@ func (s *Store) transition(ctx context.Context, id engine.ID, rule func(*engine.
 		r, err := t.get(rk)
 		if err != nil {
 			return err
+		}
+		if r != nil && r.Key == "" {
+			// Imported from a store that kept only the key's digest: the key is learnt
+			// from the first transition that names it.
+			r.Key = id.Key
 		}
 		step = rule(r.entry(), msTime(t.now))
 		if !step.Write {
@@ -463,6 +472,7 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 			return answerErr{engine.ErrNotFound}
 		}
 		rec = r.record(true)
+		rec.ID = id
 		return nil
 	})
 	var answer answerErr

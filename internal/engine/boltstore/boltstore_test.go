@@ -298,3 +298,14 @@ func TestLinearizable(t *testing.T) {
 		t.Fatalf("%d calls on the embedded store: %s", len(h.Ops), res)
 	}
 }
+
+func TestPort(t *testing.T) {
+	newStore := func(t *testing.T) engine.Store {
+		s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	enginetest.RunPort(t, newStore, newStore)
+}

@@ -25,7 +25,12 @@ func LeanKey(id engine.ID) string { return recordKeys(id)[1] }
 // recordKeys are a record's keys as the scripts take them: RecordKey, then LeanKey, from
 // one digest of the client's key, then the pending index of its slot (indexKey).
 func recordKeys(id engine.ID) []string {
-	sum := sha256.Sum256([]byte(id.Key))
+	return digestKeys(id.Tenant, sha256.Sum256([]byte(id.Key)))
+}
+
+// digestKeys are recordKeys of the key whose SHA-256 is sum.
+func digestKeys(tenant string, sum [32]byte) []string {
+	id := engine.ID{Tenant: tenant}
 	legacy := "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
 	s := slot(legacy)
 	tag := slotTags[s]

@@ -83,6 +83,8 @@ func (c clusterClient) ReloadSlots(ctx context.Context) { c.ReloadState(ctx) }
 // EVALSHA and falls back to EVAL when the server does not know a script yet.
 type scripts struct {
 	claim, complete, release, extend, mark, lookup, purge, watch script
+	// export and importRecord move records (port.go).
+	export, importRecord script
 }
 
 var (
@@ -103,6 +105,9 @@ func loadScripts(layout lua.Layout, readOther bool) *scripts {
 		lookup:   load("lookup", layout, readOther, false),
 		purge:    load("purge", layout, readOther, true),
 		watch:    load("watch", layout, readOther, true),
+
+		export:       load("export", layout, readOther, false),
+		importRecord: load("import", layout, readOther, true),
 	}
 }
 
@@ -391,7 +396,12 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
-	v, err := s.pipe.do(ctx, script, recordKeys(id), args)
+	return s.runKeys(ctx, script, recordKeys(id), id, args...)
+}
+
+// runKeys is run on the keys of a record, which id names in the answer.
+func (s *Store) runKeys(ctx context.Context, script script, keys []string, id engine.ID, args ...any) (reply, error) {
+	v, err := s.pipe.do(ctx, script, keys, args)
 	var notReplicated *notReplicatedError
 	if errors.As(err, &notReplicated) {
 		return reply{}, err

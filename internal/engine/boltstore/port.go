@@ -1,0 +1,107 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// exportBatch bounds the records one read transaction of Export decodes: a long read
+// transaction would keep bbolt from reusing the pages written meanwhile.
+const exportBatch = 500
+
+// Export implements engine.Porter: it walks the records in the order of their keys, a
+// batch per read transaction, and hands each to fn outside the transaction.
+func (s *Store) Export(ctx context.Context, fn func(engine.Exported) error) error {
+	var after []byte
+	for {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		batch := make([]engine.Exported, 0, exportBatch)
+		var last []byte
+		err := s.db.View(func(tx *bolt.Tx) error {
+			now := s.now().UnixMilli()
+			c := tx.Bucket(bucketRecords).Cursor()
+			k, _ := c.First()
+			if after != nil {
+				k, _ = c.Seek(after)
+				if k != nil && bytes.Equal(k, after) {
+					k, _ = c.Next()
+				}
+			}
+			for ; k != nil && len(batch) < exportBatch; k, _ = c.Next() {
+				last = append(last[:0], k...)
+				r, err := readLive(tx, k, now)
+				if err != nil {
+					return err
+				}
+				if r == nil || len(k) < sha256.Size {
+					continue
+				}
+				e := engine.Exported{Entry: *r.entry()}
+				copy(e.KeyDigest[:], k[len(k)-sha256.Size:])
+				batch = append(batch, e)
+			}
+			return nil
+		})
+		if err != nil {
+			return engine.Unavailable(err)
+		}
+		for _, e := range batch {
+			if err := fn(e); err != nil {
+				return err
+			}
+		}
+		if last == nil {
+			return nil
+		}
+		after = last
+	}
+}
+
+// Import implements engine.Porter.
+func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOutcome, error) {
+	if e.ID.Key != "" && engine.KeyDigest(e.ID.Key) != e.KeyDigest {
+		return "", errors.New("boltstore: the record's key does not match its digest")
+	}
+	var outcome engine.ImportOutcome
+	err := s.updateKey(ctx, digestKey(e.ID.Tenant, e.KeyDigest), func(t *txn, rk []byte) error {
+		r, err := t.get(rk)
+		if err != nil {
+			return err
+		}
+		switch {
+		case r != nil && engine.SameRecord(r.record(false), e.Record):
+			outcome = engine.ImportSame
+			return nil
+		case r != nil:
+			outcome = engine.ImportKept
+			return nil
+		case engine.Expired(e.ExpiresAt, time.UnixMilli(t.now)):
+			outcome = engine.ImportExpired
+			return nil
+		}
+		entry := e.Entry
+		if entry.LeaseToken == "" {
+			entry.LeaseToken = engine.NewLeaseToken()
+		}
+		outcome, t.to = engine.ImportWritten, entry.State
+		return t.put(rk, encode(entry), 0)
+	})
+	return outcome, err
+}
+
+// digestKey is recordKey for a key known by its digest only.
+func digestKey(tenant string, digest [32]byte) []byte {
+	k := make([]byte, 0, 1+len(tenant)+len(digest))
+	k = append(k, byte(len(tenant)))
+	k = append(k, tenant...)
+	return append(k, digest[:]...)
+}
