@@ -50,6 +50,11 @@ Records:
                                   out: --older-than, --limit (default: every page)
 
 Operations:
+  export [--out FILE]             write the records as a record stream (admin scope; every
+                                  tenant's with platform): to FILE, checked whole before it
+                                  takes the name, with its SHA-256 printed; - is stdout
+  import FILE                     check a record stream whole, then import it: each record is
+                                  written where the store holds none of its key (admin scope)
   token new --tenant T --scopes use,admin [--name N]
                                   make a token; print it once, and its auth-file entry
   auth check FILE                 check an auth file as idemd does at start-up and on SIGHUP
@@ -115,6 +120,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return a.extend(rest)
 	case "abandoned":
 		return a.abandoned(rest)
+	case "export":
+		return a.export(rest)
+	case "import":
+		return a.importCmd(rest)
 	case "token":
 		return a.tokenCmd(rest)
 	case "auth":

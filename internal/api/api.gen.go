@@ -248,6 +248,37 @@ type Health struct {
 	Status string `json:"status"`
 }
 
+// ImportSummary defines model for ImportSummary.
+type ImportSummary struct {
+	// Expired Records whose retention had run out.
+	Expired int64 `json:"expired"`
+
+	// Kept Records not written because the store holds another record of the key, newer or different, which it keeps.
+	Kept int64 `json:"kept"`
+
+	// KeptRecords The first 1000 records counted in `kept`.
+	KeptRecords *[]KeptRecord `json:"kept_records,omitempty"`
+
+	// OtherTenant Records of another tenant than the caller's, left out because the token lacks the `platform` scope.
+	OtherTenant int64 `json:"other_tenant"`
+
+	// Same Records the store held already as they are (an import repeated).
+	Same int64 `json:"same"`
+
+	// Written Records written, where the store held none of their keys.
+	Written int64 `json:"written"`
+}
+
+// KeptRecord defines model for KeptRecord.
+type KeptRecord struct {
+	// Key The key, when the stream carries it.
+	Key *string `json:"key,omitempty"`
+
+	// KeySha256 The SHA-256 of the key, in hex, which names the record in every store.
+	KeySha256 string `json:"key_sha256"`
+	Tenant    string `json:"tenant"`
+}
+
 // KeyRecord defines model for KeyRecord.
 type KeyRecord struct {
 	Attempt   int64     `json:"attempt"`
@@ -520,6 +551,12 @@ type ServerInterface interface {
 	// ListAbandoned List the keys whose holder left them pending.
 	// (GET /v1/abandoned)
 	ListAbandoned(ctx echo.Context, params ListAbandonedParams) error
+	// ExportRecords Export the records as a record stream (an operator's tool).
+	// (GET /v1/admin/records)
+	ExportRecords(ctx echo.Context) error
+	// ImportRecords Import a record stream (an operator's tool).
+	// (POST /v1/admin/records)
+	ImportRecords(ctx echo.Context) error
 	// Batch Claim, complete, release and extend several keys in one request.
 	// (POST /v1/batch)
 	Batch(ctx echo.Context) error
@@ -614,6 +651,24 @@ func (w *ServerInterfaceWrapper) ListAbandoned(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.ListAbandoned(ctx, params)
+	return err
+}
+
+// ExportRecords converts echo context to params.
+func (w *ServerInterfaceWrapper) ExportRecords(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.ExportRecords(ctx)
+	return err
+}
+
+// ImportRecords converts echo context to params.
+func (w *ServerInterfaceWrapper) ImportRecords(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.ImportRecords(ctx)
 	return err
 }
 
@@ -759,6 +814,8 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.DELETE(options.BaseURL+"/v1/records/:key", wrapper.Purge, options.OperationMiddlewares["purge"]...)
 	router.GET(options.BaseURL+"/v1/records/:key", wrapper.Lookup, options.OperationMiddlewares["lookup"]...)
 	router.GET(options.BaseURL+"/v1/abandoned", wrapper.ListAbandoned, options.OperationMiddlewares["listAbandoned"]...)
+	router.GET(options.BaseURL+"/v1/admin/records", wrapper.ExportRecords, options.OperationMiddlewares["exportRecords"]...)
+	router.POST(options.BaseURL+"/v1/admin/records", wrapper.ImportRecords, options.OperationMiddlewares["importRecords"]...)
 	router.GET(options.BaseURL+"/healthz", wrapper.Healthz, options.OperationMiddlewares["healthz"]...)
 	router.GET(options.BaseURL+"/readyz", wrapper.Readyz, options.OperationMiddlewares["readyz"]...)
 	router.GET(options.BaseURL+"/openapi.yaml", wrapper.Openapi, options.OperationMiddlewares["openapi"]...)

@@ -292,3 +292,26 @@ func (s *Service) Ready(ctx context.Context) error {
 	_, err := bounded(s, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.store.Ping(ctx) })
 	return err
 }
+
+// ErrNoPorter says that the store cannot move its records.
+var ErrNoPorter = errors.New("the store cannot export or import records")
+
+// Export calls fn for every live record of the store (see Porter.Export). It runs as
+// long as it takes: the store deadline bounds each call, not the walk.
+func (s *Service) Export(ctx context.Context, fn func(Exported) error) error {
+	p, ok := s.store.(Porter)
+	if !ok {
+		return ErrNoPorter
+	}
+	return p.Export(ctx, fn)
+}
+
+// Import writes a record of a stream where the store holds none of its key (see
+// Porter.Import).
+func (s *Service) Import(ctx context.Context, e Exported) (ImportOutcome, error) {
+	p, ok := s.store.(Porter)
+	if !ok {
+		return "", ErrNoPorter
+	}
+	return bounded(s, ctx, func(ctx context.Context) (ImportOutcome, error) { return p.Import(ctx, e) })
+}

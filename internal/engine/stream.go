@@ -68,7 +68,8 @@ func SameRecord(a, b Record) bool {
 		a.UpdatedAt.Equal(b.UpdatedAt) && a.CreatedAt.Equal(b.CreatedAt)
 }
 
-// The stream's format: JSON Lines, a header line first, then one line per record.
+// The stream's format: JSON Lines, a header line first, then one line per record, then
+// a trailer that counts them, without which the stream was cut short.
 const (
 	StreamFormat  = "idemd-records"
 	StreamVersion = 1
@@ -81,6 +82,12 @@ type StreamHeader struct {
 	ExportedAt time.Time `json:"exported_at"`
 	// Store names the kind of store the records came from: "bolt" or "redis".
 	Store string `json:"store,omitempty"`
+}
+
+// streamTrailer is the stream's last line.
+type streamTrailer struct {
+	End     bool  `json:"end"`
+	Records int64 `json:"records"`
 }
 
 // streamRecord is a record's line. Times are Unix milliseconds, as both stores keep
@@ -126,6 +133,7 @@ type streamPoint struct {
 type StreamWriter struct {
 	w   *bufio.Writer
 	enc *json.Encoder
+	n   int64
 }
 
 // NewStreamWriter writes the header to w and returns the writer of the records.
@@ -157,11 +165,17 @@ func (sw *StreamWriter) Write(e Exported) error {
 	if p := e.RecoveryPoint; p != nil {
 		r.RecoveryPoint = &streamPoint{Name: p.Name, Data: p.Data, Attempt: p.Attempt, RecordedAt: unixMs(p.RecordedAt)}
 	}
+	sw.n++
 	return sw.enc.Encode(r)
 }
 
-// Flush writes what is buffered.
-func (sw *StreamWriter) Flush() error { return sw.w.Flush() }
+// Close writes the trailer and flushes; a stream without it reads as cut short.
+func (sw *StreamWriter) Close() error {
+	if err := sw.enc.Encode(streamTrailer{End: true, Records: sw.n}); err != nil {
+		return err
+	}
+	return sw.w.Flush()
+}
 
 // MaxStreamLine bounds one line of a stream: a record with the largest response the
 // daemon may be configured to keep, base64-encoded, and room for the rest.
@@ -171,17 +185,25 @@ const MaxStreamLine = 64 << 20
 type StreamReader struct {
 	sc     *bufio.Scanner
 	line   int
+	n      int64
+	max    int
+	ended  bool
 	Header StreamHeader
 }
 
 // ErrStream says that a stream is not one this release reads.
 var ErrStream = errors.New("not a record stream")
 
-// NewStreamReader reads and checks the header.
-func NewStreamReader(r io.Reader) (*StreamReader, error) {
+// NewStreamReader reads and checks the header. maxLine bounds a line (and so the
+// reader's memory); 0 is MaxStreamLine.
+func NewStreamReader(r io.Reader, maxLine int) (*StreamReader, error) {
+	if maxLine <= 0 {
+		maxLine = MaxStreamLine
+	}
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), MaxStreamLine)
-	sr := &StreamReader{sc: sc}
+	// The scanner grows its buffer up to the larger of maxLine and the first buffer.
+	sc.Buffer(make([]byte, 0, min(64<<10, maxLine)), maxLine)
+	sr := &StreamReader{sc: sc, max: maxLine}
 	if !sc.Scan() {
 		if err := sc.Err(); err != nil {
 			return nil, err
@@ -198,26 +220,46 @@ func NewStreamReader(r io.Reader) (*StreamReader, error) {
 	return sr, nil
 }
 
-// Next returns the next record, or io.EOF after the last. A malformed line is an error
-// naming the line and the field.
+// Next returns the next record, or io.EOF after the trailer. A malformed line, and a
+// stream that ends without its trailer, are errors naming the line and the member.
 func (sr *StreamReader) Next() (Exported, error) {
-	if !sr.sc.Scan() {
-		if err := sr.sc.Err(); err != nil {
-			return Exported{}, err
-		}
+	if sr.ended {
 		return Exported{}, io.EOF
 	}
+	if !sr.sc.Scan() {
+		if err := sr.sc.Err(); err != nil {
+			if errors.Is(err, bufio.ErrTooLong) {
+				return Exported{}, fmt.Errorf("%w: line %d is longer than %d bytes", ErrStream, sr.line+1, sr.max)
+			}
+			return Exported{}, err
+		}
+		return Exported{}, fmt.Errorf("%w: it ends after line %d without its trailer: cut short", ErrStream, sr.line)
+	}
 	sr.line++
-	var r streamRecord
+	var r struct {
+		streamRecord
+		streamTrailer
+	}
 	if err := json.Unmarshal(sr.sc.Bytes(), &r); err != nil {
 		return Exported{}, fmt.Errorf("%w: line %d: %v", ErrStream, sr.line, err)
 	}
-	e, err := r.exported()
+	if r.End {
+		if r.Records != sr.n {
+			return Exported{}, fmt.Errorf("%w: the trailer counts %d records, the stream holds %d", ErrStream, r.Records, sr.n)
+		}
+		sr.ended = true
+		return Exported{}, io.EOF
+	}
+	sr.n++
+	e, err := r.streamRecord.exported()
 	if err != nil {
 		return Exported{}, fmt.Errorf("%w: line %d: %v", ErrStream, sr.line, err)
 	}
 	return e, nil
 }
+
+// Line is the number of the line Next read last.
+func (sr *StreamReader) Line() int { return sr.line }
 
 func (r *streamRecord) exported() (Exported, error) {
 	var e Exported

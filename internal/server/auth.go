@@ -39,6 +39,8 @@ var routeScopes = map[string]auth.Scope{
 	batchEndpoint:             auth.ScopeUse,
 	"GET /v1/records/:key":    auth.ScopeUse,
 	"DELETE /v1/records/:key": auth.ScopeAdmin,
+	"GET /v1/admin/records":   auth.ScopeAdmin,
+	"POST /v1/admin/records":  auth.ScopeAdmin,
 }
 
 // authenticate decides who sends a request before anything else looks at it: it

@@ -34,6 +34,8 @@ type Engine interface {
 	Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error)
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
+	Export(ctx context.Context, fn func(engine.Exported) error) error
+	Import(ctx context.Context, e engine.Exported) (engine.ImportOutcome, error)
 }
 
 // Config configures a Server.

@@ -252,6 +252,37 @@ type Health struct {
 	Status string `json:"status"`
 }
 
+// ImportSummary defines model for ImportSummary.
+type ImportSummary struct {
+	// Expired Records whose retention had run out.
+	Expired int64 `json:"expired"`
+
+	// Kept Records not written because the store holds another record of the key, newer or different, which it keeps.
+	Kept int64 `json:"kept"`
+
+	// KeptRecords The first 1000 records counted in `kept`.
+	KeptRecords *[]KeptRecord `json:"kept_records,omitempty"`
+
+	// OtherTenant Records of another tenant than the caller's, left out because the token lacks the `platform` scope.
+	OtherTenant int64 `json:"other_tenant"`
+
+	// Same Records the store held already as they are (an import repeated).
+	Same int64 `json:"same"`
+
+	// Written Records written, where the store held none of their keys.
+	Written int64 `json:"written"`
+}
+
+// KeptRecord defines model for KeptRecord.
+type KeptRecord struct {
+	// Key The key, when the stream carries it.
+	Key *string `json:"key,omitempty"`
+
+	// KeySha256 The SHA-256 of the key, in hex, which names the record in every store.
+	KeySha256 string `json:"key_sha256"`
+	Tenant    string `json:"tenant"`
+}
+
 // KeyRecord defines model for KeyRecord.
 type KeyRecord struct {
 	Attempt   int64     `json:"attempt"`
@@ -608,6 +639,40 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
 	ListAbandoned(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// ExportRecords Export the records as a record stream (an operator's tool).
+	//
+	// Streams every live record of the caller's tenant (of every tenant for a token
+	// with the `platform` scope too, and for an open daemon) as a record stream:
+	// JSON Lines, a header naming the format `idemd-records` and its version first,
+	// then one record a line, with the time left on its retention and lease as
+	// absolute times, the stored response exactly as stored, and hashes of the lease
+	// token and the claim secret, never either itself (docs/operations.md, "The
+	// record stream"). The daemon keeps serving; each record is read atomically, and
+	// records written meanwhile may or may not be in the stream. A stream that ends
+	// without its last line's newline was cut short.
+	//
+	// Corresponds with GET /v1/admin/records (the `ExportRecords` operationId).
+	ExportRecords(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ImportRecordsWithBody Import a record stream (an operator's tool).
+	//
+	// Writes each record of a record stream where the store holds no live record of
+	// its key, with its times as they are; a record the store holds already, newer or
+	// different, is kept and the answer names it. Records of another tenant than the
+	// caller's need the `platform` scope. A record imported from a stream has a new
+	// lease token no caller holds: its holder gets the lease back by claiming with
+	// its claim secret, or the lease runs out and is taken over. Records of another
+	// tenant than the caller's are imported with the `platform` scope only, and
+	// otherwise counted in `other_tenant` and left out. Importing a stream again is
+	// safe. A malformed line is refused (400, naming the line and the member); the
+	// records before it are imported (`idemctl import` checks the whole stream
+	// before it sends any).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/admin/records (the `ImportRecords` operationId).
+	ImportRecordsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// BatchWithBody Claim, complete, release and extend several keys in one request.
 	//
 	// Each item is one claim, complete, release or extend, answered on its own exactly
@@ -809,6 +874,60 @@ func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*ht
 // Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
 func (c *Client) ListAbandoned(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListAbandonedRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ExportRecords Export the records as a record stream (an operator's tool).
+//
+// Streams every live record of the caller's tenant (of every tenant for a token
+// with the `platform` scope too, and for an open daemon) as a record stream:
+// JSON Lines, a header naming the format `idemd-records` and its version first,
+// then one record a line, with the time left on its retention and lease as
+// absolute times, the stored response exactly as stored, and hashes of the lease
+// token and the claim secret, never either itself (docs/operations.md, "The
+// record stream"). The daemon keeps serving; each record is read atomically, and
+// records written meanwhile may or may not be in the stream. A stream that ends
+// without its last line's newline was cut short.
+//
+// Corresponds with GET /v1/admin/records (the `ExportRecords` operationId).
+func (c *Client) ExportRecords(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewExportRecordsRequest(c.Server)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ImportRecordsWithBody Import a record stream (an operator's tool).
+//
+// Writes each record of a record stream where the store holds no live record of
+// its key, with its times as they are; a record the store holds already, newer or
+// different, is kept and the answer names it. Records of another tenant than the
+// caller's need the `platform` scope. A record imported from a stream has a new
+// lease token no caller holds: its holder gets the lease back by claiming with
+// its claim secret, or the lease runs out and is taken over. Records of another
+// tenant than the caller's are imported with the `platform` scope only, and
+// otherwise counted in `other_tenant` and left out. Importing a stream again is
+// safe. A malformed line is refused (400, naming the line and the member); the
+// records before it are imported (`idemctl import` checks the whole stream
+// before it sends any).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/admin/records (the `ImportRecords` operationId).
+func (c *Client) ImportRecordsWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewImportRecordsRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1259,6 +1378,62 @@ func NewListAbandonedRequest(server string, params *ListAbandonedParams) (*http.
 	return req, nil
 }
 
+// NewExportRecordsRequest constructs an http.Request for the ExportRecords method
+func NewExportRecordsRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/admin/records")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewImportRecordsRequestWithBody constructs an http.Request for the ImportRecords method, with any body, and a specified content type
+func NewImportRecordsRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/admin/records")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewBatchRequest calls the generic Batch builder with application/json body
 func NewBatchRequest(server string, body BatchJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -1641,6 +1816,42 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
 	ListAbandonedWithResponse(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*ListAbandonedResponse, error)
 
+	// ExportRecordsWithResponse Export the records as a record stream (an operator's tool).
+	//
+	// Streams every live record of the caller's tenant (of every tenant for a token
+	// with the `platform` scope too, and for an open daemon) as a record stream:
+	// JSON Lines, a header naming the format `idemd-records` and its version first,
+	// then one record a line, with the time left on its retention and lease as
+	// absolute times, the stored response exactly as stored, and hashes of the lease
+	// token and the claim secret, never either itself (docs/operations.md, "The
+	// record stream"). The daemon keeps serving; each record is read atomically, and
+	// records written meanwhile may or may not be in the stream. A stream that ends
+	// without its last line's newline was cut short.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/admin/records (the `ExportRecords` operationId).
+	ExportRecordsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ExportRecordsResponse, error)
+
+	// ImportRecordsWithBodyWithResponse Import a record stream (an operator's tool).
+	//
+	// Writes each record of a record stream where the store holds no live record of
+	// its key, with its times as they are; a record the store holds already, newer or
+	// different, is kept and the answer names it. Records of another tenant than the
+	// caller's need the `platform` scope. A record imported from a stream has a new
+	// lease token no caller holds: its holder gets the lease back by claiming with
+	// its claim secret, or the lease runs out and is taken over. Records of another
+	// tenant than the caller's are imported with the `platform` scope only, and
+	// otherwise counted in `other_tenant` and left out. Importing a stream again is
+	// safe. A malformed line is refused (400, naming the line and the member); the
+	// records before it are imported (`idemctl import` checks the whole stream
+	// before it sends any).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/admin/records (the `ImportRecords` operationId).
+	ImportRecordsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportRecordsResponse, error)
+
 	// BatchWithBodyWithResponse Claim, complete, release and extend several keys in one request.
 	//
 	// Each item is one claim, complete, release or extend, answered on its own exactly
@@ -1996,6 +2207,200 @@ func (r ListAbandonedResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListAbandonedResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ExportRecordsResponse401Headers the declared response headers of an HTTP 401 response for ExportRecords
+type ExportRecordsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ExportRecordsResponse429Headers the declared response headers of an HTTP 429 response for ExportRecords
+type ExportRecordsResponse429Headers struct {
+	RetryAfter *int
+}
+
+// ExportRecordsResponse503Headers the declared response headers of an HTTP 503 response for ExportRecords
+type ExportRecordsResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ExportRecordsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ExportRecordsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ExportRecordsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ExportRecordsResponse503Headers
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ExportRecordsResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ExportRecordsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ExportRecordsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ExportRecordsResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ExportRecordsResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ExportRecordsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ExportRecordsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ExportRecordsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ExportRecordsResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// ImportRecordsResponse401Headers the declared response headers of an HTTP 401 response for ImportRecords
+type ImportRecordsResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// ImportRecordsResponse429Headers the declared response headers of an HTTP 429 response for ImportRecords
+type ImportRecordsResponse429Headers struct {
+	RetryAfter *int
+}
+
+// ImportRecordsResponse503Headers the declared response headers of an HTTP 503 response for ImportRecords
+type ImportRecordsResponse503Headers struct {
+	RetryAfter *int
+}
+
+type ImportRecordsResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *ImportSummary
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ImportRecordsResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *ImportRecordsResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ImportRecordsResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ImportRecordsResponse) GetJSON200() *ImportSummary {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ImportRecordsResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ImportRecordsResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ImportRecordsResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r ImportRecordsResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ImportRecordsResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r ImportRecordsResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r ImportRecordsResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ImportRecordsResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ImportRecordsResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ImportRecordsResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -3022,6 +3427,54 @@ func (c *ClientWithResponses) ListAbandonedWithResponse(ctx context.Context, par
 	return ParseListAbandonedResponse(rsp)
 }
 
+// ExportRecordsWithResponse Export the records as a record stream (an operator's tool).
+//
+// Streams every live record of the caller's tenant (of every tenant for a token
+// with the `platform` scope too, and for an open daemon) as a record stream:
+// JSON Lines, a header naming the format `idemd-records` and its version first,
+// then one record a line, with the time left on its retention and lease as
+// absolute times, the stored response exactly as stored, and hashes of the lease
+// token and the claim secret, never either itself (docs/operations.md, "The
+// record stream"). The daemon keeps serving; each record is read atomically, and
+// records written meanwhile may or may not be in the stream. A stream that ends
+// without its last line's newline was cut short.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/admin/records (the `ExportRecords` operationId).
+func (c *ClientWithResponses) ExportRecordsWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*ExportRecordsResponse, error) {
+	rsp, err := c.ExportRecords(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseExportRecordsResponse(rsp)
+}
+
+// ImportRecordsWithBodyWithResponse Import a record stream (an operator's tool).
+//
+// Writes each record of a record stream where the store holds no live record of
+// its key, with its times as they are; a record the store holds already, newer or
+// different, is kept and the answer names it. Records of another tenant than the
+// caller's need the `platform` scope. A record imported from a stream has a new
+// lease token no caller holds: its holder gets the lease back by claiming with
+// its claim secret, or the lease runs out and is taken over. Records of another
+// tenant than the caller's are imported with the `platform` scope only, and
+// otherwise counted in `other_tenant` and left out. Importing a stream again is
+// safe. A malformed line is refused (400, naming the line and the member); the
+// records before it are imported (`idemctl import` checks the whole stream
+// before it sends any).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/admin/records (the `ImportRecords` operationId).
+func (c *ClientWithResponses) ImportRecordsWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*ImportRecordsResponse, error) {
+	rsp, err := c.ImportRecordsWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseImportRecordsResponse(rsp)
+}
+
 // BatchWithBodyWithResponse Claim, complete, release and extend several keys in one request.
 //
 // Each item is one claim, complete, release or extend, answered on its own exactly
@@ -3426,6 +3879,194 @@ func ParseListAbandonedResponse(rsp *http.Response) (*ListAbandonedResponse, err
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListAbandonedResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseExportRecordsResponse parses an HTTP response from a ExportRecordsWithResponse call
+func ParseExportRecordsResponse(rsp *http.Response) (*ExportRecordsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ExportRecordsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ExportRecordsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ExportRecordsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ExportRecordsResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseImportRecordsResponse parses an HTTP response from a ImportRecordsWithResponse call
+func ParseImportRecordsResponse(rsp *http.Response) (*ImportRecordsResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ImportRecordsResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest ImportSummary
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ImportRecordsResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers ImportRecordsResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers ImportRecordsResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

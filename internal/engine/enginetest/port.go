@@ -87,7 +87,7 @@ func RunPort(t *testing.T, newSource, newTarget NewStore) {
 	if err != nil {
 		t.Fatalf("export: %v", err)
 	}
-	if err := sw.Flush(); err != nil {
+	if err := sw.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if len(exported) != len(all) {
@@ -116,7 +116,7 @@ func RunPort(t *testing.T, newSource, newTarget NewStore) {
 	}
 
 	// The stream carries the same records, with the lease token's hash only.
-	sr, err := engine.NewStreamReader(bytes.NewReader(stream.Bytes()))
+	sr, err := engine.NewStreamReader(bytes.NewReader(stream.Bytes()), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
