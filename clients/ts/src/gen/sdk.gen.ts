@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import type { Client, Options as Options2, TDataShape } from './client/index.js';
-import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
+import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExportRecordsData, ExportRecordsErrors, ExportRecordsResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, ImportRecordsData, ImportRecordsErrors, ImportRecordsResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -165,6 +165,53 @@ export const listAbandoned = <ThrowOnError extends boolean = false>(options?: Op
     security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/abandoned',
     ...options
+});
+
+/**
+ * Export the records as a record stream (an operator's tool).
+ *
+ * Streams every live record of the caller's tenant (of every tenant for a token
+ * with the `platform` scope too, and for an open daemon) as a record stream:
+ * JSON Lines, a header naming the format `idemd-records` and its version first,
+ * then one record a line, with the time left on its retention and lease as
+ * absolute times, the stored response exactly as stored, and hashes of the lease
+ * token and the claim secret, never either itself (docs/operations.md, "The
+ * record stream"). The daemon keeps serving; each record is read atomically, and
+ * records written meanwhile may or may not be in the stream. A stream that ends
+ * without its last line's newline was cut short.
+ *
+ */
+export const exportRecords = <ThrowOnError extends boolean = false>(options?: Options<ExportRecordsData, ThrowOnError>) => (options?.client ?? client).get<ExportRecordsResponses, ExportRecordsErrors, ThrowOnError>({
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/admin/records',
+    ...options
+});
+
+/**
+ * Import a record stream (an operator's tool).
+ *
+ * Writes each record of a record stream where the store holds no live record of
+ * its key, with its times as they are; a record the store holds already, newer or
+ * different, is kept and the answer names it. Records of another tenant than the
+ * caller's need the `platform` scope. A record imported from a stream has a new
+ * lease token no caller holds: its holder gets the lease back by claiming with
+ * its claim secret, or the lease runs out and is taken over. Records of another
+ * tenant than the caller's are imported with the `platform` scope only, and
+ * otherwise counted in `other_tenant` and left out. Importing a stream again is
+ * safe. A malformed line is refused (400, naming the line and the member); the
+ * records before it are imported (`idemctl import` checks the whole stream
+ * before it sends any).
+ *
+ */
+export const importRecords = <ThrowOnError extends boolean = false>(options: Options<ImportRecordsData, ThrowOnError>) => (options.client ?? client).post<ImportRecordsResponses, ImportRecordsErrors, ThrowOnError>({
+    bodySerializer: null,
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/admin/records',
+    ...options,
+    headers: {
+        'Content-Type': 'application/x-ndjson',
+        ...options.headers
+    }
 });
 
 /**

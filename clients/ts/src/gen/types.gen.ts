@@ -217,6 +217,45 @@ export type KeyRecord = {
     recovery_point?: RecoveryPoint;
 };
 
+export type ImportSummary = {
+    /**
+     * Records written, where the store held none of their keys.
+     */
+    written: number;
+    /**
+     * Records the store held already as they are (an import repeated).
+     */
+    same: number;
+    /**
+     * Records not written because the store holds another record of the key, newer or different, which it keeps.
+     */
+    kept: number;
+    /**
+     * Records whose retention had run out.
+     */
+    expired: number;
+    /**
+     * Records of another tenant than the caller's, left out because the token lacks the `platform` scope.
+     */
+    other_tenant: number;
+    /**
+     * The first 1000 records counted in `kept`.
+     */
+    kept_records?: Array<KeptRecord>;
+};
+
+export type KeptRecord = {
+    tenant: string;
+    /**
+     * The SHA-256 of the key, in hex, which names the record in every store.
+     */
+    key_sha256: string;
+    /**
+     * The key, when the stream carries it.
+     */
+    key?: string;
+};
+
 export type AbandonedKeys = {
     keys: Array<AbandonedKey>;
     /**
@@ -885,6 +924,92 @@ export type ListAbandonedResponses = {
 };
 
 export type ListAbandonedResponse = ListAbandonedResponses[keyof ListAbandonedResponses];
+
+export type ExportRecordsData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/v1/admin/records';
+};
+
+export type ExportRecordsErrors = {
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
+     */
+    403: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited).
+     */
+    429: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type ExportRecordsError = ExportRecordsErrors[keyof ExportRecordsErrors];
+
+export type ExportRecordsResponses = {
+    /**
+     * The record stream.
+     */
+    200: Blob | File;
+};
+
+export type ExportRecordsResponse = ExportRecordsResponses[keyof ExportRecordsResponses];
+
+export type ImportRecordsData = {
+    body: Blob | File;
+    path?: never;
+    query?: never;
+    url: '/v1/admin/records';
+};
+
+export type ImportRecordsErrors = {
+    /**
+     * An RFC 9457 problem.
+     */
+    400: Problem;
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
+     */
+    403: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited).
+     */
+    429: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type ImportRecordsError = ImportRecordsErrors[keyof ImportRecordsErrors];
+
+export type ImportRecordsResponses = {
+    /**
+     * What the import did.
+     */
+    200: ImportSummary;
+};
+
+export type ImportRecordsResponse = ImportRecordsResponses[keyof ImportRecordsResponses];
 
 export type HealthzData = {
     body?: never;

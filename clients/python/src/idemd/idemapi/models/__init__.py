@@ -14,6 +14,8 @@ from .claim_request import ClaimRequest
 from .complete_request import CompleteRequest
 from .extend_request import ExtendRequest
 from .health import Health
+from .import_summary import ImportSummary
+from .kept_record import KeptRecord
 from .key_record import KeyRecord
 from .lease_extended import LeaseExtended
 from .problem import Problem
@@ -39,6 +41,8 @@ __all__ = (
     "CompleteRequest",
     "ExtendRequest",
     "Health",
+    "ImportSummary",
+    "KeptRecord",
     "KeyRecord",
     "LeaseExtended",
     "Problem",
