@@ -2,8 +2,13 @@ package idem
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/idemd/idemd/clients/go/idemapi"
 )
@@ -67,4 +72,40 @@ func (c *Client) ImportRecords(ctx context.Context, stream io.Reader) (ImportSum
 		}
 	}
 	return sum, nil
+}
+
+// BackupCopy describes a copy Backup wrote: its length and SHA-256 in hex, which the
+// daemon's trailer confirmed.
+type BackupCopy struct {
+	Bytes  int64
+	SHA256 string
+}
+
+// ErrBackupCutShort says that a backup's copy did not arrive whole: no trailer, a
+// length or a digest other than the daemon's.
+var ErrBackupCutShort = errors.New("idem: the backup did not arrive whole")
+
+// Backup writes a consistent copy of the daemon's embedded store to w and checks it
+// against the digest the daemon sends after it; it needs the admin and platform
+// scopes. A daemon on Redis refuses it (501, not_supported). ctx bounds it.
+func (c *Client) Backup(ctx context.Context, w io.Writer) (BackupCopy, error) {
+	resp, err := c.api.Backup(ctx, c.authorize)
+	if err != nil {
+		return BackupCopy{}, transportError(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return BackupCopy{}, decode(resp, nil, http.StatusOK)
+	}
+	defer resp.Body.Close()
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(w, h), resp.Body)
+	if err != nil {
+		return BackupCopy{}, transportError(err)
+	}
+	got := BackupCopy{Bytes: n, SHA256: hex.EncodeToString(h.Sum(nil))}
+	want := resp.Trailer.Get("Idemd-Backup-Sha256")
+	if size := resp.Header.Get("Idemd-Backup-Bytes"); want == "" || want != got.SHA256 || size != strconv.FormatInt(n, 10) {
+		return got, fmt.Errorf("%w: %d bytes of %s, SHA-256 %s where the daemon says %q", ErrBackupCutShort, n, size, got.SHA256, want)
+	}
+	return got, nil
 }

@@ -55,6 +55,12 @@ Operations:
                                   takes the name, with its SHA-256 printed; - is stdout
   import FILE                     check a record stream whole, then import it: each record is
                                   written where the store holds none of its key (admin scope)
+  backup --out FILE               copy a running idemd's embedded store, consistent as of one
+                                  moment, checked, with FILE.sha256 beside it (admin and
+                                  platform scopes)
+  backup verify FILE              check a copy: FILE.sha256, and every page of the database
+  restore FILE --data-dir DIR     check a copy and make it DIR's database, for an idemd started
+                                  after; --replace keeps a database there beside it
   token new --tenant T --scopes use,admin [--name N]
                                   make a token; print it once, and its auth-file entry
   auth check FILE                 check an auth file as idemd does at start-up and on SIGHUP
@@ -124,6 +130,10 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return a.export(rest)
 	case "import":
 		return a.importCmd(rest)
+	case "backup":
+		return a.backupCmd(rest)
+	case "restore":
+		return a.restore(rest)
 	case "token":
 		return a.tokenCmd(rest)
 	case "auth":

@@ -184,7 +184,7 @@ func (m *Main) Addr() string {
 func (m *Main) openStore() (engine.Store, error) {
 	switch {
 	case m.Store == "":
-		path, err := filepath.Abs(filepath.Join(m.DataDir, "idemd.db"))
+		path, err := filepath.Abs(filepath.Join(m.DataDir, boltstore.DatabaseFile))
 		if err != nil {
 			return nil, err
 		}

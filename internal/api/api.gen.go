@@ -321,7 +321,7 @@ type Problem struct {
 	// in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
 	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
 	// rate_limited, request_timeout (the body did not arrive within the daemon's
-	// --body-timeout).
+	// --body-timeout), not_supported (the daemon's store cannot do what was asked).
 	Code string `json:"code"`
 
 	// Detail What went wrong, naming the member of the request at fault.
@@ -551,6 +551,9 @@ type ServerInterface interface {
 	// ListAbandoned List the keys whose holder left them pending.
 	// (GET /v1/abandoned)
 	ListAbandoned(ctx echo.Context, params ListAbandonedParams) error
+	// Backup A consistent copy of the embedded store's database (an operator's tool).
+	// (GET /v1/admin/backup)
+	Backup(ctx echo.Context) error
 	// ExportRecords Export the records as a record stream (an operator's tool).
 	// (GET /v1/admin/records)
 	ExportRecords(ctx echo.Context) error
@@ -651,6 +654,15 @@ func (w *ServerInterfaceWrapper) ListAbandoned(ctx echo.Context) error {
 
 	// Invoke the callback with all the unmarshaled arguments
 	err = w.Handler.ListAbandoned(ctx, params)
+	return err
+}
+
+// Backup converts echo context to params.
+func (w *ServerInterfaceWrapper) Backup(ctx echo.Context) error {
+	var err error
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.Backup(ctx)
 	return err
 }
 
@@ -816,6 +828,7 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.GET(options.BaseURL+"/v1/abandoned", wrapper.ListAbandoned, options.OperationMiddlewares["listAbandoned"]...)
 	router.GET(options.BaseURL+"/v1/admin/records", wrapper.ExportRecords, options.OperationMiddlewares["exportRecords"]...)
 	router.POST(options.BaseURL+"/v1/admin/records", wrapper.ImportRecords, options.OperationMiddlewares["importRecords"]...)
+	router.GET(options.BaseURL+"/v1/admin/backup", wrapper.Backup, options.OperationMiddlewares["backup"]...)
 	router.GET(options.BaseURL+"/healthz", wrapper.Healthz, options.OperationMiddlewares["healthz"]...)
 	router.GET(options.BaseURL+"/readyz", wrapper.Readyz, options.OperationMiddlewares["readyz"]...)
 	router.GET(options.BaseURL+"/openapi.yaml", wrapper.Openapi, options.OperationMiddlewares["openapi"]...)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"io"
 	"sync"
 	"time"
 )
@@ -314,4 +315,21 @@ func (s *Service) Import(ctx context.Context, e Exported) (ImportOutcome, error)
 		return "", ErrNoPorter
 	}
 	return bounded(s, ctx, func(ctx context.Context) (ImportOutcome, error) { return p.Import(ctx, e) })
+}
+
+// ErrNoBackup says that the store keeps no file of its own to copy: Redis's own
+// persistence and replicas are its backup.
+var ErrNoBackup = errors.New("the store keeps no file of its own to back up")
+
+// Backup writes a consistent copy of the store's database to w while it serves, and
+// calls size with its length first; stores without a file of their own answer
+// ErrNoBackup.
+func (s *Service) Backup(ctx context.Context, w io.Writer, size func(int64)) (int64, error) {
+	b, ok := s.store.(interface {
+		Backup(ctx context.Context, w io.Writer, size func(int64)) (int64, error)
+	})
+	if !ok {
+		return 0, ErrNoBackup
+	}
+	return b.Backup(ctx, w, size)
 }

@@ -41,6 +41,7 @@ var routeScopes = map[string]auth.Scope{
 	"DELETE /v1/records/:key": auth.ScopeAdmin,
 	"GET /v1/admin/records":   auth.ScopeAdmin,
 	"POST /v1/admin/records":  auth.ScopeAdmin,
+	"GET /v1/admin/backup":    auth.ScopeAdmin,
 }
 
 // authenticate decides who sends a request before anything else looks at it: it

@@ -38,6 +38,7 @@ const (
 	codeForbidden            code = "forbidden"
 	codeRateLimited          code = "rate_limited"
 	codeRequestTimeout       code = "request_timeout"
+	codeNotSupported         code = "not_supported"
 	// codeClientClosed is never sent: it is the outcome of a request whose caller hung
 	// up before the answer, counted apart from the store's failures.
 	codeClientClosed code = "client_closed_request"
@@ -114,6 +115,11 @@ func toProblem(err error) *problem {
 	case errors.Is(err, engine.ErrLeaseLost):
 		return &problem{status: http.StatusConflict, code: codeLeaseLost,
 			detail: "lease_token: not the key's current lease (released, finished, or taken over after expiry)"}
+	case errors.Is(err, engine.ErrNoBackup):
+		return &problem{status: http.StatusNotImplemented, code: codeNotSupported,
+			detail: "this daemon's store keeps no file of its own to back up: back a Redis up with its own persistence (docs/operations.md, Backup and restore), or export its records"}
+	case errors.Is(err, engine.ErrNoPorter):
+		return &problem{status: http.StatusNotImplemented, code: codeNotSupported, detail: "this daemon's store cannot export or import records"}
 	case errors.Is(err, engine.ErrBadCursor):
 		return invalid("cursor is not a next_cursor of this feed for this prefix")
 	case errors.Is(err, engine.ErrNotFound):

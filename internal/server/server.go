@@ -8,6 +8,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"net/http"
 	"time"
@@ -36,6 +37,7 @@ type Engine interface {
 	Ready(ctx context.Context) error
 	Export(ctx context.Context, fn func(engine.Exported) error) error
 	Import(ctx context.Context, e engine.Exported) (engine.ImportOutcome, error)
+	Backup(ctx context.Context, w io.Writer, size func(int64)) (int64, error)
 }
 
 // Config configures a Server.

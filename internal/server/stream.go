@@ -1,11 +1,13 @@
 package server
 
 import (
+	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/labstack/echo/v4"
@@ -153,4 +155,37 @@ func streamProblem(err error, sum ...api.ImportSummary) error {
 func counts(sum api.ImportSummary) string {
 	return fmt.Sprintf("; before it %d records were written, %d were there already, %d kept the store's own, %d had expired (importing again is safe)",
 		sum.Written, sum.Same, sum.Kept, sum.Expired)
+}
+
+// BackupTrailer is the HTTP trailer of a backup that carries the SHA-256 of the copy,
+// in hex, known only once the copy is sent.
+const BackupTrailer = "Idemd-Backup-Sha256"
+
+// Backup implements GET /v1/admin/backup. The copy holds every tenant's records: it
+// needs the platform scope beside admin, or an open daemon.
+func (s *Server) Backup(c echo.Context) error {
+	if !s.everyTenant(c) {
+		return &auth.ForbiddenError{Need: auth.ScopePlatform}
+	}
+	w := &renewingWriter{w: c.Response(), rc: http.NewResponseController(c.Response().Writer), timeout: s.writeTimeout}
+	h := sha256.New()
+	_, err := s.engine.Backup(c.Request().Context(), io.MultiWriter(w, h), func(size int64) {
+		header := c.Response().Header()
+		header.Set(echo.HeaderContentType, "application/octet-stream")
+		header.Set("Idemd-Backup-Bytes", strconv.FormatInt(size, 10))
+		header.Set("Trailer", BackupTrailer)
+		c.Set(outcomeKey, "ok")
+		c.Response().WriteHeader(http.StatusOK)
+	})
+	if err != nil && !c.Response().Committed {
+		return err
+	}
+	if err != nil {
+		// Without the trailer its reader knows the copy for cut short.
+		s.log.Error("backup ended early", "err", err)
+		c.Set(outcomeKey, string(toProblem(err).code))
+		return nil
+	}
+	c.Response().Header().Set(BackupTrailer, hex.EncodeToString(h.Sum(nil)))
+	return nil
 }

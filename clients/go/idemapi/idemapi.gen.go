@@ -325,7 +325,7 @@ type Problem struct {
 	// in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
 	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
 	// rate_limited, request_timeout (the body did not arrive within the daemon's
-	// --body-timeout).
+	// --body-timeout), not_supported (the daemon's store cannot do what was asked).
 	Code string `json:"code"`
 
 	// Detail What went wrong, naming the member of the request at fault.
@@ -639,6 +639,19 @@ type ClientInterface interface {
 	// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
 	ListAbandoned(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// Backup A consistent copy of the embedded store's database (an operator's tool).
+	//
+	// Streams a copy of the embedded store's database file, consistent as of one
+	// moment, while the daemon keeps serving: a file that idemd opens as its data
+	// directory's `idemd.db` (`idemctl restore`). It holds every tenant's records,
+	// so it needs the `platform` scope beside `admin` (or an open daemon). The
+	// header `Idemd-Backup-Bytes` gives its length; the trailer `Idemd-Backup-Sha256`
+	// its SHA-256 in hex, without which the copy was cut short. A daemon on Redis
+	// answers 501 (`not_supported`): Redis's persistence is its backup.
+	//
+	// Corresponds with GET /v1/admin/backup (the `Backup` operationId).
+	Backup(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ExportRecords Export the records as a record stream (an operator's tool).
 	//
 	// Streams every live record of the caller's tenant (of every tenant for a token
@@ -874,6 +887,29 @@ func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*ht
 // Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
 func (c *Client) ListAbandoned(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListAbandonedRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// Backup A consistent copy of the embedded store's database (an operator's tool).
+//
+// Streams a copy of the embedded store's database file, consistent as of one
+// moment, while the daemon keeps serving: a file that idemd opens as its data
+// directory's `idemd.db` (`idemctl restore`). It holds every tenant's records,
+// so it needs the `platform` scope beside `admin` (or an open daemon). The
+// header `Idemd-Backup-Bytes` gives its length; the trailer `Idemd-Backup-Sha256`
+// its SHA-256 in hex, without which the copy was cut short. A daemon on Redis
+// answers 501 (`not_supported`): Redis's persistence is its backup.
+//
+// Corresponds with GET /v1/admin/backup (the `Backup` operationId).
+func (c *Client) Backup(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBackupRequest(c.Server)
 	if err != nil {
 		return nil, err
 	}
@@ -1378,6 +1414,33 @@ func NewListAbandonedRequest(server string, params *ListAbandonedParams) (*http.
 	return req, nil
 }
 
+// NewBackupRequest constructs an http.Request for the Backup method
+func NewBackupRequest(server string) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/admin/backup")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewExportRecordsRequest constructs an http.Request for the ExportRecords method
 func NewExportRecordsRequest(server string) (*http.Request, error) {
 	var err error
@@ -1816,6 +1879,21 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with GET /v1/abandoned (the `ListAbandoned` operationId).
 	ListAbandonedWithResponse(ctx context.Context, params *ListAbandonedParams, reqEditors ...RequestEditorFn) (*ListAbandonedResponse, error)
 
+	// BackupWithResponse A consistent copy of the embedded store's database (an operator's tool).
+	//
+	// Streams a copy of the embedded store's database file, consistent as of one
+	// moment, while the daemon keeps serving: a file that idemd opens as its data
+	// directory's `idemd.db` (`idemctl restore`). It holds every tenant's records,
+	// so it needs the `platform` scope beside `admin` (or an open daemon). The
+	// header `Idemd-Backup-Bytes` gives its length; the trailer `Idemd-Backup-Sha256`
+	// its SHA-256 in hex, without which the copy was cut short. A daemon on Redis
+	// answers 501 (`not_supported`): Redis's persistence is its backup.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/admin/backup (the `Backup` operationId).
+	BackupWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*BackupResponse, error)
+
 	// ExportRecordsWithResponse Export the records as a record stream (an operator's tool).
 	//
 	// Streams every live record of the caller's tenant (of every tenant for a token
@@ -2207,6 +2285,110 @@ func (r ListAbandonedResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r ListAbandonedResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// BackupResponse200Headers the declared response headers of an HTTP 200 response for Backup
+type BackupResponse200Headers struct {
+	IdemdBackupBytes *int64
+}
+
+// BackupResponse401Headers the declared response headers of an HTTP 401 response for Backup
+type BackupResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// BackupResponse429Headers the declared response headers of an HTTP 429 response for Backup
+type BackupResponse429Headers struct {
+	RetryAfter *int
+}
+
+// BackupResponse503Headers the declared response headers of an HTTP 503 response for Backup
+type BackupResponse503Headers struct {
+	RetryAfter *int
+}
+
+type BackupResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON501 the response for an HTTP 501 `application/problem+json` response
+	ApplicationproblemJSON501 *Problem
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *BackupResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *BackupResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *BackupResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *BackupResponse503Headers
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r BackupResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r BackupResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r BackupResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON501 returns the response for an HTTP 501 `application/problem+json` response
+func (r BackupResponse) GetApplicationproblemJSON501() *Problem {
+	return r.ApplicationproblemJSON501
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r BackupResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r BackupResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r BackupResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r BackupResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r BackupResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r BackupResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -3427,6 +3609,27 @@ func (c *ClientWithResponses) ListAbandonedWithResponse(ctx context.Context, par
 	return ParseListAbandonedResponse(rsp)
 }
 
+// BackupWithResponse A consistent copy of the embedded store's database (an operator's tool).
+//
+// Streams a copy of the embedded store's database file, consistent as of one
+// moment, while the daemon keeps serving: a file that idemd opens as its data
+// directory's `idemd.db` (`idemctl restore`). It holds every tenant's records,
+// so it needs the `platform` scope beside `admin` (or an open daemon). The
+// header `Idemd-Backup-Bytes` gives its length; the trailer `Idemd-Backup-Sha256`
+// its SHA-256 in hex, without which the copy was cut short. A daemon on Redis
+// answers 501 (`not_supported`): Redis's persistence is its backup.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/admin/backup (the `Backup` operationId).
+func (c *ClientWithResponses) BackupWithResponse(ctx context.Context, reqEditors ...RequestEditorFn) (*BackupResponse, error) {
+	rsp, err := c.Backup(ctx, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBackupResponse(rsp)
+}
+
 // ExportRecordsWithResponse Export the records as a record stream (an operator's tool).
 //
 // Streams every live record of the caller's tenant (of every tenant for a token
@@ -3879,6 +4082,110 @@ func ParseListAbandonedResponse(rsp *http.Response) (*ListAbandonedResponse, err
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListAbandonedResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseBackupResponse parses an HTTP response from a BackupWithResponse call
+func ParseBackupResponse(rsp *http.Response) (*BackupResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &BackupResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 501:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON501 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers BackupResponse200Headers
+		if values := rsp.Header.Values("Idemd-Backup-Bytes"); len(values) > 0 {
+			var value int64
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idemd-Backup-Bytes", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int64"}); err != nil {
+				return nil, err
+			}
+			headers.IdemdBackupBytes = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers BackupResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers BackupResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers BackupResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import type { Client, Options as Options2, TDataShape } from './client/index.js';
-import type { BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExportRecordsData, ExportRecordsErrors, ExportRecordsResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, ImportRecordsData, ImportRecordsErrors, ImportRecordsResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
+import type { BackupData, BackupErrors, BackupResponses, BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExportRecordsData, ExportRecordsErrors, ExportRecordsResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, ImportRecordsData, ImportRecordsErrors, ImportRecordsResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -212,6 +212,24 @@ export const importRecords = <ThrowOnError extends boolean = false>(options: Opt
         'Content-Type': 'application/x-ndjson',
         ...options.headers
     }
+});
+
+/**
+ * A consistent copy of the embedded store's database (an operator's tool).
+ *
+ * Streams a copy of the embedded store's database file, consistent as of one
+ * moment, while the daemon keeps serving: a file that idemd opens as its data
+ * directory's `idemd.db` (`idemctl restore`). It holds every tenant's records,
+ * so it needs the `platform` scope beside `admin` (or an open daemon). The
+ * header `Idemd-Backup-Bytes` gives its length; the trailer `Idemd-Backup-Sha256`
+ * its SHA-256 in hex, without which the copy was cut short. A daemon on Redis
+ * answers 501 (`not_supported`): Redis's persistence is its backup.
+ *
+ */
+export const backup = <ThrowOnError extends boolean = false>(options?: Options<BackupData, ThrowOnError>) => (options?.client ?? client).get<BackupResponses, BackupErrors, ThrowOnError>({
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/admin/backup',
+    ...options
 });
 
 /**

@@ -389,7 +389,7 @@ export type Problem = {
      * in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
      * not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
      * rate_limited, request_timeout (the body did not arrive within the daemon's
-     * --body-timeout).
+     * --body-timeout), not_supported (the daemon's store cannot do what was asked).
      *
      */
     code: string;
@@ -1010,6 +1010,51 @@ export type ImportRecordsResponses = {
 };
 
 export type ImportRecordsResponse = ImportRecordsResponses[keyof ImportRecordsResponses];
+
+export type BackupData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/v1/admin/backup';
+};
+
+export type BackupErrors = {
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
+     */
+    403: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited).
+     */
+    429: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    501: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type BackupError = BackupErrors[keyof BackupErrors];
+
+export type BackupResponses = {
+    /**
+     * The database file.
+     */
+    200: Blob | File;
+};
+
+export type BackupResponse = BackupResponses[keyof BackupResponses];
 
 export type HealthzData = {
     body?: never;

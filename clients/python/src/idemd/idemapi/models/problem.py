@@ -25,7 +25,7 @@ class Problem:
             in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
             not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
             rate_limited, request_timeout (the body did not arrive within the daemon's
-            --body-timeout).
+            --body-timeout), not_supported (the daemon's store cannot do what was asked).
         detail (str | Unset): What went wrong, naming the member of the request at fault.
         instance (str | Unset):
         retry_after_ms (int | Unset): For in_progress, rate_limited and store_unavailable, how long to wait before

@@ -165,6 +165,114 @@ public class StoreApi {
   }
 
   /**
+   * A consistent copy of the embedded store&#39;s database (an operator&#39;s tool).
+   * Streams a copy of the embedded store&#39;s database file, consistent as of one moment, while the daemon keeps serving: a file that idemd opens as its data directory&#39;s &#x60;idemd.db&#x60; (&#x60;idemctl restore&#x60;). It holds every tenant&#39;s records, so it needs the &#x60;platform&#x60; scope beside &#x60;admin&#x60; (or an open daemon). The header &#x60;Idemd-Backup-Bytes&#x60; gives its length; the trailer &#x60;Idemd-Backup-Sha256&#x60; its SHA-256 in hex, without which the copy was cut short. A daemon on Redis answers 501 (&#x60;not_supported&#x60;): Redis&#39;s persistence is its backup. 
+   * @return File
+   * @throws ApiException if fails to make API call
+   */
+  public File backup() throws ApiException {
+    return backup(null);
+  }
+
+  /**
+   * A consistent copy of the embedded store&#39;s database (an operator&#39;s tool).
+   * Streams a copy of the embedded store&#39;s database file, consistent as of one moment, while the daemon keeps serving: a file that idemd opens as its data directory&#39;s &#x60;idemd.db&#x60; (&#x60;idemctl restore&#x60;). It holds every tenant&#39;s records, so it needs the &#x60;platform&#x60; scope beside &#x60;admin&#x60; (or an open daemon). The header &#x60;Idemd-Backup-Bytes&#x60; gives its length; the trailer &#x60;Idemd-Backup-Sha256&#x60; its SHA-256 in hex, without which the copy was cut short. A daemon on Redis answers 501 (&#x60;not_supported&#x60;): Redis&#39;s persistence is its backup. 
+   * @param headers Optional headers to include in the request
+   * @return File
+   * @throws ApiException if fails to make API call
+   */
+  public File backup(Map<String, String> headers) throws ApiException {
+    ApiResponse<File> localVarResponse = backupWithHttpInfo(headers);
+    return localVarResponse.getData();
+  }
+
+  /**
+   * A consistent copy of the embedded store&#39;s database (an operator&#39;s tool).
+   * Streams a copy of the embedded store&#39;s database file, consistent as of one moment, while the daemon keeps serving: a file that idemd opens as its data directory&#39;s &#x60;idemd.db&#x60; (&#x60;idemctl restore&#x60;). It holds every tenant&#39;s records, so it needs the &#x60;platform&#x60; scope beside &#x60;admin&#x60; (or an open daemon). The header &#x60;Idemd-Backup-Bytes&#x60; gives its length; the trailer &#x60;Idemd-Backup-Sha256&#x60; its SHA-256 in hex, without which the copy was cut short. A daemon on Redis answers 501 (&#x60;not_supported&#x60;): Redis&#39;s persistence is its backup. 
+   * @return ApiResponse&lt;File&gt;
+   * @throws ApiException if fails to make API call
+   */
+  public ApiResponse<File> backupWithHttpInfo() throws ApiException {
+    return backupWithHttpInfo(null);
+  }
+
+  /**
+   * A consistent copy of the embedded store&#39;s database (an operator&#39;s tool).
+   * Streams a copy of the embedded store&#39;s database file, consistent as of one moment, while the daemon keeps serving: a file that idemd opens as its data directory&#39;s &#x60;idemd.db&#x60; (&#x60;idemctl restore&#x60;). It holds every tenant&#39;s records, so it needs the &#x60;platform&#x60; scope beside &#x60;admin&#x60; (or an open daemon). The header &#x60;Idemd-Backup-Bytes&#x60; gives its length; the trailer &#x60;Idemd-Backup-Sha256&#x60; its SHA-256 in hex, without which the copy was cut short. A daemon on Redis answers 501 (&#x60;not_supported&#x60;): Redis&#39;s persistence is its backup. 
+   * @param headers Optional headers to include in the request
+   * @return ApiResponse&lt;File&gt;
+   * @throws ApiException if fails to make API call
+   */
+  public ApiResponse<File> backupWithHttpInfo(Map<String, String> headers) throws ApiException {
+    HttpRequest.Builder localVarRequestBuilder = backupRequestBuilder(headers);
+    try {
+      HttpResponse<InputStream> localVarResponse = memberVarHttpClient.send(
+          localVarRequestBuilder.build(),
+          HttpResponse.BodyHandlers.ofInputStream());
+      if (memberVarResponseInterceptor != null) {
+        memberVarResponseInterceptor.accept(localVarResponse);
+      }
+      InputStream localVarResponseBody = null;
+      try {
+        if (localVarResponse.statusCode()/ 100 != 2) {
+          throw getApiException("backup", localVarResponse);
+        }
+        localVarResponseBody = ApiClient.getResponseBody(localVarResponse);
+        if (localVarResponseBody == null) {
+          return new ApiResponse<File>(
+              localVarResponse.statusCode(),
+              localVarResponse.headers().map(),
+              null
+          );
+        }
+
+        
+        // Handle file downloading.
+        File responseValue = downloadFileFromResponse(localVarResponse, localVarResponseBody);
+        
+
+        return new ApiResponse<File>(
+            localVarResponse.statusCode(),
+            localVarResponse.headers().map(),
+            responseValue
+        );
+      } finally {
+        if (localVarResponseBody != null) {
+          localVarResponseBody.close();
+        }
+      }
+    } catch (IOException e) {
+      throw new ApiException(e);
+    }
+    catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new ApiException(e);
+    }
+  }
+
+  private HttpRequest.Builder backupRequestBuilder(Map<String, String> headers) throws ApiException {
+
+    HttpRequest.Builder localVarRequestBuilder = HttpRequest.newBuilder();
+
+    String localVarPath = "/v1/admin/backup";
+
+    localVarRequestBuilder.uri(URI.create(memberVarBaseUri + localVarPath));
+
+    localVarRequestBuilder.header("Accept", "application/octet-stream, application/problem+json");
+
+    localVarRequestBuilder.method("GET", HttpRequest.BodyPublishers.noBody());
+    if (memberVarReadTimeout != null) {
+      localVarRequestBuilder.timeout(memberVarReadTimeout);
+    }
+    // Add custom headers if provided
+    localVarRequestBuilder = HttpRequestBuilderExtensions.withAdditionalHeaders(localVarRequestBuilder, headers);
+    if (memberVarInterceptor != null) {
+      memberVarInterceptor.accept(localVarRequestBuilder);
+    }
+    return localVarRequestBuilder;
+  }
+
+  /**
    * Export the records as a record stream (an operator&#39;s tool).
    * Streams every live record of the caller&#39;s tenant (of every tenant for a token with the &#x60;platform&#x60; scope too, and for an open daemon) as a record stream: JSON Lines, a header naming the format &#x60;idemd-records&#x60; and its version first, then one record a line, with the time left on its retention and lease as absolute times, the stored response exactly as stored, and hashes of the lease token and the claim secret, never either itself (docs/operations.md, \&quot;The record stream\&quot;). The daemon keeps serving; each record is read atomically, and records written meanwhile may or may not be in the stream. A stream that ends without its last line&#39;s newline was cut short. 
    * @return File

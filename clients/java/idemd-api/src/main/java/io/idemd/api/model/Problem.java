@@ -200,7 +200,7 @@ public class Problem {
   }
 
   /**
-   * The machine-readable reason, an open set: clients must accept codes they do not know and treat them by status. Known codes: invalid_request, invalid_json, unsupported_media_type, payload_too_large, not_found, in_progress, fingerprint_mismatch, lease_lost, store_unavailable, not_replicated, method_not_allowed, internal, unauthenticated, forbidden, rate_limited, request_timeout (the body did not arrive within the daemon&#39;s --body-timeout). 
+   * The machine-readable reason, an open set: clients must accept codes they do not know and treat them by status. Known codes: invalid_request, invalid_json, unsupported_media_type, payload_too_large, not_found, in_progress, fingerprint_mismatch, lease_lost, store_unavailable, not_replicated, method_not_allowed, internal, unauthenticated, forbidden, rate_limited, request_timeout (the body did not arrive within the daemon&#39;s --body-timeout), not_supported (the daemon&#39;s store cannot do what was asked). 
    * @return code
    */
   @jakarta.annotation.Nonnull
