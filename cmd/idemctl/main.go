@@ -61,6 +61,9 @@ Operations:
   backup verify FILE              check a copy: FILE.sha256, and every page of the database
   restore FILE --data-dir DIR     check a copy and make it DIR's database, for an idemd started
                                   after; --replace keeps a database there beside it
+  copy --from STORE --to STORE    copy every record, lease tokens and all, into another store
+                                  while no idemd serves either (bolt:///abs/path/idemd.db or
+                                  a Redis URL); run again after an interruption to finish
   token new --tenant T --scopes use,admin [--name N]
                                   make a token; print it once, and its auth-file entry
   auth check FILE                 check an auth file as idemd does at start-up and on SIGHUP
@@ -134,6 +137,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return a.backupCmd(rest)
 	case "restore":
 		return a.restore(rest)
+	case "copy":
+		return a.copyCmd(rest)
 	case "token":
 		return a.tokenCmd(rest)
 	case "auth":

@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// CopyProgress is how far a copy between two stores got.
+type CopyProgress struct {
+	// Read counts the records read from the source; the others count what the target
+	// did with them, as Import says.
+	Read, Written, Same, Kept, Expired int64
+	Elapsed                            time.Duration
+	// KeptIDs names the first thousand records the target kept, without their
+	// responses: the target held another record of their keys.
+	KeptIDs []Exported
+}
+
+// Rate is the records imported per second so far.
+func (p CopyProgress) Rate() float64 {
+	if p.Elapsed <= 0 {
+		return 0
+	}
+	return float64(p.Written+p.Same+p.Kept+p.Expired) / p.Elapsed.Seconds()
+}
+
+// copyWorkers import concurrently, so that a Redis target's pipelines carry many
+// records a round trip; the queue between the export and them bounds the records in
+// memory.
+const copyWorkers = 16
+
+// Copy imports every live record of from into to, with lease tokens and all, and calls
+// progress every so often and at the end. It is for stores that no daemon serves while
+// it runs: a record changed in from after Copy read it is not copied again, and a key
+// acquired in to while from still holds it would be acquired twice. Run again after an
+// interruption, it writes what is missing and finds the rest as it left it (Same).
+func Copy(ctx context.Context, from, to Porter, every time.Duration, progress func(CopyProgress)) (CopyProgress, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu       sync.Mutex
+		p        CopyProgress
+		firstErr error
+		wg       sync.WaitGroup
+	)
+	start := time.Now()
+	last := start
+	queue := make(chan Exported, 4*copyWorkers)
+	fail := func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if firstErr == nil {
+			firstErr = err
+			cancel()
+		}
+	}
+	for range copyWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for e := range queue {
+				outcome, err := to.Import(ctx, e)
+				if err != nil {
+					fail(err)
+					continue
+				}
+				mu.Lock()
+				switch outcome {
+				case ImportWritten:
+					p.Written++
+				case ImportSame:
+					p.Same++
+				case ImportExpired:
+					p.Expired++
+				case ImportKept:
+					p.Kept++
+					if len(p.KeptIDs) < 1000 {
+						e.Response, e.RecoveryPoint = nil, nil
+						p.KeptIDs = append(p.KeptIDs, e)
+					}
+				}
+				if now := time.Now(); progress != nil && now.Sub(last) >= every {
+					last = now
+					p.Elapsed = now.Sub(start)
+					progress(p)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	err := from.Export(ctx, func(e Exported) error {
+		mu.Lock()
+		p.Read++
+		mu.Unlock()
+		select {
+		case queue <- e:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	close(queue)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if firstErr != nil {
+		err = firstErr
+	}
+	p.Elapsed = time.Since(start)
+	if progress != nil {
+		progress(p)
+	}
+	return p, err
+}
