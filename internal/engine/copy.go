@@ -28,7 +28,7 @@ func (p CopyProgress) Rate() float64 {
 // copyWorkers import concurrently, so that a Redis target's pipelines carry many
 // records a round trip; the queue between the export and them bounds the records in
 // memory.
-const copyWorkers = 16
+const copyWorkers = 64
 
 // Copy imports every live record of from into to, with lease tokens and all, and calls
 // progress every so often and at the end. It is for stores that no daemon serves while
