@@ -77,8 +77,8 @@ func (a *app) copyCmd(args []string) int {
 }
 
 // openStore opens a store as idemd does, for a copy: a bolt file only when no idemd
-// holds it, and a Redis in the layout its daemons agreed (or, for an empty one, the
-// layout a first daemon would choose).
+// holds it, and a Redis only when no daemon of this release is connected, in the layout
+// its daemons agreed (or, for an empty one, the layout a first daemon would choose).
 func openStore(url string) (engine.Store, error) {
 	switch {
 	case strings.HasPrefix(url, "bolt://"):
@@ -95,13 +95,20 @@ func openStore(url string) (engine.Store, error) {
 		}
 		return s, nil
 	case strings.HasPrefix(url, "redis"):
-		s, err := redisstore.OpenWith(url, redisstore.Options{Layout: redisstore.LayoutAuto})
+		s, err := redisstore.OpenWith(url, redisstore.Options{Layout: redisstore.LayoutAuto, ClientName: "idemctl-copy"})
 		if err != nil {
 			return nil, err
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if _, err := s.AgreeLayout(ctx); err != nil {
+		n, err := s.Daemons(ctx)
+		if err == nil && n > 0 {
+			err = fmt.Errorf("%d connections of idemd daemons are open to it: stop every daemon of both stores first", n)
+		}
+		if err == nil {
+			_, err = s.AgreeLayout(ctx)
+		}
+		if err != nil {
 			_ = s.Close()
 			return nil, err
 		}

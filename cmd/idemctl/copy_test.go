@@ -200,3 +200,48 @@ func TestCopyEmbeddedToRedis(t *testing.T) {
 		t.Fatalf("claim of the released key after the move: %+v, %v", res, err)
 	}
 }
+
+// TestCopyRedisToCluster moves a deployment from a standalone Redis onto a Cluster:
+// the copy refuses while a daemon is connected to the old Redis, and once it is
+// stopped, a lease taken before the move completes on the Cluster with its own token
+// and results replay from it.
+func TestCopyRedisToCluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a Cluster takes long to start")
+	}
+	srv := testredis.Start(t)
+	base, stop := ownDaemon(t, "--store", srv.URL(), "--redis-record-layout", "strings")
+	env := map[string]string{"IDEMD_URL": base}
+	r := idemctl(env, "claim", "held", "--lease", "10m", "--json")
+	expect(t, r, exitOK, "claim")
+	lease := r.json(t)["lease_token"].(string)
+	r = idemctl(env, "claim", "done", "--json")
+	expect(t, r, exitOK, "claim")
+	expect(t, idemctl(env, "complete", "done", "--lease-token", r.json(t)["lease_token"].(string), "--body", "result"), exitOK, "complete")
+
+	cluster := testredis.StartCluster(t)
+	r = idemctl(nil, "copy", "--from", srv.URL(), "--to", cluster.URL())
+	expect(t, r, exitUnavailable, "copy while a daemon serves the old Redis")
+	if !strings.Contains(r.stderr, "stop every daemon") {
+		t.Fatalf("copy while a daemon serves the old Redis: %s", r.stderr)
+	}
+	stop()
+	r = idemctl(nil, "copy", "--from", srv.URL(), "--to", cluster.URL(), "--json")
+	expect(t, r, exitOK, "copy")
+	if out := r.json(t); out["written"] != float64(2) {
+		t.Fatalf("copy: %v", out)
+	}
+	onCluster, _ := ownDaemon(t, "--store", cluster.URL())
+	env = map[string]string{"IDEMD_URL": onCluster}
+	r = idemctl(env, "claim", "held")
+	expect(t, r, exitRefused, "claim of the held key on the Cluster")
+	if !strings.Contains(r.stderr, "in_progress") {
+		t.Fatalf("claim of the held key on the Cluster: %s", r.stderr)
+	}
+	expect(t, idemctl(env, "complete", "held", "--lease-token", lease, "--body", "after"), exitOK, "complete on the Cluster with the lease taken before")
+	r = idemctl(env, "claim", "done", "--json")
+	expect(t, r, exitOK, "replay on the Cluster")
+	if out := r.json(t); out["outcome"] != "completed" {
+		t.Fatalf("replay on the Cluster: %v", out)
+	}
+}

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -27,7 +28,7 @@ func Open(rawURL string) (*Store, error) {
 
 // OpenWith is Open with options.
 func OpenWith(rawURL string, opts Options) (*Store, error) {
-	universal, err := NewClient(rawURL)
+	universal, err := newClient(rawURL, cmp.Or(opts.ClientName, DaemonClientName))
 	if err != nil {
 		return nil, err
 	}
@@ -39,8 +40,18 @@ func OpenWith(rawURL string, opts Options) (*Store, error) {
 	return New(client, opts), nil
 }
 
-// NewClient returns the go-redis client for a store URL.
+// DaemonClientName is the name an idemd daemon's connections give Redis (CLIENT
+// SETNAME), unless the URL's client_name says otherwise: Store.Daemons counts them, so
+// that a copy between stores can tell that daemons still serve one.
+const DaemonClientName = "idemd"
+
+// NewClient returns the go-redis client for a store URL, its connections named
+// DaemonClientName.
 func NewClient(rawURL string) (redis.UniversalClient, error) {
+	return newClient(rawURL, DaemonClientName)
+}
+
+func newClient(rawURL, name string) (redis.UniversalClient, error) {
 	scheme, rest, ok := strings.Cut(rawURL, "://")
 	if !ok {
 		return nil, fmt.Errorf("store URL %q has no scheme", rawURL)
@@ -54,6 +65,9 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 		// Without it go-redis times reads by its own 3 s timeout, retried, and the
 		// caller's deadline never reaches the socket.
 		opts.ContextTimeoutEnabled = true
+		if opts.ClientName == "" {
+			opts.ClientName = name
+		}
 		return redis.NewClient(opts), nil
 	case "redis+sentinel", "rediss+sentinel":
 		u, err := url.Parse("redis://" + rest)
@@ -68,6 +82,7 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 			MasterName:            master,
 			SentinelAddrs:         strings.Split(u.Host, ","),
 			ContextTimeoutEnabled: true,
+			ClientName:            name,
 		}
 		if u.User != nil {
 			opts.Username = u.User.Username()
@@ -95,7 +110,7 @@ func NewClient(rawURL string) (redis.UniversalClient, error) {
 		// The periodic reload bounds how long a changed slot map goes unnoticed when no
 		// request fails; failures trigger a reload at once (see reloadOnNetworkError).
 		opts := &redis.ClusterOptions{Addrs: strings.Split(u.Host, ","), ClusterStateReloadInterval: 10 * time.Second,
-			ContextTimeoutEnabled: true}
+			ContextTimeoutEnabled: true, ClientName: name}
 		if u.User != nil {
 			opts.Username = u.User.Username()
 			opts.Password, _ = u.User.Password()

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -245,4 +246,34 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 		return engine.ImportKept, nil
 	}
 	return "", rep.unexpected()
+}
+
+// Daemons counts the connections to the store's masters that name themselves
+// DaemonClientName: those of idemd daemons of this release or later (earlier ones
+// named none). A copy between stores refuses to run while there are any.
+func (s *Store) Daemons(ctx context.Context) (int, error) {
+	var mu sync.Mutex
+	var n int
+	err := s.client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		list, err := m.ClientList(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("CLIENT LIST on %s: %w", m.Options().Addr, err)
+		}
+		found := 0
+		for _, line := range strings.Split(list, "\n") {
+			for _, field := range strings.Fields(line) {
+				if field == "name="+DaemonClientName {
+					found++
+				}
+			}
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		n += found
+		return nil
+	})
+	if err != nil {
+		return 0, engine.Unavailable(err)
+	}
+	return n, nil
 }

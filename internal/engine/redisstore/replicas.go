@@ -14,6 +14,10 @@ import (
 
 // Options tune a Store. The zero value acknowledges a write once its master has it.
 type Options struct {
+	// ClientName is the name the store's connections give Redis (CLIENT SETNAME);
+	// empty is DaemonClientName. OpenWith reads it; a Client made elsewhere keeps its
+	// own.
+	ClientName string
 	// ReplicaAcks, when positive, makes every write wait until that many replicas of
 	// the record's master confirm it (Redis WAIT on the connection that ran the
 	// script), and fail with engine.ErrNotReplicated when they do not within
