@@ -30,13 +30,13 @@ func (a *app) copyCmd(args []string) int {
 	if *from == "" || *to == "" {
 		return a.usageError(errors.New("copy needs --from STORE and --to STORE"))
 	}
-	src, err := openStore(*from)
+	src, err := openStore(*from, true)
 	if err != nil {
 		fmt.Fprintf(a.stderr, "idemctl: --from: %v\n", err)
 		return exitUnavailable
 	}
 	defer src.Close()
-	dst, err := openStore(*to)
+	dst, err := openStore(*to, false)
 	if err != nil {
 		fmt.Fprintf(a.stderr, "idemctl: --to: %v\n", err)
 		return exitUnavailable
@@ -79,14 +79,15 @@ func (a *app) copyCmd(args []string) int {
 // openStore opens a store as idemd does, for a copy: a bolt file only when no idemd
 // holds it, and a Redis only when no daemon of this release is connected, in the layout
 // its daemons agreed (or, for an empty one, the layout a first daemon would choose).
-func openStore(url string) (engine.Store, error) {
+func openStore(url string, source bool) (engine.Store, error) {
 	switch {
 	case strings.HasPrefix(url, "bolt://"):
 		path := strings.TrimPrefix(url, "bolt://")
 		if !filepath.IsAbs(path) {
 			return nil, fmt.Errorf("%q: a bolt URL takes an absolute path, bolt:///var/lib/idemd/idemd.db", url)
 		}
-		if _, err := os.Stat(path); err != nil {
+		if _, err := os.Stat(path); source && err != nil {
+			// A source that is not there would be created empty, and copied as nothing.
 			return nil, err
 		}
 		s, err := boltstore.Open(path, boltstore.Options{LockTimeout: time.Second})

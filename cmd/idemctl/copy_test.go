@@ -173,7 +173,7 @@ func TestCopyEmbeddedToRedis(t *testing.T) {
 	}
 
 	// The daemon serves from Redis alone.
-	onRedis, _ := ownDaemon(t, "--store", srv.URL())
+	onRedis, stopRedis := ownDaemon(t, "--store", srv.URL())
 	rc, err := idem.New(onRedis, idem.WithReplayCache(0, 0))
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +198,23 @@ func TestCopyEmbeddedToRedis(t *testing.T) {
 	res, err := rc.Claim(ctx, "half", idem.ClaimOptions{})
 	if err != nil || res.Outcome != idem.Acquired || res.Attempt != 2 || res.RecoveryPoint == nil || string(res.RecoveryPoint.Data) != "ch_1" {
 		t.Fatalf("claim of the released key after the move: %+v, %v", res, err)
+	}
+
+	// Rolled back into a file of its own, the held key keeps its completion.
+	back := filepath.Join(t.TempDir(), "back", "idemd.db")
+	r = idemctl(nil, "copy", "--from", srv.URL(), "--to", "bolt://"+back)
+	expect(t, r, exitUnavailable, "copy back while a daemon serves Redis")
+	stopRedis()
+	r = idemctl(nil, "copy", "--from", srv.URL(), "--to", "bolt://"+back, "--json")
+	expect(t, r, exitOK, "copy back")
+	if out := r.json(t); out["written"] != float64(total) {
+		t.Fatalf("copy back: %v, want %d written", out, total)
+	}
+	rolledBack, _ := ownDaemon(t, "--store", "bolt://"+back)
+	r = idemctl(map[string]string{"IDEMD_URL": rolledBack}, "lookup", "held", "--json")
+	expect(t, r, exitOK, "lookup after the rollback")
+	if out := r.json(t); out["state"] != "completed" {
+		t.Fatalf("the key completed on Redis, after the rollback: %v", out)
 	}
 }
 
