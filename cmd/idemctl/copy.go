@@ -46,8 +46,9 @@ func (a *app) copyCmd(args []string) int {
 	defer stop()
 	show := func(p engine.CopyProgress) {
 		if !a.json {
-			fmt.Fprintf(a.stderr, "copied %d of %d read: %d written, %d there already, %d kept, %d expired; %.0f records/s, %s\n",
-				p.Written+p.Same+p.Kept+p.Expired, p.Read, p.Written, p.Same, p.Kept, p.Expired, p.Rate(), p.Elapsed.Round(time.Millisecond))
+			fmt.Fprintf(a.stderr, "copied %d of %d read: %d written, %d there already, %d kept, %d expired; %.0f records/s, %s; about %d left, %s to go\n",
+				p.Written+p.Same+p.Kept+p.Expired, p.Read, p.Written, p.Same, p.Kept, p.Expired, p.Rate(), p.Elapsed.Round(time.Millisecond),
+				p.Left(), p.ToGo().Round(time.Second))
 		}
 	}
 	p, err := engine.Copy(ctx, src.(engine.Porter), dst.(engine.Porter), *every, show)

@@ -157,6 +157,12 @@ func TestCopyEmbeddedToRedis(t *testing.T) {
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
 	t.Logf("killed at: %s", progress)
+	var left int64
+	if _, after, ok := strings.Cut(progress, "about "); !ok {
+		t.Fatalf("the progress says nothing of what is left: %s", progress)
+	} else if _, err := fmt.Sscanf(after, "%d left", &left); err != nil || left <= 0 || left >= total {
+		t.Fatalf("the progress before the end says %d left of %d: %s", left, total, progress)
+	}
 
 	var out bytes.Buffer
 	again := exec.Command(binaries.idemctl, "copy", "--from", "bolt://"+db, "--to", srv.URL(), "--json")

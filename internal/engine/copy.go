@@ -11,7 +11,10 @@ type CopyProgress struct {
 	// Read counts the records read from the source; the others count what the target
 	// did with them, as Import says.
 	Read, Written, Same, Kept, Expired int64
-	Elapsed                            time.Duration
+	// Total is about how many records the source held when the copy began (its
+	// Records), 0 when it cannot say.
+	Total   int64
+	Elapsed time.Duration
 	// KeptIDs names the first thousand records the target kept, without their
 	// responses: the target held another record of their keys.
 	KeptIDs []Exported
@@ -23,6 +26,25 @@ func (p CopyProgress) Rate() float64 {
 		return 0
 	}
 	return float64(p.Written+p.Same+p.Kept+p.Expired) / p.Elapsed.Seconds()
+}
+
+// Left is about how many records are still to copy.
+func (p CopyProgress) Left() int64 {
+	return max(p.Total-(p.Written+p.Same+p.Kept+p.Expired), 0)
+}
+
+// ToGo is about how long the rest takes at the rate so far; 0 when unknown.
+func (p CopyProgress) ToGo() time.Duration {
+	rate := p.Rate()
+	if rate <= 0 || p.Total == 0 {
+		return 0
+	}
+	return time.Duration(float64(p.Left()) / rate * float64(time.Second))
+}
+
+// Counter is a store that says about how many records it holds, cheaply.
+type Counter interface {
+	Records(ctx context.Context) (int64, error)
 }
 
 // copyWorkers import concurrently, so that a Redis target's pipelines carry many
@@ -44,6 +66,11 @@ func Copy(ctx context.Context, from, to Porter, every time.Duration, progress fu
 		firstErr error
 		wg       sync.WaitGroup
 	)
+	if c, ok := from.(Counter); ok {
+		if n, err := c.Records(ctx); err == nil {
+			p.Total = n
+		}
+	}
 	start := time.Now()
 	last := start
 	queue := make(chan Exported, 4*copyWorkers)

@@ -277,3 +277,24 @@ func (s *Store) Daemons(ctx context.Context) (int, error) {
 	}
 	return n, nil
 }
+
+// Records is about how many records the store holds: the keys of every master
+// (DBSIZE), less nothing, so that the pending indexes and the layout key count too.
+func (s *Store) Records(ctx context.Context) (int64, error) {
+	var mu sync.Mutex
+	var n int64
+	err := s.client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		size, err := m.DBSize(ctx).Result()
+		if err != nil {
+			return fmt.Errorf("DBSIZE on %s: %w", m.Options().Addr, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		n += size
+		return nil
+	})
+	if err != nil {
+		return 0, engine.Unavailable(err)
+	}
+	return n, nil
+}
