@@ -16,8 +16,8 @@ import (
 
 // TestBackupRestore backs up a daemon while one client completes keys one after the
 // other, checks the copy, restores it into a data directory and starts a daemon on it:
-// the keys it holds are a prefix of the ones completed, each replays, and every key
-// completed before the backup began is there.
+// the keys it holds are a prefix of the ones claimed, each completed but perhaps the
+// last, and every key completed before the backup began is there.
 func TestBackupRestore(t *testing.T) {
 	opsToken, opsEntry := newToken(t, "team", "use,admin,platform", "ops")
 	teamToken, teamEntry := newToken(t, "team", "use,admin", "team-oncall")
@@ -116,11 +116,14 @@ func TestBackupRestore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The copy is one moment's: the keys it holds are 0 .. n-1, each with its result.
+	// The copy is one moment's: the keys it holds are 0 .. n-1, each with its result,
+	// but for the last, which the client may have claimed and not yet completed then.
 	n := int64(out["records"].(float64))
 	for i := int64(0); i < n; i++ {
 		rec, err := rc.Lookup(ctx, fmt.Sprintf("k-%06d", i))
-		if err != nil || rec.State != "completed" || string(rec.Response.Body) != fmt.Sprint(i) {
+		switch {
+		case err == nil && i == n-1 && rec.State == "pending":
+		case err != nil || rec.State != "completed" || string(rec.Response.Body) != fmt.Sprint(i):
 			t.Fatalf("key %d of the %d the copy holds: %+v, %v", i, n, rec, err)
 		}
 	}
