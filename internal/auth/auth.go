@@ -76,6 +76,11 @@ type Limits struct {
 	// arrive at once.
 	Rate  float64
 	Burst int
+	// MaxStoredBytes and MaxRecords are the tenant's quota on what the store keeps of
+	// it: the bytes of its records (key, record, response, recovery point) and their
+	// number. A tenant at either is refused new acquisitions.
+	MaxStoredBytes int64
+	MaxRecords     int64
 }
 
 // Tenant is a key space with its limits.

@@ -26,6 +26,8 @@ tenants:
     max_retention: 72h
     rate: 10
     burst: 20
+    max_stored_bytes: 1073741824
+    max_records: 100000
   search: {}
 tokens:
   - name: payments-api
@@ -85,7 +87,8 @@ func TestParseAndAuthenticate(t *testing.T) {
 		})
 	}
 	p, _ := cfg.Authenticate("pay-use")
-	want := Limits{MaxResponseBytes: 4096, MaxRetention: 72 * time.Hour, Rate: 10, Burst: 20}
+	want := Limits{MaxResponseBytes: 4096, MaxRetention: 72 * time.Hour, Rate: 10, Burst: 20,
+		MaxStoredBytes: 1 << 30, MaxRecords: 100000}
 	if p.Tenant.Limits != want {
 		t.Fatalf("limits = %+v, want %+v", p.Tenant.Limits, want)
 	}
@@ -194,6 +197,8 @@ func TestParseRejects(t *testing.T) {
 		{"bad retention", "tenants: {a: {max_retention: soon}}\n" + tok("a", "[use]", h), "neither a duration"},
 		{"negative retention", "tenants: {a: {max_retention: -1h}}\n" + tok("a", "[use]", h), "negative"},
 		{"negative response bytes", "tenants: {a: {max_response_bytes: -1}}\n" + tok("a", "[use]", h), "negative"},
+		{"negative stored bytes", "tenants: {a: {max_stored_bytes: -1}}\n" + tok("a", "[use]", h), "max_stored_bytes must not be negative"},
+		{"negative records", "tenants: {a: {max_records: -1}}\n" + tok("a", "[use]", h), "max_records must not be negative"},
 		{"negative rate", "tenants: {a: {rate: -1}}\n" + tok("a", "[use]", h), "rate"},
 		{"burst without rate", "tenants: {a: {burst: 5}}\n" + tok("a", "[use]", h), "without a rate"},
 		{"a second document of garbage", "tenants: {a: {}}\n" + tok("a", "[use]", h) + "---\n:: [not yaml\n", "one document"},

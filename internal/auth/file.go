@@ -37,6 +37,8 @@ type tenantLimits struct {
 	MaxRetention     duration `yaml:"max_retention"`
 	Rate             float64  `yaml:"rate"`
 	Burst            int      `yaml:"burst"`
+	MaxStoredBytes   int64    `yaml:"max_stored_bytes"`
+	MaxRecords       int64    `yaml:"max_records"`
 }
 
 type token struct {
@@ -152,7 +154,8 @@ func newTenant(name string, l tenantLimits) (*Tenant, error) {
 	if !ValidTenant(name) {
 		return nil, fmt.Errorf("tenants: %q is not a valid tenant name: 1 to 64 of a-z 0-9 _ -, starting with a letter or digit", name)
 	}
-	limits := Limits{MaxResponseBytes: l.MaxResponseBytes, MaxRetention: time.Duration(l.MaxRetention), Rate: l.Rate, Burst: l.Burst}
+	limits := Limits{MaxResponseBytes: l.MaxResponseBytes, MaxRetention: time.Duration(l.MaxRetention), Rate: l.Rate, Burst: l.Burst,
+		MaxStoredBytes: l.MaxStoredBytes, MaxRecords: l.MaxRecords}
 	switch {
 	case limits.MaxResponseBytes < 0:
 		return nil, fmt.Errorf("tenants.%s.max_response_bytes must not be negative", name)
@@ -164,6 +167,10 @@ func newTenant(name string, l tenantLimits) (*Tenant, error) {
 		return nil, fmt.Errorf("tenants.%s.rate must be a non-negative number of requests per second", name)
 	case limits.Burst < 0:
 		return nil, fmt.Errorf("tenants.%s.burst must not be negative", name)
+	case limits.MaxStoredBytes < 0:
+		return nil, fmt.Errorf("tenants.%s.max_stored_bytes must not be negative", name)
+	case limits.MaxRecords < 0:
+		return nil, fmt.Errorf("tenants.%s.max_records must not be negative", name)
 	case limits.Burst > 0 && limits.Rate == 0:
 		return nil, fmt.Errorf("tenants.%s.burst is set without a rate", name)
 	}

@@ -18,6 +18,7 @@
 package engine
 
 import (
+	"context"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -178,6 +179,68 @@ type Caps struct {
 	// refused, so that a client never believes a result is kept longer than it is; the
 	// default retention is clamped to it.
 	MaxRetention time.Duration
+	// MaxStoredBytes and MaxRecords are the tenant's quota on what the store keeps of
+	// it (see Usage): at either, new acquisitions are refused with a *QuotaError.
+	MaxStoredBytes int64
+	MaxRecords     int64
+}
+
+// HasQuota says whether the caps set a quota on what the tenant keeps.
+func (c Caps) HasQuota() bool { return c.MaxStoredBytes > 0 || c.MaxRecords > 0 }
+
+// Usage is what the store keeps of one tenant: its records and their bytes as the
+// store counts them (the key, the record with its response and recovery point). A store
+// counts a record until it has left, by retention, purge or sweep; a store whose
+// records leave silently (Redis) counts one until a little after (docs/operations.md,
+// "Quotas").
+type Usage struct {
+	Records int64
+	Bytes   int64
+	// NextDrop is when some of what is counted will stop counting (the earliest expiry
+	// the store knows of), or zero when it does not know.
+	NextDrop time.Time
+}
+
+// UsageReader is a Store that counts what each tenant keeps. Every store of this
+// repository is one; the Service enforces quotas only over one.
+type UsageReader interface {
+	// Usage returns the tenant's usage now.
+	Usage(ctx context.Context, tenant string) (Usage, error)
+}
+
+// QuotaError refuses a new acquisition to a tenant that holds its quota, or more.
+type QuotaError struct {
+	Tenant string
+	Usage  Usage
+	// Limit is the quota the tenant reached: Field says which ("max_stored_bytes" or
+	// "max_records"), Used and Limit its figures.
+	Field       string
+	Used, Limit int64
+	// RetryAfter is how long until usage falls as records expire; zero when unknown.
+	RetryAfter time.Duration
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("tenant %s keeps %d of %s %d in the store; new keys are refused until records expire or are purged",
+		e.Tenant, e.Used, e.Field, e.Limit)
+}
+
+// overQuota returns the *QuotaError for a tenant whose usage u reaches caps' quota at
+// now, or nil.
+func overQuota(tenant string, u Usage, caps Caps, now time.Time) *QuotaError {
+	e := &QuotaError{Tenant: tenant, Usage: u}
+	switch {
+	case caps.MaxRecords > 0 && u.Records >= caps.MaxRecords:
+		e.Field, e.Used, e.Limit = "max_records", u.Records, caps.MaxRecords
+	case caps.MaxStoredBytes > 0 && u.Bytes >= caps.MaxStoredBytes:
+		e.Field, e.Used, e.Limit = "max_stored_bytes", u.Bytes, caps.MaxStoredBytes
+	default:
+		return nil
+	}
+	if !u.NextDrop.IsZero() {
+		e.RetryAfter = max(u.NextDrop.Sub(now), time.Millisecond)
+	}
+	return e
 }
 
 // CapError reports a request over its tenant's caps, naming the member at fault.

@@ -65,6 +65,8 @@ type Service struct {
 	// stopWaiting is closed by StopWaiting: waiting claims answer at once.
 	stopWaiting chan struct{}
 	stopOnce    sync.Once
+	// usage is what tenants with a quota keep, as last read from the store.
+	usage usageCache
 }
 
 // An Option changes a Service's default.
@@ -98,7 +100,7 @@ func NewService(store Store, retention time.Duration, opts ...Option) *Service {
 		retention = DefaultRetention
 	}
 	s := &Service{store: store, retention: retention, recheck: time.Second, storeTimeout: DefaultStoreTimeout,
-		stopWaiting: make(chan struct{})}
+		stopWaiting: make(chan struct{}), usage: usageCache{refresh: DefaultUsageRefresh}}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -147,7 +149,16 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		Retention:   retention,
 		Token:       NewLeaseToken(),
 	}
-	claim := func(ctx context.Context) (ClaimResult, error) { return s.store.Claim(ctx, c) }
+	if err := s.admit(ctx, r); err != nil {
+		return ClaimResult{}, err
+	}
+	claim := func(ctx context.Context) (ClaimResult, error) {
+		res, err := s.store.Claim(ctx, c)
+		if err == nil && res.Outcome == OutcomeAcquired && r.Caps.HasQuota() {
+			s.acquired(r.ID, c)
+		}
+		return res, err
+	}
 	if r.Wait <= 0 {
 		return bounded(s, ctx, claim)
 	}

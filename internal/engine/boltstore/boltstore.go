@@ -56,6 +56,7 @@ type Store struct {
 	opts    Options
 	watches watchers
 	counts  stateCounts
+	usage   tenantUsage
 	metrics *collector
 	commits *committer
 
@@ -102,6 +103,9 @@ func Open(path string, opts Options) (*Store, error) {
 			}
 		}
 		if err := indexPending(tx); err != nil {
+			return err
+		}
+		if err := s.usage.load(tx); err != nil {
 			return err
 		}
 		return s.counts.load(tx)
@@ -248,6 +252,9 @@ type txn struct {
 	// whether waiters on the record are woken after the commit.
 	from, to engine.State
 	notify   bool
+	// tenant's usage moves by records and bytes.
+	tenant         string
+	records, bytes int64
 	// answer is the transition's refusal, if any.
 	answer error
 }
@@ -270,6 +277,13 @@ func (t *txn) put(rk []byte, r *stored, oldExpires int64) error {
 	if err != nil {
 		return err
 	}
+	t.tenant = r.Tenant
+	if before := t.tx.Bucket(bucketRecords).Get(rk); before != nil {
+		t.bytes += int64(len(v) - len(before))
+	} else {
+		t.records++
+		t.bytes += recordSize(rk, v)
+	}
 	if err := t.tx.Bucket(bucketRecords).Put(rk, v); err != nil {
 		return err
 	}
@@ -287,6 +301,11 @@ func (t *txn) put(rk []byte, r *stored, oldExpires int64) error {
 
 // remove deletes a record and its expiry entry; the counts learn of it after commit.
 func (t *txn) remove(rk []byte, r *stored) error {
+	if v := t.tx.Bucket(bucketRecords).Get(rk); v != nil {
+		t.tenant = r.Tenant
+		t.records--
+		t.bytes -= recordSize(rk, v)
+	}
 	if err := t.tx.Bucket(bucketRecords).Delete(rk); err != nil {
 		return err
 	}
@@ -326,6 +345,7 @@ func (s *Store) updateKey(ctx context.Context, rk []byte, fn func(t *txn, rk []b
 		return err
 	}, func() {
 		s.counts.move(t.from, t.to)
+		s.usage.add(t.tenant, t.records, t.bytes)
 		if t.notify {
 			s.watches.signal(string(rk))
 		}

@@ -47,8 +47,13 @@ func (s *Store) Sweep() (int, error) {
 
 func (s *Store) sweepBatch() (removed int, more bool, err error) {
 	var states []engine.State
+	type drop struct {
+		tenant string
+		bytes  int64
+	}
+	var drops []drop
 	err = s.db.Update(func(tx *bolt.Tx) error {
-		removed, more, states = 0, false, states[:0]
+		removed, more, states, drops = 0, false, states[:0], drops[:0]
 		now := s.now().UnixMilli()
 		records, expiry, pending := tx.Bucket(bucketRecords), tx.Bucket(bucketExpiry), tx.Bucket(bucketPending)
 		// Collect first, delete after: a bbolt cursor may skip a key after deleting.
@@ -72,6 +77,7 @@ func (s *Store) sweepBatch() (removed int, more bool, err error) {
 					return err
 				}
 				st := r.State
+				drops = append(drops, drop{r.Tenant, recordSize(rk, v)})
 				if err := records.Delete(rk); err != nil {
 					return err
 				}
@@ -94,6 +100,9 @@ func (s *Store) sweepBatch() (removed int, more bool, err error) {
 	}
 	for _, st := range states {
 		s.counts.move(st, "")
+	}
+	for _, d := range drops {
+		s.usage.add(d.tenant, -1, -d.bytes)
 	}
 	s.metrics.swept.Add(float64(len(states)))
 	return removed, more, nil

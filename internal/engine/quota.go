@@ -1,0 +1,150 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// DefaultUsageRefresh is how old a tenant's usage may be before the Service reads it
+// from the store again, when WithUsageRefresh does not say.
+const DefaultUsageRefresh = 2 * time.Second
+
+// usageTimeout bounds one read of a tenant's usage: on a Redis Cluster it reads every
+// slot of the tenant, which takes longer than a transition.
+const usageTimeout = 10 * time.Second
+
+// acquisitionEstimate is what the Service adds to a tenant's usage, until the next read
+// from the store, for each key it acquires: about what a pending record keeps besides
+// its key, fingerprint and owner. It keeps a burst of acquisitions between two reads
+// from overshooting a quota by more than a few records.
+const acquisitionEstimate = 160
+
+// WithUsageRefresh sets how old the usage a quota is checked against may be; the
+// store is read again, in the background, once it is older.
+func WithUsageRefresh(d time.Duration) Option {
+	return func(s *Service) {
+		if d > 0 {
+			s.usage.refresh = d
+		}
+	}
+}
+
+// usageCache holds the last usage read of each tenant with a quota, and what this
+// daemon acquired since.
+type usageCache struct {
+	refresh time.Duration
+	mu      sync.Mutex
+	tenants map[string]*tenantUsage
+}
+
+type tenantUsage struct {
+	usage      Usage
+	read       time.Time
+	refreshing bool
+	// ready is closed once the first read has answered.
+	ready chan struct{}
+}
+
+// Usage returns a tenant's usage as the store counts it, read at most the refresh
+// interval ago (a read that fails leaves the last one), with what this daemon acquired
+// since added. A store that does not count usage answers ErrUnsupported.
+func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
+	reader, ok := s.store.(UsageReader)
+	if !ok {
+		return Usage{}, errors.ErrUnsupported
+	}
+	s.usage.mu.Lock()
+	if s.usage.tenants == nil {
+		s.usage.tenants = make(map[string]*tenantUsage)
+	}
+	t := s.usage.tenants[tenant]
+	if t == nil {
+		t = &tenantUsage{ready: make(chan struct{})}
+		s.usage.tenants[tenant] = t
+	}
+	if !t.refreshing && time.Since(t.read) >= s.usage.refresh {
+		t.refreshing = true
+		go s.readUsage(reader, tenant, t)
+	}
+	s.usage.mu.Unlock()
+	select {
+	case <-t.ready:
+	case <-ctx.Done():
+		return Usage{}, ctx.Err()
+	}
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	if t.read.IsZero() {
+		return Usage{}, Unavailable(errors.New("the tenant's usage could not be read"))
+	}
+	return t.usage, nil
+}
+
+// readUsage reads a tenant's usage in the background, so that no request waits for it
+// but the first.
+func (s *Service) readUsage(reader UsageReader, tenant string, t *tenantUsage) {
+	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
+	defer cancel()
+	u, err := reader.Usage(ctx, tenant)
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	t.refreshing = false
+	if err == nil {
+		t.usage, t.read = u, time.Now()
+	}
+	select {
+	case <-t.ready:
+	default:
+		close(t.ready)
+	}
+}
+
+// acquired adds a key this daemon acquired to the tenant's usage until the next read.
+func (s *Service) acquired(id ID, c Claim) {
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	if t := s.usage.tenants[id.Tenant]; t != nil && !t.read.IsZero() {
+		t.usage.Records++
+		t.usage.Bytes += int64(len(id.Key)+len(c.Fingerprint)+len(c.Owner)) + acquisitionEstimate
+	}
+}
+
+// admit decides whether a claim of a tenant with a quota may go to the store. Under
+// its quota, it may. At or over it, a claim may still replay a result, or hear that a
+// live lease holds the key, or get its own lease back by its secret: only a claim that
+// would acquire the key (absent, released for a retry, or pending under a lease that
+// ran out) is refused. The record is looked up first; a record that changes between
+// the look and the claim lets at most that one claim through.
+func (s *Service) admit(ctx context.Context, r ClaimRequest) error {
+	if !r.Caps.HasQuota() {
+		return nil
+	}
+	// The first read of a tenant's usage is waited for no longer than a store call: a
+	// daemon just started does not hold its first claims up behind a slow count.
+	readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
+	u, err := s.Usage(readCtx, r.ID.Tenant)
+	cancel()
+	if err != nil {
+		// A usage that cannot be read refuses nothing: the quota protects the store's
+		// room, not a key's safety, and the claim answers for the store itself.
+		return nil
+	}
+	over := overQuota(r.ID.Tenant, u, r.Caps, time.Now())
+	if over == nil {
+		return nil
+	}
+	rec, err := s.Lookup(ctx, r.ID)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return over
+	case err != nil:
+		return err
+	case rec.State == StateCompleted || rec.State == StateFailed:
+		return nil
+	case rec.State == StatePending && rec.LeaseExpiresAt.After(time.Now()):
+		return nil
+	}
+	return over
+}
