@@ -13,6 +13,14 @@
 -- which the abandoned-keys feed reads: a record is in it while it is pending (index
 -- keeps it so), and until the feed meets the entry of a record that expired pending,
 -- which it removes.
+-- KEYS[4] is the tenant's usage of that slot: a hash that counts the slot's records of
+-- the tenant, and their bytes, by the span of USAGE_SPAN_MS their expiry falls in:
+-- field b<k> the bytes and n<k> the records expiring in ((k-1)*USAGE_SPAN_MS,
+-- k*USAGE_SPAN_MS]. A record's bytes are its key and its stored value as Redis keeps
+-- them. save moves a record's count from what load read to what it writes, and purge
+-- takes it away; a record that expires leaves its count in a span that has passed,
+-- which the daemon's reader (usage.go) no longer counts and deletes. So the count is
+-- exact for every live record, and a record that expired counts until its span ends.
 -- load reads the key WRITE_LAYOUT writes, then (when READ_OTHER is set) the other one;
 -- save writes the record in WRITE_LAYOUT at that layout's key and deletes it at the
 -- other, so a record is in one place. lua.go sets both globals.
@@ -52,7 +60,8 @@
 local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
 local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
   'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt'}
-local LEGACY, LEAN, INDEX = KEYS[1], KEYS[2], KEYS[3]
+local LEGACY, LEAN, INDEX, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local USAGE_SPAN_MS = 10000
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
 
 -- Time comes from Redis, never from a daemon, so that daemons with skewed clocks agree.
@@ -86,12 +95,15 @@ local function unpack_legacy()
     -- A hash, as earlier releases write: an empty field is an absent one.
     local vals = redis.call('HMGET', LEGACY, unpack(FIELDS))
     local r = {legacy = true, hash = true}
+    local size = #LEGACY
     for i = 1, #FIELDS do
       if vals[i] and vals[i] ~= '' then
         r[FIELDS[i]] = vals[i]
+        size = size + #FIELDS[i] + #vals[i]
       end
     end
     r.had_point = r.pt ~= nil
+    r.size0, r.xa0 = size, r.xa
     return r
   end
   local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt =
@@ -101,7 +113,7 @@ local function unpack_legacy()
   end
   return {legacy = true, k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok,
     lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w,
-    pn = pn, pd = pd, pa = pa, pt = pt}
+    pn = pn, pd = pd, pa = pa, pt = pt, size0 = #LEGACY + #v, xa0 = xa}
 end
 
 local function unpack_lean()
@@ -122,7 +134,8 @@ local function unpack_lean()
   end
   return {lean = true, st = st, fp = fp, ow = ow, at = at, tok = tok, lx = lx,
     rec = rec and '1' or '0', ca = ca, ua = ca + ua, xa = ca + xa, rs = rs, rh = rh, rb = rb,
-    cs = cs, w = w and '1' or nil, pn = pn, pd = pd, pa = pa, pt = pt}
+    cs = cs, w = w and '1' or nil, pn = pn, pd = pd, pa = pa, pt = pt,
+    size0 = #LEAN + #v, xa0 = ca + xa}
 end
 
 -- load returns the record's fields by name; an absent record has none (r.st is nil).
@@ -138,7 +151,45 @@ local function load()
   return other()
 end
 
--- save writes r whole as the record, to expire at r.xa.
+-- usage_span is the span of USAGE_SPAN_MS that an expiry at xa ms falls in.
+local function usage_span(xa)
+  return string.format('%d', math.ceil(tonumber(xa) / USAGE_SPAN_MS))
+end
+
+-- account moves the record's count in the usage hash from what load read of it (size0
+-- bytes to expire at xa0, or nothing for an absent record) to size bytes to expire at
+-- r.xa, or to nothing when size is nil (purge). A span that comes to no record is
+-- deleted, so that the hash holds no more than the spans with records.
+local function account(r, size)
+  local from, to = nil, nil
+  if r.size0 then
+    from = usage_span(r.xa0)
+  end
+  if size then
+    to = usage_span(r.xa)
+  end
+  if from and from == to then
+    if size ~= r.size0 then
+      redis.call('HINCRBY', USAGE, 'b' .. to, size - r.size0)
+    end
+  else
+    if from then
+      if redis.call('HINCRBY', USAGE, 'n' .. from, -1) <= 0 then
+        redis.call('HDEL', USAGE, 'n' .. from, 'b' .. from)
+      else
+        redis.call('HINCRBY', USAGE, 'b' .. from, -r.size0)
+      end
+    end
+    if to then
+      redis.call('HINCRBY', USAGE, 'n' .. to, 1)
+      redis.call('HINCRBY', USAGE, 'b' .. to, size)
+    end
+  end
+  -- A second save in the same script moves the count from here.
+  r.size0, r.xa0 = size, r.xa
+end
+
+-- save writes r whole as the record, to expire at r.xa, and counts it in the usage.
 local function save(r)
   if W3 then
     if r.legacy then
@@ -160,9 +211,11 @@ local function save(r)
     if r.pt then
       pt = tonumber(r.pt) - ca
     end
-    redis.call('SET', LEAN, cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
+    local v = cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
       lx, rec, ca, tonumber(r.ua) - ca, tonumber(r.xa) - ca, tonumber(r.rs), r.rh, r.rb, r.cs,
-      w, r.pn, r.pd, tonumber(r.pa), pt), 'PXAT', r.xa)
+      w, r.pn, r.pd, tonumber(r.pa), pt)
+    redis.call('SET', LEAN, v, 'PXAT', r.xa)
+    account(r, #LEAN + #v)
     return
   end
   if r.lean then
@@ -173,11 +226,13 @@ local function save(r)
       redis.call('DEL', LEGACY)
     end
     local kv = {}
+    local size = #LEGACY
     for i = 1, #FIELDS do
       local x = r[FIELDS[i]]
       if x then
         kv[#kv + 1] = FIELDS[i]
         kv[#kv + 1] = x
+        size = size + #FIELDS[i] + #tostring(x)
       end
     end
     redis.call('HSET', LEGACY, unpack(kv))
@@ -186,10 +241,13 @@ local function save(r)
       redis.call('HDEL', LEGACY, 'pn', 'pd', 'pa', 'pt')
     end
     redis.call('PEXPIREAT', LEGACY, r.xa)
+    account(r, size)
     return
   end
-  redis.call('SET', LEGACY, cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
-    r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt), 'PXAT', r.xa)
+  local v = cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
+    r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt)
+  redis.call('SET', LEGACY, v, 'PXAT', r.xa)
+  account(r, #LEGACY + #v)
 end
 
 -- index keeps the record's entry in the pending index, under the client's key: its

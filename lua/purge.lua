@@ -9,5 +9,6 @@ if not r.st then
 end
 redis.call('DEL', LEAN, LEGACY)
 redis.call('ZREM', INDEX, ARGV[1])
+account(r, nil)
 notify(r, 'd')
 return answer('ok', now, {}, false)

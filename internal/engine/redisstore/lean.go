@@ -23,7 +23,8 @@ import (
 func LeanKey(id engine.ID) string { return recordKeys(id)[1] }
 
 // recordKeys are a record's keys as the scripts take them: RecordKey, then LeanKey, from
-// one digest of the client's key, then the pending index of its slot (indexKey).
+// one digest of the client's key, then the pending index of its slot (indexKey) and
+// the tenant's usage there (usageKey).
 func recordKeys(id engine.ID) []string {
 	return digestKeys(id.Tenant, sha256.Sum256([]byte(id.Key)))
 }
@@ -42,7 +43,7 @@ func digestKeys(tenant string, sum [32]byte) []string {
 	b.WriteString(id.Tenant)
 	b.WriteByte(':')
 	b.Write(sum[:])
-	return []string{legacy, b.String(), indexKey(id.Tenant, s)}
+	return []string{legacy, b.String(), indexKey(id.Tenant, s), usageKey(id.Tenant, s)}
 }
 
 // indexKey is the pending index of a tenant's records in one Cluster slot (see

@@ -1,0 +1,103 @@
+package redisstore
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// usageSpan is USAGE_SPAN_MS of lua/prelude.lua: the usage hashes count records by the
+// span their expiry falls in, and a record that expired counts until its span ends.
+const usageSpan = 10 * time.Second
+
+// usageKey is the usage hash of a tenant's records in one Cluster slot (see
+// lua/prelude.lua), beside its pending index, kept per slot for the same reason: a
+// script reaches no other slot.
+func usageKey(tenant string, slot uint16) string {
+	tag := slotTags[slot]
+	return "{" + string(tag[:]) + "}\x00usage:" + tenant
+}
+
+// Usage implements engine.UsageReader. It reads the tenant's usage hash of every slot,
+// in pipelines of indexBatch (a Cluster pipeline sends each node its own), counts the
+// spans that have not ended by Redis's clock, and deletes those that have: what
+// expired records left there. Its cost is one HGETALL for each of the 16384 slots
+// (most of them absent) and the spans it reads, whatever the tenant keeps.
+func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
+	if _, err := s.current(ctx); err != nil {
+		return engine.Usage{}, err
+	}
+	var u engine.Usage
+	var nowSpan int64
+	var earliest int64
+	for first := 0; first < slots; first += indexBatch {
+		n := min(indexBatch, slots-first)
+		p := s.client.Pipeline()
+		var clock *redis.TimeCmd
+		if first == 0 {
+			clock = p.Time(ctx)
+		}
+		cmds := make([]*redis.MapStringStringCmd, n)
+		for i := range n {
+			cmds[i] = p.HGetAll(ctx, usageKey(tenant, uint16(first+i)))
+		}
+		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return engine.Usage{}, s.failed(ctx, err)
+		}
+		if clock != nil {
+			now := clock.Val().UnixMilli()
+			// A span k holds expiries up to k*usageSpan: it still counts while that has
+			// not passed.
+			nowSpan = (now + usageSpan.Milliseconds() - 1) / usageSpan.Milliseconds()
+		}
+		stale := s.client.Pipeline()
+		dropped := 0
+		for i, cmd := range cmds {
+			var gone []string
+			for field, v := range cmd.Val() {
+				if len(field) < 2 || (field[0] != 'b' && field[0] != 'n') {
+					continue
+				}
+				span, err1 := strconv.ParseInt(field[1:], 10, 64)
+				x, err2 := strconv.ParseInt(v, 10, 64)
+				if err1 != nil || err2 != nil {
+					continue
+				}
+				if span < nowSpan {
+					gone = append(gone, field)
+					continue
+				}
+				if field[0] == 'b' {
+					u.Bytes += x
+				} else {
+					u.Records += x
+					if earliest == 0 || span < earliest {
+						earliest = span
+					}
+				}
+			}
+			if len(gone) > 0 {
+				stale.HDel(ctx, usageKey(tenant, uint16(first+i)), gone...)
+				dropped++
+			}
+		}
+		if dropped > 0 {
+			// A span that has ended never counts again, and no script writes to one (a
+			// record's span never ends before it expires), so deleting it loses
+			// nothing; one left behind costs memory until the next read.
+			_, _ = stale.Exec(ctx)
+		}
+	}
+	// Records written before a daemon counted them, then rewritten by one that does,
+	// take away what was never added; the count does not go below nothing.
+	u.Records, u.Bytes = max(u.Records, 0), max(u.Bytes, 0)
+	if earliest > 0 {
+		u.NextDrop = time.UnixMilli(earliest * usageSpan.Milliseconds()).Add(time.Millisecond)
+	}
+	return u, nil
+}
