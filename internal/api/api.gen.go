@@ -321,18 +321,45 @@ type Problem struct {
 	// in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
 	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
 	// rate_limited, request_timeout (the body did not arrive within the daemon's
-	// --body-timeout), not_supported (the daemon's store cannot do what was asked).
+	// --body-timeout), not_supported (the daemon's store cannot do what was asked),
+	// quota_exceeded (a claim that would acquire a key, from a tenant at its quota
+	// on what the store keeps: `quota` says which and how much).
 	Code string `json:"code"`
 
 	// Detail What went wrong, naming the member of the request at fault.
 	Detail   *string `json:"detail,omitempty"`
 	Instance *string `json:"instance,omitempty"`
 
-	// RetryAfterMs For in_progress, rate_limited and store_unavailable, how long to wait before trying again.
+	// Quota With quota_exceeded: the quota the tenant reached and what the store keeps of it.
+	// Replays, lookups and the completion, release and renewal of leases already
+	// granted still work.
+	Quota *QuotaUsage `json:"quota,omitempty"`
+
+	// RetryAfterMs For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to wait before trying again.
 	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
 	Status       int    `json:"status"`
 	Title        string `json:"title"`
 	Type         string `json:"type"`
+}
+
+// QuotaUsage With quota_exceeded: the quota the tenant reached and what the store keeps of it.
+// Replays, lookups and the completion, release and renewal of leases already
+// granted still work.
+type QuotaUsage struct {
+	// Limit The auth file's limit that was reached, max_stored_bytes or max_records.
+	Limit string `json:"limit"`
+
+	// Max The limit.
+	Max int64 `json:"max"`
+
+	// Records The tenant's records in the store.
+	Records int64 `json:"records"`
+
+	// StoredBytes The bytes of the tenant's records as the store counts them.
+	StoredBytes int64 `json:"stored_bytes"`
+
+	// Used The tenant's usage in that limit's unit.
+	Used int64 `json:"used"`
 }
 
 // RecoveryPoint The last point a holder of the key recorded, while the key is not finished.

@@ -389,14 +389,46 @@ export type Problem = {
      * in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
      * not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
      * rate_limited, request_timeout (the body did not arrive within the daemon's
-     * --body-timeout), not_supported (the daemon's store cannot do what was asked).
+     * --body-timeout), not_supported (the daemon's store cannot do what was asked),
+     * quota_exceeded (a claim that would acquire a key, from a tenant at its quota
+     * on what the store keeps: `quota` says which and how much).
      *
      */
     code: string;
     /**
-     * For in_progress, rate_limited and store_unavailable, how long to wait before trying again.
+     * For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to wait before trying again.
      */
     retry_after_ms?: number;
+    quota?: QuotaUsage;
+};
+
+/**
+ * With quota_exceeded: the quota the tenant reached and what the store keeps of it.
+ * Replays, lookups and the completion, release and renewal of leases already
+ * granted still work.
+ *
+ */
+export type QuotaUsage = {
+    /**
+     * The auth file's limit that was reached, max_stored_bytes or max_records.
+     */
+    limit: string;
+    /**
+     * The tenant's usage in that limit's unit.
+     */
+    used: number;
+    /**
+     * The limit.
+     */
+    max: number;
+    /**
+     * The tenant's records in the store.
+     */
+    records: number;
+    /**
+     * The bytes of the tenant's records as the store counts them.
+     */
+    stored_bytes: number;
 };
 
 export type ClaimData = {
@@ -436,7 +468,10 @@ export type ClaimErrors = {
      */
     422: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -505,7 +540,10 @@ export type CompleteErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -566,7 +604,10 @@ export type ReleaseErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -623,7 +664,10 @@ export type ExtendErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -684,7 +728,10 @@ export type RecordRecoveryPointErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -783,7 +830,10 @@ export type PurgeErrors = {
      */
     404: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -837,7 +887,10 @@ export type LookupErrors = {
      */
     404: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -901,7 +954,10 @@ export type ListAbandonedErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -942,7 +998,10 @@ export type ExportRecordsErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -987,7 +1046,10 @@ export type ImportRecordsErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**
@@ -1028,7 +1090,10 @@ export type BackupErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited).
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
      */
     429: Problem;
     /**

@@ -19,6 +19,7 @@ from .kept_record import KeptRecord
 from .key_record import KeyRecord
 from .lease_extended import LeaseExtended
 from .problem import Problem
+from .quota_usage import QuotaUsage
 from .recovery_point import RecoveryPoint
 from .recovery_point_request import RecoveryPointRequest
 from .release_request import ReleaseRequest
@@ -46,6 +47,7 @@ __all__ = (
     "KeyRecord",
     "LeaseExtended",
     "Problem",
+    "QuotaUsage",
     "RecoveryPoint",
     "RecoveryPointRequest",
     "ReleaseRequest",

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.quota_usage import QuotaUsage
+
 
 T = TypeVar("T", bound="Problem")
 
@@ -25,11 +29,16 @@ class Problem:
             in_progress, fingerprint_mismatch, lease_lost, store_unavailable,
             not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
             rate_limited, request_timeout (the body did not arrive within the daemon's
-            --body-timeout), not_supported (the daemon's store cannot do what was asked).
+            --body-timeout), not_supported (the daemon's store cannot do what was asked),
+            quota_exceeded (a claim that would acquire a key, from a tenant at its quota
+            on what the store keeps: `quota` says which and how much).
         detail (str | Unset): What went wrong, naming the member of the request at fault.
         instance (str | Unset):
-        retry_after_ms (int | Unset): For in_progress, rate_limited and store_unavailable, how long to wait before
-            trying again.
+        retry_after_ms (int | Unset): For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to
+            wait before trying again.
+        quota (QuotaUsage | Unset): With quota_exceeded: the quota the tenant reached and what the store keeps of it.
+            Replays, lookups and the completion, release and renewal of leases already
+            granted still work.
     """
 
     type_: str
@@ -39,6 +48,7 @@ class Problem:
     detail: str | Unset = UNSET
     instance: str | Unset = UNSET
     retry_after_ms: int | Unset = UNSET
+    quota: QuotaUsage | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,6 +66,10 @@ class Problem:
 
         retry_after_ms = self.retry_after_ms
 
+        quota: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.quota, Unset):
+            quota = self.quota.to_dict()
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -72,11 +86,15 @@ class Problem:
             field_dict["instance"] = instance
         if retry_after_ms is not UNSET:
             field_dict["retry_after_ms"] = retry_after_ms
+        if quota is not UNSET:
+            field_dict["quota"] = quota
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.quota_usage import QuotaUsage
+
         d = dict(src_dict)
         type_ = d.pop("type")
 
@@ -92,6 +110,13 @@ class Problem:
 
         retry_after_ms = d.pop("retry_after_ms", UNSET)
 
+        _quota = d.pop("quota", UNSET)
+        quota: QuotaUsage | Unset
+        if isinstance(_quota, Unset):
+            quota = UNSET
+        else:
+            quota = QuotaUsage.from_dict(_quota)
+
         problem = cls(
             type_=type_,
             title=title,
@@ -100,6 +125,7 @@ class Problem:
             detail=detail,
             instance=instance,
             retry_after_ms=retry_after_ms,
+            quota=quota,
         )
 
         problem.additional_properties = d

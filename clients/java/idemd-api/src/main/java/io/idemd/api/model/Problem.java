@@ -24,6 +24,7 @@ import com.fasterxml.jackson.annotation.JsonProperty;
 import com.fasterxml.jackson.annotation.JsonCreator;
 import com.fasterxml.jackson.annotation.JsonTypeName;
 import com.fasterxml.jackson.annotation.JsonValue;
+import io.idemd.api.model.QuotaUsage;
 import java.util.Arrays;
 import com.fasterxml.jackson.annotation.JsonPropertyOrder;
 
@@ -39,7 +40,8 @@ import io.idemd.api.ApiClient;
   Problem.JSON_PROPERTY_DETAIL,
   Problem.JSON_PROPERTY_INSTANCE,
   Problem.JSON_PROPERTY_CODE,
-  Problem.JSON_PROPERTY_RETRY_AFTER_MS
+  Problem.JSON_PROPERTY_RETRY_AFTER_MS,
+  Problem.JSON_PROPERTY_QUOTA
 })
 @jakarta.annotation.Generated(value = "org.openapitools.codegen.languages.JavaClientCodegen", comments = "Generator version: 7.25.0")
 public class Problem {
@@ -70,6 +72,10 @@ public class Problem {
   public static final String JSON_PROPERTY_RETRY_AFTER_MS = "retry_after_ms";
   @jakarta.annotation.Nullable
   private Long retryAfterMs;
+
+  public static final String JSON_PROPERTY_QUOTA = "quota";
+  @jakarta.annotation.Nullable
+  private QuotaUsage quota;
 
   public Problem() { 
   }
@@ -200,7 +206,7 @@ public class Problem {
   }
 
   /**
-   * The machine-readable reason, an open set: clients must accept codes they do not know and treat them by status. Known codes: invalid_request, invalid_json, unsupported_media_type, payload_too_large, not_found, in_progress, fingerprint_mismatch, lease_lost, store_unavailable, not_replicated, method_not_allowed, internal, unauthenticated, forbidden, rate_limited, request_timeout (the body did not arrive within the daemon&#39;s --body-timeout), not_supported (the daemon&#39;s store cannot do what was asked). 
+   * The machine-readable reason, an open set: clients must accept codes they do not know and treat them by status. Known codes: invalid_request, invalid_json, unsupported_media_type, payload_too_large, not_found, in_progress, fingerprint_mismatch, lease_lost, store_unavailable, not_replicated, method_not_allowed, internal, unauthenticated, forbidden, rate_limited, request_timeout (the body did not arrive within the daemon&#39;s --body-timeout), not_supported (the daemon&#39;s store cannot do what was asked), quota_exceeded (a claim that would acquire a key, from a tenant at its quota on what the store keeps: &#x60;quota&#x60; says which and how much). 
    * @return code
    */
   @jakarta.annotation.Nonnull
@@ -224,7 +230,7 @@ public class Problem {
   }
 
   /**
-   * For in_progress, rate_limited and store_unavailable, how long to wait before trying again.
+   * For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to wait before trying again.
    * @return retryAfterMs
    */
   @jakarta.annotation.Nullable
@@ -239,6 +245,30 @@ public class Problem {
   @JsonInclude(value = JsonInclude.Include.USE_DEFAULTS)
   public void setRetryAfterMs(@jakarta.annotation.Nullable Long retryAfterMs) {
     this.retryAfterMs = retryAfterMs;
+  }
+
+
+  public Problem quota(@jakarta.annotation.Nullable QuotaUsage quota) {
+    this.quota = quota;
+    return this;
+  }
+
+  /**
+   * Get quota
+   * @return quota
+   */
+  @jakarta.annotation.Nullable
+  @JsonProperty(value = JSON_PROPERTY_QUOTA, required = false)
+  @JsonInclude(value = JsonInclude.Include.USE_DEFAULTS)
+  public QuotaUsage getQuota() {
+    return quota;
+  }
+
+
+  @JsonProperty(value = JSON_PROPERTY_QUOTA, required = false)
+  @JsonInclude(value = JsonInclude.Include.USE_DEFAULTS)
+  public void setQuota(@jakarta.annotation.Nullable QuotaUsage quota) {
+    this.quota = quota;
   }
 
 
@@ -260,12 +290,13 @@ public class Problem {
         Objects.equals(this.detail, problem.detail) &&
         Objects.equals(this.instance, problem.instance) &&
         Objects.equals(this.code, problem.code) &&
-        Objects.equals(this.retryAfterMs, problem.retryAfterMs);
+        Objects.equals(this.retryAfterMs, problem.retryAfterMs) &&
+        Objects.equals(this.quota, problem.quota);
   }
 
   @Override
   public int hashCode() {
-    return Objects.hash(type, title, status, detail, instance, code, retryAfterMs);
+    return Objects.hash(type, title, status, detail, instance, code, retryAfterMs, quota);
   }
 
   @Override
@@ -279,6 +310,7 @@ public class Problem {
     sb.append("    instance: ").append(toIndentedString(instance)).append("\n");
     sb.append("    code: ").append(toIndentedString(code)).append("\n");
     sb.append("    retryAfterMs: ").append(toIndentedString(retryAfterMs)).append("\n");
+    sb.append("    quota: ").append(toIndentedString(quota)).append("\n");
     sb.append("}");
     return sb.toString();
   }
@@ -356,6 +388,11 @@ public class Problem {
     // add `retry_after_ms` to the URL query string
     if (getRetryAfterMs() != null) {
       joiner.add(String.format(java.util.Locale.ROOT, "%sretry_after_ms%s=%s", prefix, suffix, ApiClient.urlEncode(ApiClient.valueToString(getRetryAfterMs()))));
+    }
+
+    // add `quota` to the URL query string
+    if (getQuota() != null) {
+      joiner.add(getQuota().toUrlQueryString(prefix + "quota" + suffix));
     }
 
     return joiner.toString();
