@@ -32,7 +32,7 @@ func WithUsageRefresh(d time.Duration) Option {
 }
 
 // usageCache holds the last usage read of each tenant with a quota, and what this
-// daemon acquired since.
+// daemon acquired since that read began.
 type usageCache struct {
 	refresh time.Duration
 	mu      sync.Mutex
@@ -40,17 +40,25 @@ type usageCache struct {
 }
 
 type tenantUsage struct {
-	usage      Usage
-	read       time.Time
-	refreshing bool
-	// ready is closed once the first read has answered.
-	ready chan struct{}
+	usage Usage
+	// read is when the last read that answered began; zero before the first.
+	read time.Time
+	// reading is closed when the read under way answers; nil when none is.
+	reading chan struct{}
+	// since are the bytes of this daemon's acquisitions after the last read.
+	since []int64
 }
 
 // Usage returns a tenant's usage as the store counts it, read at most the refresh
 // interval ago (a read that fails leaves the last one), with what this daemon acquired
 // since added. A store that does not count usage answers ErrUnsupported.
 func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
+	return s.tenantUsage(ctx, tenant, false)
+}
+
+// tenantUsage is Usage; fresh waits for a read that began after the refresh interval
+// had passed, where the last one is older.
+func (s *Service) tenantUsage(ctx context.Context, tenant string, fresh bool) (Usage, error) {
 	reader, ok := s.store.(UsageReader)
 	if !ok {
 		return Usage{}, errors.ErrUnsupported
@@ -61,53 +69,60 @@ func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
 	}
 	t := s.usage.tenants[tenant]
 	if t == nil {
-		t = &tenantUsage{ready: make(chan struct{})}
+		t = &tenantUsage{}
 		s.usage.tenants[tenant] = t
 	}
-	if !t.refreshing && time.Since(t.read) >= s.usage.refresh {
-		t.refreshing = true
-		go s.readUsage(reader, tenant, t)
+	stale := time.Since(t.read) >= s.usage.refresh
+	if stale && t.reading == nil {
+		t.reading = make(chan struct{})
+		go s.readUsage(reader, tenant, t, time.Now())
 	}
+	reading, first := t.reading, t.read.IsZero()
 	s.usage.mu.Unlock()
-	select {
-	case <-t.ready:
-	case <-ctx.Done():
-		return Usage{}, ctx.Err()
+	if reading != nil && (first || fresh && stale) {
+		select {
+		case <-reading:
+		case <-ctx.Done():
+			return Usage{}, ctx.Err()
+		}
 	}
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	if t.read.IsZero() {
 		return Usage{}, Unavailable(errors.New("the tenant's usage could not be read"))
 	}
-	return t.usage, nil
+	u := t.usage
+	for _, b := range t.since {
+		u.Records++
+		u.Bytes += b
+	}
+	return u, nil
 }
 
 // readUsage reads a tenant's usage in the background, so that no request waits for it
-// but the first.
-func (s *Service) readUsage(reader UsageReader, tenant string, t *tenantUsage) {
+// but the first and those that need it fresh.
+func (s *Service) readUsage(reader UsageReader, tenant string, t *tenantUsage, began time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
 	defer cancel()
 	u, err := reader.Usage(ctx, tenant)
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
-	t.refreshing = false
 	if err == nil {
-		t.usage, t.read = u, time.Now()
+		// What was acquired while the read ran, it may or may not have counted: taken
+		// as counted, so that a tenant is never refused on a count of its own making.
+		// Until the next read, at most those acquisitions go uncounted.
+		t.usage, t.read, t.since = u, began, t.since[:0]
 	}
-	select {
-	case <-t.ready:
-	default:
-		close(t.ready)
-	}
+	close(t.reading)
+	t.reading = nil
 }
 
 // acquired adds a key this daemon acquired to the tenant's usage until the next read.
 func (s *Service) acquired(id ID, c Claim) {
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
-	if t := s.usage.tenants[id.Tenant]; t != nil && !t.read.IsZero() {
-		t.usage.Records++
-		t.usage.Bytes += int64(len(id.Key)+len(c.Fingerprint)+len(c.Owner)) + acquisitionEstimate
+	if t := s.usage.tenants[id.Tenant]; t != nil {
+		t.since = append(t.since, int64(len(id.Key)+len(c.Fingerprint)+len(c.Owner))+acquisitionEstimate)
 	}
 }
 
@@ -133,6 +148,17 @@ func (s *Service) admit(ctx context.Context, r ClaimRequest) error {
 	}
 	over := overQuota(r.ID.Tenant, u, r.Caps, time.Now())
 	if over == nil {
+		return nil
+	}
+	// Refused only on a usage read within the refresh interval: a tenant whose records
+	// expired since is not held back by an old count.
+	readCtx, cancel = context.WithTimeout(ctx, s.storeTimeout)
+	u, err = s.tenantUsage(readCtx, r.ID.Tenant, true)
+	cancel()
+	if err != nil {
+		return nil
+	}
+	if over = overQuota(r.ID.Tenant, u, r.Caps, time.Now()); over == nil {
 		return nil
 	}
 	rec, err := s.Lookup(ctx, r.ID)

@@ -142,5 +142,6 @@ func tenantLabel(c echo.Context) string {
 // caps are the request's tenant's caps on what it stores, which the engine applies.
 func caps(c echo.Context) engine.Caps {
 	l := principalOf(c).Tenant.Limits
-	return engine.Caps{MaxResponseBytes: l.MaxResponseBytes, MaxRetention: l.MaxRetention}
+	return engine.Caps{MaxResponseBytes: l.MaxResponseBytes, MaxRetention: l.MaxRetention,
+		MaxStoredBytes: l.MaxStoredBytes, MaxRecords: l.MaxRecords}
 }

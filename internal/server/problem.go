@@ -39,6 +39,7 @@ const (
 	codeRateLimited          code = "rate_limited"
 	codeRequestTimeout       code = "request_timeout"
 	codeNotSupported         code = "not_supported"
+	codeQuotaExceeded        code = "quota_exceeded"
 	// codeClientClosed is never sent: it is the outcome of a request whose caller hung
 	// up before the answer, counted apart from the store's failures.
 	codeClientClosed code = "client_closed_request"
@@ -57,6 +58,8 @@ type problem struct {
 	detail     string
 	retryAfter time.Duration
 	cause      error
+	// quota is the usage and the limit of a quota_exceeded.
+	quota *engine.QuotaError
 	// challenge is the WWW-Authenticate header of a 401.
 	challenge string
 }
@@ -83,6 +86,7 @@ func toProblem(err error) *problem {
 	var forbidden *auth.ForbiddenError
 	var timeout *engine.StoreTimeoutError
 	var overCap *engine.CapError
+	var overQuota *engine.QuotaError
 	switch {
 	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
 		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller went away", cause: err}
@@ -106,6 +110,10 @@ func toProblem(err error) *problem {
 		return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge, detail: overCap.Error()}
 	case errors.As(err, &overCap):
 		return invalid("%s", overCap.Error())
+	case errors.As(err, &overQuota):
+		return &problem{status: http.StatusTooManyRequests, code: codeQuotaExceeded, retryAfter: overQuota.RetryAfter, quota: overQuota,
+			detail: fmt.Sprintf("the tenant keeps %d of its %s of %d: new keys are refused until records expire or are purged; replays, lookups and leases already granted still work",
+				overQuota.Used, overQuota.Field, overQuota.Limit)}
 	case errors.As(err, &busy):
 		return &problem{status: http.StatusConflict, code: codeInProgress, retryAfter: max(busy.RetryAfter, 0),
 			detail: "another caller holds a live lease on this key; retry after it runs out, or claim with wait_ms"}
@@ -193,6 +201,10 @@ func (p *problem) body() api.Problem {
 	if p.retryAfter > 0 {
 		ms := p.retryAfter.Milliseconds()
 		body.RetryAfterMs = &ms
+	}
+	if q := p.quota; q != nil {
+		body.Quota = &api.QuotaUsage{Limit: q.Field, Used: q.Used, Max: q.Limit,
+			Records: q.Usage.Records, StoredBytes: q.Usage.Bytes}
 	}
 	return body
 }

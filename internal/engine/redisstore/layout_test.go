@@ -216,6 +216,12 @@ func (r *rotating) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engi
 	return r.next().Abandoned(ctx, q)
 }
 
+// Usage is read through the daemons in turn, as the transitions are: each counts what
+// the other wrote.
+func (r *rotating) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
+	return r.next().(engine.UsageReader).Usage(ctx, tenant)
+}
+
 func (r *rotating) next() engine.Store {
 	return r.stores[r.n.Add(1)%uint64(len(r.stores))]
 }

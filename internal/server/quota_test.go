@@ -1,0 +1,147 @@
+package server_test
+
+import (
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idemd/idemd/internal/auth"
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
+	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/server"
+	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
+)
+
+const (
+	cappedUse = "capped-use-token"
+	freeUse   = "free-use-token"
+)
+
+func quotaAuthFile() string {
+	return `
+tenants:
+  capped: {max_records: 3, max_stored_bytes: 1048576}
+  free: {}
+tokens:
+  - {name: capped-app, tenant: capped, scopes: [use], sha256: ` + tokenHash(cappedUse) + `}
+  - {name: free-app, tenant: free, scopes: [use], sha256: ` + tokenHash(freeUse) + `}
+`
+}
+
+// newQuotaDaemon is a real HTTP server over store with the quota auth file, reading
+// usage from the store at every request but the first few.
+func newQuotaDaemon(t *testing.T, store engine.Store) *authDaemon {
+	t.Helper()
+	t.Cleanup(func() { _ = store.Close() })
+	path := filepath.Join(t.TempDir(), "auth.yaml")
+	if err := os.WriteFile(path, []byte(quotaAuthFile()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keyring, err := auth.Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuffer{}
+	srv := server.New(engine.NewService(store, 24*time.Hour, engine.WithStoreTimeout(time.Minute),
+		engine.WithUsageRefresh(time.Millisecond)), server.Config{
+		Limits: server.Limits{MaxResponseBytes: 1024},
+		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
+		Auth:   keyring,
+	})
+	hs := httptest.NewServer(srv)
+	t.Cleanup(hs.Close)
+	return &authDaemon{t: t, url: hs.URL, logs: logs}
+}
+
+// TestQuota: a tenant at its quota is refused new keys with quota_exceeded, its usage
+// and limit, and a Retry-After; another tenant is served; the capped tenant's replays,
+// lookups and granted leases still work; and once a record expires the tenant acquires
+// again. On the embedded store, Redis and a Redis Cluster.
+func TestQuota(t *testing.T) {
+	t.Parallel()
+	stores := map[string]func(t *testing.T) engine.Store{
+		"embedded": func(t *testing.T) engine.Store {
+			s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{SweepInterval: 50 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"redis": func(t *testing.T) engine.Store {
+			s, err := redisstore.Open(testredis.Start(t).URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+		"cluster": func(t *testing.T) engine.Store {
+			if testing.Short() {
+				t.Skip("a Redis Cluster takes a while to start")
+			}
+			s, err := redisstore.Open(testredis.StartCluster(t).URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	}
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testQuota(t, newQuotaDaemon(t, open(t)))
+		})
+	}
+}
+
+func testQuota(t *testing.T, d *authDaemon) {
+	claim := func(token, key string) authAnswer {
+		return d.call(token, http.MethodPost, "/v1/claim", map[string]any{"key": key, "fingerprint": "fp"})
+	}
+	complete := func(key, lease string, retentionMs int) authAnswer {
+		return d.call(cappedUse, http.MethodPost, "/v1/complete", map[string]any{"key": key, "lease_token": lease,
+			"retention_ms": retentionMs, "response": map[string]any{"status": 201, "body": "b2s="}})
+	}
+	leases := map[string]string{}
+	for _, key := range []string{"kept", "held", "brief"} {
+		a := claim(cappedUse, key)
+		expectStatus(t, "claim "+key+" under the quota", a, http.StatusCreated, "")
+		leases[key] = a.str("lease_token")
+	}
+	expectStatus(t, "complete kept", complete("kept", leases["kept"], 3600_000), http.StatusOK, "")
+	expectStatus(t, "complete brief", complete("brief", leases["brief"], 1000), http.StatusOK, "")
+
+	over := claim(cappedUse, "fourth")
+	expectStatus(t, "a fourth key at a quota of 3 records", over, http.StatusTooManyRequests, "quota_exceeded")
+	quota, _ := over.body["quota"].(map[string]any)
+	if quota["limit"] != "max_records" || quota["used"] != float64(3) || quota["max"] != float64(3) ||
+		quota["records"] != float64(3) || quota["stored_bytes"].(float64) <= 0 {
+		t.Fatalf("the refusal's quota: %v, want max_records 3 of 3 with the bytes", quota)
+	}
+	if s, err := strconv.Atoi(over.header.Get("Retry-After")); err != nil || s < 1 {
+		t.Fatalf("Retry-After %q, want the seconds until a record expires", over.header.Get("Retry-After"))
+	}
+
+	expectStatus(t, "another tenant claims", claim(freeUse, "fourth"), http.StatusCreated, "")
+	expectStatus(t, "a replay at the quota", claim(cappedUse, "kept"), http.StatusOK, "")
+	expectStatus(t, "a lookup at the quota", d.call(cappedUse, http.MethodGet, recordPath("kept"), nil), http.StatusOK, "")
+	expectStatus(t, "a live lease's key at the quota", claim(cappedUse, "held"), http.StatusConflict, "in_progress")
+	expectStatus(t, "renewing a granted lease at the quota", d.call(cappedUse, http.MethodPost, "/v1/extend",
+		map[string]any{"key": "held", "lease_token": leases["held"], "lease_ms": 30000}), http.StatusOK, "")
+	expectStatus(t, "completing a granted lease at the quota", complete("held", leases["held"], 3600_000), http.StatusOK, "")
+	expectStatus(t, "its replay", claim(cappedUse, "held"), http.StatusOK, "")
+
+	// brief expires after a second; its count goes with it, within the store's span.
+	var again authAnswer
+	wait.For(t, 90*time.Second, "the tenant to acquire again once a record expired", func() bool {
+		again = claim(cappedUse, "fourth")
+		return again.status != http.StatusTooManyRequests
+	})
+	expectStatus(t, "a new key once a record expired", again, http.StatusCreated, "")
+}
