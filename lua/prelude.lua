@@ -15,8 +15,9 @@
 -- which it removes.
 -- KEYS[4] is the tenant's usage of that slot: a hash that counts the slot's records of
 -- the tenant, and their bytes, by the span of USAGE_SPAN_MS their expiry falls in:
--- field b<k> the bytes and n<k> the records expiring in ((k-1)*USAGE_SPAN_MS,
--- k*USAGE_SPAN_MS]. A record's bytes are its key and its stored value as Redis keeps
+-- field k (in decimal) counts the records expiring in ((k-1)*USAGE_SPAN_MS,
+-- k*USAGE_SPAN_MS], as bytes * USAGE_BYTE + records, so that one HINCRBY moves both. A
+-- record's bytes are its key and its stored value as Redis keeps
 -- them. save moves a record's count from what load read to what it writes, and purge
 -- takes it away; a record that expires leaves its count in a span that has passed,
 -- which the daemon's reader (usage.go) no longer counts and deletes. So the count is
@@ -61,7 +62,7 @@ local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
 local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
   'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt'}
 local LEGACY, LEAN, INDEX, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local USAGE_SPAN_MS = 10000
+local USAGE_SPAN_MS, USAGE_BYTE = 10000, 16777216
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
 
 -- Time comes from Redis, never from a daemon, so that daemons with skewed clocks agree.
@@ -156,10 +157,17 @@ local function usage_span(xa)
   return string.format('%d', math.ceil(tonumber(xa) / USAGE_SPAN_MS))
 end
 
+-- usage_add adds delta to a span's count, deleting the span once it counts nothing.
+local function usage_add(span, delta)
+  if redis.call('HINCRBY', USAGE, span, string.format('%d', delta)) == 0 then
+    redis.call('HDEL', USAGE, span)
+  end
+end
+
 -- account moves the record's count in the usage hash from what load read of it (size0
 -- bytes to expire at xa0, or nothing for an absent record) to size bytes to expire at
--- r.xa, or to nothing when size is nil (purge). A span that comes to no record is
--- deleted, so that the hash holds no more than the spans with records.
+-- r.xa, or to nothing when size is nil (purge): one HINCRBY where the span stays, as
+-- it does for most transitions, two where it moves.
 local function account(r, size)
   local from, to = nil, nil
   if r.size0 then
@@ -170,19 +178,14 @@ local function account(r, size)
   end
   if from and from == to then
     if size ~= r.size0 then
-      redis.call('HINCRBY', USAGE, 'b' .. to, size - r.size0)
+      usage_add(to, (size - r.size0) * USAGE_BYTE)
     end
   else
     if from then
-      if redis.call('HINCRBY', USAGE, 'n' .. from, -1) <= 0 then
-        redis.call('HDEL', USAGE, 'n' .. from, 'b' .. from)
-      else
-        redis.call('HINCRBY', USAGE, 'b' .. from, -r.size0)
-      end
+      usage_add(from, -(r.size0 * USAGE_BYTE + 1))
     end
     if to then
-      redis.call('HINCRBY', USAGE, 'n' .. to, 1)
-      redis.call('HINCRBY', USAGE, 'b' .. to, size)
+      usage_add(to, size * USAGE_BYTE + 1)
     end
   end
   -- A second save in the same script moves the count from here.

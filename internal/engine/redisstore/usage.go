@@ -11,9 +11,13 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 )
 
-// usageSpan is USAGE_SPAN_MS of lua/prelude.lua: the usage hashes count records by the
-// span their expiry falls in, and a record that expired counts until its span ends.
-const usageSpan = 10 * time.Second
+// usageSpan and usageByte are USAGE_SPAN_MS and USAGE_BYTE of lua/prelude.lua: the
+// usage hashes count records by the span their expiry falls in, each span as bytes *
+// usageByte + records, and a record that expired counts until its span ends.
+const (
+	usageSpan = 10 * time.Second
+	usageByte = 1 << 24
+)
 
 // usageKey is the usage hash of a tenant's records in one Cluster slot (see
 // lua/prelude.lua), beside its pending index, kept per slot for the same reason: a
@@ -60,10 +64,7 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 		for i, cmd := range cmds {
 			var gone []string
 			for field, v := range cmd.Val() {
-				if len(field) < 2 || (field[0] != 'b' && field[0] != 'n') {
-					continue
-				}
-				span, err1 := strconv.ParseInt(field[1:], 10, 64)
+				span, err1 := strconv.ParseInt(field, 10, 64)
 				x, err2 := strconv.ParseInt(v, 10, 64)
 				if err1 != nil || err2 != nil {
 					continue
@@ -72,13 +73,13 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 					gone = append(gone, field)
 					continue
 				}
-				if field[0] == 'b' {
-					u.Bytes += x
-				} else {
-					u.Records += x
-					if earliest == 0 || span < earliest {
-						earliest = span
-					}
+				// Floor division, so that a span that took away more than it was given
+				// (see the end) still reads as its bytes and records.
+				records := ((x % usageByte) + usageByte) % usageByte
+				u.Records += records
+				u.Bytes += (x - records) / usageByte
+				if records > 0 && (earliest == 0 || span < earliest) {
+					earliest = span
 				}
 			}
 			if len(gone) > 0 {
@@ -101,3 +102,4 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 	}
 	return u, nil
 }
+
