@@ -35,6 +35,8 @@ type Main struct {
 	Listen           string
 	Store            string
 	DataDir          string
+	DataMaxSize      int64
+	StoreGuard       float64
 	ReplicaAcks      int
 	ReplicaTimeout   time.Duration
 	Pipelines        int
@@ -89,6 +91,8 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.BoolVar(&m.HashRecords, "redis-hash-records", false, "the same as --redis-record-layout hashes")
 	fs.BoolVar(&m.RequireNoevict, "require-noeviction", false, "refuse to start unless every Redis master has maxmemory-policy noeviction")
 	fs.StringVar(&m.DataDir, "data-dir", "idemd-data", "directory of the embedded store's idemd.db, when --store is not given")
+	fs.Int64Var(&m.DataMaxSize, "data-max-size", 0, "size, in bytes, that the store guard measures the embedded store's database against; 0 measures it against the free space of its disk")
+	fs.Float64Var(&m.StoreGuard, "store-guard", engine.DefaultGuardThreshold, "fill of the store (Redis used_memory of maxmemory on its fullest master, the embedded store's database of --data-max-size) past which tenants keeping more than their share are refused new keys (quota_exceeded); 0 turns the guard off")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
 	fs.IntVar(&m.MaxPointBytes, "max-recovery-point-bytes", engine.DefaultMaxPointBytes, "largest recovery point's data, bytes; a pending record keeps one")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
@@ -138,6 +142,12 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	}
 	if m.StoreTimeout <= 0 {
 		return errors.New("--store-timeout must be positive")
+	}
+	if m.StoreGuard < 0 || m.StoreGuard > 1 {
+		return errors.New("--store-guard is a fraction of the store's limit, from 0 (off) to 1")
+	}
+	if m.DataMaxSize < 0 {
+		return errors.New("--data-max-size must not be negative")
 	}
 	if m.ReplicaAcks > 0 && m.StoreTimeout <= m.ReplicaTimeout {
 		return errors.New("--store-timeout must be longer than --redis-replica-timeout, which every write may wait")
@@ -272,7 +282,7 @@ func (m *Main) checkEviction(s *redisstore.Store) error {
 }
 
 func (m *Main) openBolt(path string) (engine.Store, error) {
-	s, err := boltstore.Open(path, boltstore.Options{})
+	s, err := boltstore.Open(path, boltstore.Options{MaxSize: m.DataMaxSize})
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +325,12 @@ func (m *Main) Open() (err error) {
 	}
 	// ParseFlags checked them.
 	cfg.AllowedHosts, _ = m.allowedHosts()
-	service := engine.NewService(m.store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout))
+	tenants := func() []string { return []string{engine.DefaultTenant} }
+	if m.keyring != nil {
+		tenants = m.keyring.Tenants
+	}
+	service := engine.NewService(m.store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout),
+		engine.WithStoreGuard(m.StoreGuard, tenants))
 	if m.listener, err = net.Listen("tcp", m.Listen); err != nil {
 		return err
 	}

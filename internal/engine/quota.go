@@ -126,39 +126,18 @@ func (s *Service) acquired(id ID, c Claim) {
 	}
 }
 
-// admit decides whether a claim of a tenant with a quota may go to the store. Under
-// its quota, it may. At or over it, a claim may still replay a result, or hear that a
+// admit decides whether a claim may go to the store. Under its tenant's quota and the
+// store guard, it may. At or over either, a claim may still replay a result, or hear that a
 // live lease holds the key, or get its own lease back by its secret: only a claim that
 // would acquire the key (absent, released for a retry, or pending under a lease that
 // ran out) is refused. The record is looked up first; a record that changes between
 // the look and the claim lets at most that one claim through.
 func (s *Service) admit(ctx context.Context, r ClaimRequest) error {
-	if !r.Caps.HasQuota() {
-		return nil
-	}
-	// The first read of a tenant's usage is waited for no longer than a store call: a
-	// daemon just started does not hold its first claims up behind a slow count.
-	readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
-	u, err := s.Usage(readCtx, r.ID.Tenant)
-	cancel()
-	if err != nil {
-		// A usage that cannot be read refuses nothing: the quota protects the store's
-		// room, not a key's safety, and the claim answers for the store itself.
-		return nil
-	}
-	over := overQuota(r.ID.Tenant, u, r.Caps, time.Now())
+	over := s.guarded(ctx, r.ID.Tenant)
 	if over == nil {
-		return nil
+		over = s.overQuota(ctx, r)
 	}
-	// Refused only on a usage read within the refresh interval: a tenant whose records
-	// expired since is not held back by an old count.
-	readCtx, cancel = context.WithTimeout(ctx, s.storeTimeout)
-	u, err = s.tenantUsage(readCtx, r.ID.Tenant, true)
-	cancel()
-	if err != nil {
-		return nil
-	}
-	if over = overQuota(r.ID.Tenant, u, r.Caps, time.Now()); over == nil {
+	if over == nil {
 		return nil
 	}
 	rec, err := s.Lookup(ctx, r.ID)
@@ -173,4 +152,32 @@ func (s *Service) admit(ctx context.Context, r ClaimRequest) error {
 		return nil
 	}
 	return over
+}
+
+// overQuota returns the refusal of a claim from a tenant at its quota, or nil. It
+// refuses only on a usage read within the refresh interval, so that a tenant whose
+// records expired since is not held back by an old count; a usage that cannot be read
+// refuses nothing: the quota protects the store's room, not a key's safety, and the
+// claim answers for the store itself.
+func (s *Service) overQuota(ctx context.Context, r ClaimRequest) *QuotaError {
+	if !r.Caps.HasQuota() {
+		return nil
+	}
+	for _, fresh := range []bool{false, true} {
+		// The first read of a tenant's usage is waited for no longer than a store call:
+		// a daemon just started does not hold its first claims up behind a slow count.
+		readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
+		u, err := s.tenantUsage(readCtx, r.ID.Tenant, fresh)
+		cancel()
+		if err != nil {
+			return nil
+		}
+		if overQuota(r.ID.Tenant, u, r.Caps, time.Now()) == nil {
+			return nil
+		}
+		if fresh {
+			return overQuota(r.ID.Tenant, u, r.Caps, time.Now())
+		}
+	}
+	return nil
 }

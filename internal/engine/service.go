@@ -67,6 +67,8 @@ type Service struct {
 	stopOnce    sync.Once
 	// usage is what tenants with a quota keep, as last read from the store.
 	usage usageCache
+	// guard holds the largest tenants back when the store is nearly full.
+	guard storeGuard
 }
 
 // An Option changes a Service's default.

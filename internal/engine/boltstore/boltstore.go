@@ -47,6 +47,9 @@ type Options struct {
 	SweepBatch    int
 	// Now is the store's clock.
 	Now func() time.Time
+	// MaxSize is the size the store guard measures the database against (Fill); zero
+	// measures it against the disk's free space.
+	MaxSize int64
 }
 
 // Store is the bbolt-backed engine.Store.

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"os"
+	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -100,4 +103,27 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 		return engine.Usage{}, engine.Unavailable(err)
 	}
 	return u, nil
+}
+
+// Fill implements engine.FillReader: the database's pages in use (the file less its
+// free pages) against Options.MaxSize or, without one, against what the file and the
+// free space of its disk could hold.
+func (s *Store) Fill(ctx context.Context) (engine.Fill, error) {
+	if err := ctx.Err(); err != nil {
+		return engine.Fill{}, err
+	}
+	info, err := os.Stat(s.db.Path())
+	if err != nil {
+		return engine.Fill{}, engine.Unavailable(err)
+	}
+	used := info.Size() - int64(s.db.Stats().FreeAlloc)
+	limit := s.opts.MaxSize
+	if limit <= 0 {
+		var fs syscall.Statfs_t
+		if err := syscall.Statfs(filepath.Dir(s.db.Path()), &fs); err != nil {
+			return engine.Fill{}, engine.Unavailable(err)
+		}
+		limit = info.Size() + int64(fs.Bavail)*int64(fs.Bsize)
+	}
+	return engine.Fill{Used: max(used, 0), Limit: limit}, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -103,3 +105,38 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 	return u, nil
 }
 
+// Fill implements engine.FillReader: the fullest master's used_memory against its
+// maxmemory, from INFO memory on every master. A master without maxmemory has no
+// limit to fill, and counts as empty.
+func (s *Store) Fill(ctx context.Context) (engine.Fill, error) {
+	var mu sync.Mutex
+	var fullest engine.Fill
+	err := s.client.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		info, err := m.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		f := engine.Fill{Used: infoField(info, "used_memory"), Limit: infoField(info, "maxmemory")}
+		mu.Lock()
+		defer mu.Unlock()
+		if f.Limit > 0 && (fullest.Limit == 0 || f.Ratio() > fullest.Ratio()) {
+			fullest = f
+		}
+		return nil
+	})
+	if err != nil {
+		return engine.Fill{}, s.failed(ctx, err)
+	}
+	return fullest, nil
+}
+
+// infoField is the integer field name of an INFO answer, 0 when absent.
+func infoField(info, name string) int64 {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}

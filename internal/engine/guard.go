@@ -1,0 +1,128 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Fill is how full a store is: Used of Limit bytes on its fullest part (the fullest
+// Redis master, or the embedded store's file against its size or its disk). Limit is
+// zero when the store has no limit to measure against (a Redis without maxmemory).
+type Fill struct {
+	Used, Limit int64
+}
+
+// Ratio is Used over Limit, zero without a limit.
+func (f Fill) Ratio() float64 {
+	if f.Limit <= 0 {
+		return 0
+	}
+	return float64(f.Used) / float64(f.Limit)
+}
+
+// FillReader is a Store that says how full it is.
+type FillReader interface {
+	Fill(ctx context.Context) (Fill, error)
+}
+
+// DefaultGuardThreshold is the fill past which the store guard holds the tenants that
+// keep the most back, unless WithStoreGuard says otherwise.
+const DefaultGuardThreshold = 0.9
+
+// fillRefresh is how old the store's fill may be while it is well under the guard's
+// threshold; within guardWatch of it, the fill is read at every acquisition.
+const (
+	fillRefresh = 500 * time.Millisecond
+	guardWatch  = 0.1
+)
+
+// WithStoreGuard sets the store guard: past threshold (a fraction of the store's
+// limit, 0 to turn the guard off), a claim that would acquire a key is refused to any
+// tenant that keeps more than its fair share, the usage of all tenants over their
+// number. tenants names them (the auth file's), and is asked at each decision.
+func WithStoreGuard(threshold float64, tenants func() []string) Option {
+	return func(s *Service) {
+		s.guard.threshold, s.guard.tenants = threshold, tenants
+	}
+}
+
+// storeGuard is the state of the guard: the fill last read.
+type storeGuard struct {
+	threshold float64
+	tenants   func() []string
+	mu        sync.Mutex
+	fill      Fill
+	read      time.Time
+}
+
+// fairShare is the Field of the guard's *QuotaError: the store is nearly full, and
+// the tenant keeps more than its share of what the tenants keep.
+const fairShare = "fair_share"
+
+// StoreFill returns the store's fill, read at most fillRefresh ago, or within guardWatch of
+// the guard's threshold, now.
+func (s *Service) StoreFill(ctx context.Context) (Fill, error) {
+	reader, ok := s.store.(FillReader)
+	if !ok {
+		return Fill{}, fmt.Errorf("the store does not say how full it is")
+	}
+	g := &s.guard
+	g.mu.Lock()
+	fill, read := g.fill, g.read
+	g.mu.Unlock()
+	if !read.IsZero() && time.Since(read) < fillRefresh && (g.threshold <= 0 || fill.Ratio() < g.threshold-guardWatch) {
+		return fill, nil
+	}
+	fill, err := bounded(s, ctx, reader.Fill)
+	if err != nil {
+		return Fill{}, err
+	}
+	g.mu.Lock()
+	g.fill, g.read = fill, time.Now()
+	g.mu.Unlock()
+	return fill, nil
+}
+
+// guarded returns the refusal of the store guard for a claim of tenant that would
+// acquire a key, or nil. A fill or usage that cannot be read refuses nothing.
+func (s *Service) guarded(ctx context.Context, tenant string) *QuotaError {
+	g := &s.guard
+	if g.threshold <= 0 || g.tenants == nil {
+		return nil
+	}
+	if _, ok := s.store.(FillReader); !ok {
+		return nil
+	}
+	fill, err := s.StoreFill(ctx)
+	if err != nil || fill.Ratio() < g.threshold {
+		return nil
+	}
+	names := g.tenants()
+	if len(names) < 2 {
+		// A single tenant has nobody to leave room for.
+		return nil
+	}
+	var total int64
+	var mine Usage
+	for _, name := range names {
+		u, err := s.Usage(ctx, name)
+		if err != nil {
+			return nil
+		}
+		total += u.Bytes
+		if name == tenant {
+			mine = u
+		}
+	}
+	share := total / int64(len(names))
+	if mine.Bytes <= share {
+		return nil
+	}
+	e := &QuotaError{Tenant: tenant, Usage: mine, Field: fairShare, Used: mine.Bytes, Limit: share}
+	if !mine.NextDrop.IsZero() {
+		e.RetryAfter = max(time.Until(mine.NextDrop), time.Millisecond)
+	}
+	return e
+}
