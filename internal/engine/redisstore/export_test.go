@@ -70,3 +70,6 @@ func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
 	s.layout.Store(&layoutState{layout: layoutOf(opts), scripts: &set, lean: opts.LeanReady || opts.LeanRecords})
 	return s, nil
 }
+
+// InfoField is infoField, for tests that read INFO.
+var InfoField = infoField
