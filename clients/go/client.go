@@ -521,6 +521,11 @@ var (
 	// ErrUnavailable is a failure of idemd, its store, or the network to it. The call
 	// may or may not have taken effect; resending it is safe.
 	ErrUnavailable = errors.New("idem: idemd is unavailable")
+	// ErrQuotaExceeded is a claim refused because the tenant keeps its quota of idemd's
+	// store, or more than its share of a store that is nearly full: keys already
+	// stored still replay, and new ones are taken again once records expire
+	// (Problem.RetryAfter, when idemd knows).
+	ErrQuotaExceeded = errors.New("idem: the tenant is at its quota of stored keys")
 	// ErrLeaseExpired is why a lease was lost when its local deadline passed with no
 	// renewal answered (see Lease.Deadline): idemd could not be reached, so it may have
 	// let another caller take the key over. It matches ErrLeaseLost too; match it
@@ -575,6 +580,8 @@ func (p *Problem) Is(target error) bool {
 		return p.Code == "not_found"
 	case ErrPayloadTooLarge:
 		return p.Code == "payload_too_large" || (p.Code == "" && p.Status == http.StatusRequestEntityTooLarge)
+	case ErrQuotaExceeded:
+		return p.Code == "quota_exceeded"
 	case ErrUnavailable:
 		return p.Code == "store_unavailable" || p.Code == "not_replicated" ||
 			(p.Code == "" && (p.Status == http.StatusBadGateway || p.Status == http.StatusServiceUnavailable || p.Status == http.StatusGatewayTimeout))

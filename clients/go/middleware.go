@@ -38,6 +38,10 @@ const (
 	// IncidentIdemdRefused: idemd answered an error (401, 403, 429, …); the request
 	// got 503 and the handler did not run.
 	IncidentIdemdRefused IncidentKind = "idemd_refused"
+	// IncidentQuotaExceeded: idemd refused a new key because the service's tenant is at
+	// its quota of stored keys (or over its share of a nearly full store); the request
+	// got 503 and the handler did not run.
+	IncidentQuotaExceeded IncidentKind = "quota_exceeded"
 	// IncidentScopeMissing: the scope function gave nothing; the request got 500.
 	IncidentScopeMissing IncidentKind = "scope_missing"
 	// IncidentResultNotStored: the handler ran but its answer could not be stored (too
@@ -411,6 +415,12 @@ func (m *middleware) refuse(w http.ResponseWriter, r *http.Request, key string, 
 		writeProblem(w, http.StatusServiceUnavailable, "idempotency_unavailable", "Idempotency service unavailable",
 			"the request was not run: its Idempotency-Key could not be checked", retry)
 		m.incident(r, IncidentUnavailable, key, err)
+	case errors.Is(err, ErrQuotaExceeded):
+		// An answer too, and one that protects every other tenant's keys: failing open
+		// would defeat it.
+		writeProblem(w, http.StatusServiceUnavailable, "idempotency_quota_exceeded", "Idempotency quota exceeded",
+			"the request was not run: the service keeps as many Idempotency-Keys as idemd allows it until some expire", retry)
+		m.incident(r, IncidentQuotaExceeded, key, err)
 	default:
 		// An answer, not an outage: it holds for every retry, so failing open on it
 		// would run the operation again and again.

@@ -696,6 +696,38 @@ func TestMiddlewareNeverFailsOpenOnAnAnswer(t *testing.T) {
 	}
 }
 
+// C7: a tenant at its quota of stored keys is refused new keys, even with fail-open,
+// while the keys it stored still replay.
+func TestMiddlewareAtTheTenantsQuota(t *testing.T) {
+	d, token := authDaemon(t, "{max_records: 1}")
+	c, err := idem.New(d.URL, idem.WithToken(token), idem.WithRetries(0), idem.WithReplayCache(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failedOpen atomic.Int32
+	var inc incidents
+	h := &orders{}
+	url := serveWith(t, c, h, idem.WithFailOpen(func(*http.Request, error) { failedOpen.Add(1) }), inc.option())
+	kept := freshKey("charge")
+	if r := (call{key: kept, body: `{"amount":1}`}).do(t, url); r.status != 201 {
+		t.Fatalf("the first key: %+v", r)
+	}
+	r := call{key: freshKey("charge"), body: `{"amount":2}`}.do(t, url)
+	if r.status != 503 || r.problemCode() != "idempotency_quota_exceeded" || r.header.Get("Retry-After") == "" {
+		t.Fatalf("a new key at the quota: %+v, want 503 idempotency_quota_exceeded with Retry-After", r)
+	}
+	if n := h.runs.Load(); n != 1 || failedOpen.Load() != 0 || inc.count(idem.IncidentQuotaExceeded) != 1 {
+		t.Fatalf("the handler ran %d times, fail-open %d; incidents %v", n, failedOpen.Load(), &inc)
+	}
+	if r := (call{key: kept, body: `{"amount":1}`}).do(t, url); r.status != 201 || r.header.Get(idem.HeaderReplayed) != "true" {
+		t.Fatalf("the stored key at the quota: %+v, want its replay", r)
+	}
+	var p *idem.Problem
+	if _, err := c.Claim(t.Context(), freshKey("direct"), idem.ClaimOptions{}); !errors.Is(err, idem.ErrQuotaExceeded) || !errors.As(err, &p) || p.Status != 429 {
+		t.Fatalf("a claim at the quota: %v, want ErrQuotaExceeded with status 429", err)
+	}
+}
+
 func TestMiddlewareWhenIdemdIsDown(t *testing.T) {
 	d := ownDaemon(t)
 	c, err := idem.New(d.URL, idem.WithRetries(0))
