@@ -93,6 +93,15 @@ export class UnavailableError extends ProblemError {
 }
 
 /**
+ * idemd refused a new key: the tenant keeps its quota of idemd's store, or more than its
+ * share of a store that is nearly full (status 429, code quota_exceeded). Keys already
+ * stored still replay; `retryAfterMs` says when records expire, when idemd knows.
+ */
+export class QuotaExceededError extends ProblemError {
+  override name = "QuotaExceededError";
+}
+
+/**
  * idemd refused a body over its limits: a recovery point's data over the daemon's
  * --max-recovery-point-bytes (4096 by default), or a result or request too large. Nothing
  * was recorded; for a recovery point the lease goes on.
@@ -187,6 +196,7 @@ const byCode: Record<string, new (p: ProblemInit, options?: ErrorOptions) => Pro
   payload_too_large: PayloadTooLargeError,
   store_unavailable: UnavailableError,
   not_replicated: UnavailableError,
+  quota_exceeded: QuotaExceededError,
 };
 
 /** Reads a failed answer into the ProblemError its code names. */

@@ -39,6 +39,7 @@ export {
   PermanentError,
   ProblemError,
   type ProblemInit,
+  QuotaExceededError,
   ResultNotStoredError,
   UnavailableError,
   UnsealableError,

@@ -13,7 +13,7 @@ import Fastify from "fastify";
 import { idempotency as expressIdempotency } from "../src/express.js";
 import { idempotency as fastifyIdempotency } from "../src/fastify.js";
 import { fingerprint, idemdKey } from "../src/fingerprint.js";
-import { IdemClient, NotFoundError, ProblemError } from "../src/index.js";
+import { IdemClient, NotFoundError, ProblemError, QuotaExceededError } from "../src/index.js";
 import { type App, frameworks, send, startApp } from "./apps.js";
 import { Daemon, freePort, freshKey, waitFor } from "./daemon.js";
 
@@ -564,6 +564,48 @@ describe("options", () => {
           assert.deepEqual(
             app.incidents.map((i) => i.kind),
             ["idemd_refused"],
+          );
+        } finally {
+          await app.close();
+        }
+      }
+    } finally {
+      await authed.stop();
+    }
+  });
+
+  test("C7: a tenant at its quota is 503 idempotency_quota_exceeded, even with failOpen", async () => {
+    const file = join(tmpdir(), `idemd-ts-mw-quota-${process.pid}.yaml`);
+    const token = "q".repeat(64);
+    const sha = createHash("sha256").update(token).digest("hex");
+    writeFileSync(
+      file,
+      `tenants:\n  a: {max_records: 1}\ntokens:\n  - tenant: a\n    scopes: [use]\n    sha256: ${sha}\n`,
+    );
+    const authed = await Daemon.start("--auth-file", file);
+    try {
+      const capped = new IdemClient({ baseUrl: authed.url, token, retries: 0 });
+      const kept = freshKey("kept");
+      const first = await capped.claim(kept);
+      assert.equal(first.outcome, "acquired");
+      if (first.outcome === "acquired") await capped.complete(kept, first.leaseToken, { status: 200 });
+      await assert.rejects(capped.claim(freshKey("direct")), (err: unknown) => {
+        assert.ok(err instanceof QuotaExceededError, String(err));
+        assert.equal(err.status, 429);
+        return true;
+      });
+      for (const framework of frameworks) {
+        const app = await startApp(framework, capped, client, { failOpen: true });
+        try {
+          const key = freshKey("over-quota");
+          const res = await send(`${app.url}/orders`, json(key, {}));
+          assert.equal(res.status, 503, framework);
+          assert.equal(JSON.parse(res.body).code, "idempotency_quota_exceeded");
+          assert.ok(Number(res.headers["retry-after"]) >= 1);
+          assert.equal(app.runs.get(`orders ${key}`), undefined);
+          assert.deepEqual(
+            app.incidents.map((i) => i.kind),
+            ["quota_exceeded"],
           );
         } finally {
           await app.close();

@@ -8,6 +8,7 @@ import {
   LeaseExpiredError,
   LeaseLostError,
   ProblemError,
+  QuotaExceededError,
   UnavailableError,
   UnsealableError,
 } from "../errors.js";
@@ -19,6 +20,7 @@ export type IncidentKind =
   | "unavailable"
   | "fail_open"
   | "idemd_refused"
+  | "quota_exceeded"
   | "scope_missing"
   | "result_not_stored"
   | "complete_failed"
@@ -435,6 +437,17 @@ export class Guard<Req> {
       // C5: an outage.
       if (this.#o.failOpen) return { pass: true, incident: { kind: "fail_open", idemdKey: derived, error: err } };
       return { answer: unavailable, incident: { kind: "unavailable", idemdKey: derived, error: err } };
+    }
+    if (err instanceof QuotaExceededError) {
+      // C7: the tenant is at its quota of stored keys; an answer, never failed open.
+      const quota = problem(
+        503,
+        "idempotency_quota_exceeded",
+        "Idempotency quota exceeded",
+        "the request was not run: the service keeps as many Idempotency-Keys as idemd allows it until some expire",
+        retry,
+      );
+      return { answer: quota, incident: { kind: "quota_exceeded", idemdKey: derived, error: err } };
     }
     // C6: an answer that holds for every retry, never failed open.
     return { answer: unavailable, incident: { kind: "idemd_refused", idemdKey: derived, error: err } };
