@@ -121,7 +121,11 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
     servers: list[_Uvicorn | _Werkzeug] = []
 
     def start(
-        idemd_url: str = daemon.url, retries: int = 3, sealing: idemd.Sealing | None = None, **options: Any
+        idemd_url: str = daemon.url,
+        retries: int = 3,
+        sealing: idemd.Sealing | None = None,
+        token: str | None = None,
+        **options: Any,
     ) -> Served:
         served = Served("", Orders(), framework)
 
@@ -135,7 +139,7 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
             app = starlette_app(served.state)
             app.add_middleware(
                 asgi.IdempotencyMiddleware,
-                client=idemd.AsyncClient(idemd_url, retries=retries, sealing=sealing),
+                client=idemd.AsyncClient(idemd_url, retries=retries, sealing=sealing, token=token),
                 scope=_asgi_user,
                 **options,
             )
@@ -145,7 +149,7 @@ def serve(request: pytest.FixtureRequest, daemon: Daemon) -> Iterator[ServeFn]:
             server = _Werkzeug(
                 wsgi.IdempotencyMiddleware(
                     inner,
-                    idemd.Client(idemd_url, retries=retries, sealing=sealing),
+                    idemd.Client(idemd_url, retries=retries, sealing=sealing, token=token),
                     scope=_wsgi_user,
                     **options,
                 )
@@ -376,6 +380,32 @@ def test_when_idemd_refuses(serve: ServeFn, own_daemon: Callable[..., Daemon], t
     assert (r.status_code, r.json()["code"]) == (503, "idempotency_unavailable")
     assert s.state.runs["orders"] == 0
     s.expect_incidents(["idemd_refused"])
+
+
+def test_at_the_tenants_quota(serve: ServeFn, own_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
+    """C7: a tenant at its quota of stored keys is refused new keys, 503
+    idempotency_quota_exceeded with idemd's Retry-After and no run, even with fail_open."""
+    token = "q" * 64
+    auth = tmp_path / "auth.yaml"
+    auth.write_text(
+        "tenants:\n  team: {max_records: 1}\ntokens:\n  - tenant: team\n    scopes: [use]\n"
+        f"    sha256: {hashlib.sha256(token.encode()).hexdigest()}\n"
+    )
+    d = own_daemon("--auth-file", str(auth))
+    capped = idemd.Client(d.url, token=token, retries=0)
+    kept = fresh_key("kept")
+    claim = capped.claim(kept)
+    assert claim.token
+    capped.complete(kept, claim.token, idemd.Response(status=200))
+    with pytest.raises(idemd.QuotaExceeded) as refused:
+        capped.claim(fresh_key("direct"))
+    assert refused.value.status == 429
+    s = serve(idemd_url=d.url, fail_open=True, token=token)
+    r = s.post(key=fresh_key("over-quota"))
+    assert (r.status_code, r.json()["code"]) == (503, "idempotency_quota_exceeded")
+    assert int(r.headers["retry-after"]) >= 1
+    assert s.state.runs["orders"] == 0
+    s.expect_incidents(["quota_exceeded"])
 
 
 def test_streaming(serve: ServeFn) -> None:

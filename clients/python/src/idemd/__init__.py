@@ -28,6 +28,7 @@ from ._errors import (
     PayloadTooLarge,
     Permanent,
     Problem,
+    QuotaExceeded,
     Unavailable,
     Unsealable,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "PayloadTooLarge",
     "Permanent",
     "Problem",
+    "QuotaExceeded",
     "Record",
     "RecoveryPoint",
     "ReleaseMode",

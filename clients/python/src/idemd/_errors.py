@@ -77,6 +77,13 @@ class PayloadTooLarge(Problem):
     ``--max-recovery-point-bytes``, or a body over its limit. Nothing was recorded."""
 
 
+class QuotaExceeded(Problem):
+    """idemd refused a new key: the tenant keeps its quota of idemd's store, or more than
+    its share of a store that is nearly full (status 429, code quota_exceeded). Keys
+    already stored still replay; ``retry_after`` says when records expire, when idemd
+    knows."""
+
+
 class Unavailable(Problem):
     """idemd, its store or the network to it failed. The call may or may not have taken
     effect; resending it is safe. A transport failure has status 0 and the cause chained."""
@@ -138,6 +145,7 @@ _BY_CODE: dict[str, type[Problem]] = {
     "payload_too_large": PayloadTooLarge,
     "store_unavailable": Unavailable,
     "not_replicated": Unavailable,
+    "quota_exceeded": QuotaExceeded,
 }
 
 

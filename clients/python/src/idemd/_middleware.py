@@ -205,6 +205,7 @@ IncidentKind = Literal[
     "unavailable",
     "fail_open",
     "idemd_refused",
+    "quota_exceeded",
     "scope_missing",
     "result_not_stored",
     "complete_failed",
@@ -389,9 +390,9 @@ def unsealable() -> Answer:
 
 
 def refusal(err: IdemdError, fail_open: bool) -> tuple[Answer | None, IncidentKind | None]:
-    """What to answer for a claim that did not acquire (C3-C6): an answer, or None to run
+    """What to answer for a claim that did not acquire (C3-C7): an answer, or None to run
     the handler unprotected (fail-open), and the incident to report."""
-    from ._errors import FingerprintMismatch, InProgress, Problem
+    from ._errors import FingerprintMismatch, InProgress, Problem, QuotaExceeded
 
     if isinstance(err, InProgress):
         return problem(
@@ -409,6 +410,16 @@ def refusal(err: IdemdError, fail_open: bool) -> tuple[Answer | None, IncidentKi
             "this Idempotency-Key was used with a different request",
         ), None
     retry_after = err.retry_after if isinstance(err, Problem) and err.retry_after else 1
+    if isinstance(err, QuotaExceeded):
+        # C7: the tenant is at its quota of stored keys; an answer, never failed open.
+        return problem(
+            503,
+            "idempotency_quota_exceeded",
+            "Idempotency quota exceeded",
+            "the request was not run: the service keeps as many Idempotency-Keys as idemd allows it "
+            "until some expire",
+            retry_after,
+        ), "quota_exceeded"
     if isinstance(err, Unavailable):
         if fail_open:
             return None, "fail_open"
