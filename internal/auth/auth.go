@@ -174,6 +174,15 @@ func (c *Config) Tenants() []string {
 	return names
 }
 
+// Limits returns a configured tenant's limits.
+func (c *Config) Limits(tenant string) (Limits, bool) {
+	t, ok := c.tenants[tenant]
+	if !ok {
+		return Limits{}, false
+	}
+	return t.Limits, true
+}
+
 // Tokens returns how many tokens the configuration holds.
 func (c *Config) Tokens() int { return len(c.entries) }
 
@@ -252,6 +261,9 @@ func (k *Keyring) Config() *Config { return k.current.Load() }
 
 // Tenants returns the names of the tenants configured now.
 func (k *Keyring) Tenants() []string { return k.current.Load().Tenants() }
+
+// Limits returns a tenant's limits under the configuration in force.
+func (k *Keyring) Limits(tenant string) (Limits, bool) { return k.current.Load().Limits(tenant) }
 
 // Authenticate maps a bearer token to its principal under the configuration in force.
 func (k *Keyring) Authenticate(token string) (*Principal, error) {

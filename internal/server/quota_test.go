@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,6 +127,17 @@ func testQuota(t *testing.T, d *authDaemon) {
 	}
 	if s, err := strconv.Atoi(over.header.Get("Retry-After")); err != nil || s < 1 {
 		t.Fatalf("Retry-After %q, want the seconds until a record expires", over.header.Get("Retry-After"))
+	}
+
+	metrics := d.metrics()
+	for _, want := range []string{`idemd_tenant_quota_records{tenant="capped"} 3`, `idemd_tenant_quota_bytes{tenant="capped"} 1.048576e+06`,
+		`idemd_tenant_records{tenant="capped"} `, `idemd_tenant_stored_bytes{tenant="free"} `} {
+		if !strings.Contains(metrics, want) {
+			t.Fatalf("the metrics have no %s", want)
+		}
+	}
+	if strings.Contains(metrics, `idemd_tenant_quota_records{tenant="free"}`) {
+		t.Fatal("a tenant without a quota is exported with one")
 	}
 
 	expectStatus(t, "another tenant claims", claim(freeUse, "fourth"), http.StatusCreated, "")
