@@ -149,7 +149,7 @@ func exported(t *testing.T) series {
 	t.Helper()
 	dir := t.TempDir()
 	authPath := filepath.Join(dir, "auth.yaml")
-	auth := "tenants:\n  team: {}\n  tiny: {rate: 1, burst: 1}\ntokens:\n" +
+	auth := "tenants:\n  team: {max_stored_bytes: 1000000, max_records: 1000}\n  tiny: {rate: 1, burst: 1}\ntokens:\n" +
 		"  - {tenant: team, scopes: [use, admin], sha256: " + sha256Hex("team-token") + "}\n" +
 		"  - {tenant: tiny, scopes: [use], sha256: " + sha256Hex("tiny-token") + "}\n"
 	if err := os.WriteFile(authPath, []byte(auth), 0o600); err != nil {
