@@ -1067,6 +1067,8 @@ public final class IdemClient implements AutoCloseable {
         return new NotFoundException(p, cause);
       case "payload_too_large":
         return new PayloadTooLargeException(p, cause);
+      case "quota_exceeded":
+        return new QuotaExceededException(p, cause);
       case "store_unavailable":
       case "not_replicated":
         return new UnavailableException(p, cause);

@@ -10,6 +10,7 @@ import io.idemd.InProgressException;
 import io.idemd.Lease;
 import io.idemd.LeaseExpiredException;
 import io.idemd.LeaseLostException;
+import io.idemd.QuotaExceededException;
 import io.idemd.StoredResponse;
 import io.idemd.UnavailableException;
 import io.idemd.UnsealableException;
@@ -284,6 +285,19 @@ public final class IdempotencyFilter implements Filter {
       }
       unavailable(e).write(res);
       report(req, new Incident(Incident.Kind.UNAVAILABLE, derived, Optional.of(e)));
+      return;
+    } catch (QuotaExceededException e) {
+      // C7: the tenant is at its quota of stored keys; an answer, never failed open.
+      long ms = e.retryAfter().orElse(Duration.ofSeconds(1)).toMillis();
+      Answer.problem(
+              503,
+              "idempotency_quota_exceeded",
+              "Idempotency quota exceeded",
+              "the request was not run: the service keeps as many Idempotency-Keys as idemd allows"
+                  + " it until some expire",
+              (int) Math.max(1, (ms + 999) / 1000))
+          .write(res);
+      report(req, new Incident(Incident.Kind.QUOTA_EXCEEDED, derived, Optional.of(e)));
       return;
     } catch (RuntimeException e) {
       // C6: an answer that holds for every retry, never failed open.

@@ -12,6 +12,7 @@ public record Incident(Kind kind, String idemdKey, Optional<Throwable> error) {
     UNAVAILABLE("unavailable"),
     FAIL_OPEN("fail_open"),
     IDEMD_REFUSED("idemd_refused"),
+    QUOTA_EXCEEDED("quota_exceeded"),
     SCOPE_MISSING("scope_missing"),
     RESULT_NOT_STORED("result_not_stored"),
     COMPLETE_FAILED("complete_failed"),

@@ -6,10 +6,13 @@ import static org.junit.jupiter.api.Assertions.assertInstanceOf;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.idemd.Claim;
 import io.idemd.IdemClient;
 import io.idemd.KeyRecord;
 import io.idemd.Lease;
 import io.idemd.LeaseExpiredException;
+import io.idemd.QuotaExceededException;
+import io.idemd.StoredResponse;
 import io.idemd.testing.Daemon;
 import io.idemd.testing.Relay;
 import io.idemd.testing.Wait;
@@ -654,6 +657,40 @@ class FilterTest {
       assertEquals(503, res.statusCode()); // C6
       assertEquals(0, s.app.runs.get());
       assertEquals(Incident.Kind.IDEMD_REFUSED, firstIncident(s).kind());
+    } finally {
+      Files.deleteIfExists(auth);
+    }
+  }
+
+  @Test
+  void aTenantAtItsQuotaIsRefusedNewKeysEvenFailingOpen() throws Exception {
+    Path auth = Files.createTempFile("idemd-auth-", ".yaml");
+    String token = "the-capped-token-0123456789";
+    String hash =
+        HexFormat.of()
+            .formatHex(
+                MessageDigest.getInstance("SHA-256")
+                    .digest(token.getBytes(StandardCharsets.UTF_8)));
+    Files.writeString(
+        auth,
+        "tenants:\n  t: {max_records: 1}\ntokens:\n  - tenant: t\n    scopes: [use]\n    sha256: "
+            + hash
+            + "\n");
+    try (Daemon guarded = Daemon.start("--auth-file", auth.toString());
+        IdemClient capped = IdemClient.builder(guarded.url).token(token).build();
+        Server s = new Server(b -> b.failOpen(true), capped)) {
+      String kept = key();
+      Claim.Acquired first = assertInstanceOf(Claim.Acquired.class, capped.claim(kept));
+      capped.complete(kept, first.leaseToken(), StoredResponse.of(200, "text/plain", "done"));
+      QuotaExceededException refused =
+          assertThrows(QuotaExceededException.class, () -> capped.claim(key()));
+      assertEquals(429, refused.status());
+      HttpResponse<String> res = post(s.url + "/orders", "alice", key(), "{}");
+      assertEquals(503, res.statusCode()); // C7
+      assertTrue(res.body().contains("idempotency_quota_exceeded"), res.body());
+      assertTrue(Integer.parseInt(res.headers().firstValue("Retry-After").orElse("0")) >= 1);
+      assertEquals(0, s.app.runs.get());
+      assertEquals(Incident.Kind.QUOTA_EXCEEDED, firstIncident(s).kind());
     } finally {
       Files.deleteIfExists(auth);
     }
