@@ -48,6 +48,8 @@ Records:
   extend KEY --lease-token T      renew the lease for --lease
   abandoned [--prefix P]          list the keys left pending by a holder whose lease ran
                                   out: --older-than, --limit (default: every page)
+  usage                           each tenant's records and bytes in the store against its
+                                  quota, and how full the store is (from /metrics)
 
 Operations:
   export [--out FILE]             write the records as a record stream (admin scope; every
@@ -139,6 +141,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return a.restore(rest)
 	case "copy":
 		return a.copyCmd(rest)
+	case "usage":
+		return a.runUsage(rest)
 	case "token":
 		return a.tokenCmd(rest)
 	case "auth":
