@@ -151,6 +151,7 @@ var consoleRoutes = []consoleRoute{
 	{http.MethodDelete, "/console/api/records", auth.ScopeAdmin, (*Server).consolePurge},
 	{http.MethodGet, "/console/api/abandoned", auth.ScopeUse, (*Server).consoleAbandoned},
 	{http.MethodGet, "/console/api/traffic", auth.ScopeUse, (*Server).consoleTraffic},
+	{http.MethodGet, "/console/api/overview", "", (*Server).consoleOverview},
 	{http.MethodGet, "/console/api/store", auth.ScopePlatform, (*Server).consoleStore},
 }
 
@@ -168,6 +169,8 @@ type consoleState struct {
 	// the other collectors of the daemon's registry (the abandoned-keys count reads
 	// the store).
 	stats *prometheus.Registry
+	// limits are a tenant's limits in the auth file, nil without one.
+	limits func(string) (auth.Limits, bool)
 }
 
 // registerConsole adds the console's routes to e. The security headers go on before

@@ -38,7 +38,7 @@ tokens:
 
 // newQuotaDaemon is a real HTTP server over store with the quota auth file, reading
 // usage from the store at every request but the first few.
-func newQuotaDaemon(t *testing.T, store engine.Store) *authDaemon {
+func newQuotaDaemon(t *testing.T, store engine.Store, console ...server.Console) *authDaemon {
 	t.Helper()
 	t.Cleanup(func() { _ = store.Close() })
 	path := filepath.Join(t.TempDir(), "auth.yaml")
@@ -50,12 +50,17 @@ func newQuotaDaemon(t *testing.T, store engine.Store) *authDaemon {
 		t.Fatal(err)
 	}
 	logs := &lockedBuffer{}
-	srv := server.New(engine.NewService(store, 24*time.Hour, engine.WithStoreTimeout(time.Minute),
-		engine.WithUsageRefresh(time.Millisecond)), server.Config{
+	service := engine.NewService(store, 24*time.Hour, engine.WithStoreTimeout(time.Minute),
+		engine.WithUsageRefresh(time.Millisecond))
+	cfg := server.Config{
 		Limits: server.Limits{MaxResponseBytes: 1024},
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
 		Auth:   keyring,
-	})
+	}
+	if len(console) > 0 {
+		cfg.Console = console[0]
+	}
+	srv := server.New(service, cfg)
 	hs := httptest.NewServer(srv)
 	t.Cleanup(hs.Close)
 	return &authDaemon{t: t, url: hs.URL, logs: logs}

@@ -133,17 +133,18 @@ func New(eng Engine, cfg Config) *Server {
 		tenants = t.Tenants
 	}
 	cfg.Registry.MustRegister(newAbandonedCollector(eng, tenants))
+	limits := func(string) (auth.Limits, bool) { return auth.Limits{}, false }
+	if l, ok := cfg.Auth.(interface {
+		Limits(string) (auth.Limits, bool)
+	}); ok {
+		limits = l.Limits
+	}
 	if u, ok := eng.(usageEngine); ok {
-		limits := func(string) (auth.Limits, bool) { return auth.Limits{}, false }
-		if l, ok := cfg.Auth.(interface {
-			Limits(string) (auth.Limits, bool)
-		}); ok {
-			limits = l.Limits
-		}
 		cfg.Registry.MustRegister(newUsageCollector(u, tenants, limits))
 	}
 	if cfg.Console.Enabled {
 		s.registerConsole(e, cfg.Console, tenants)
+		s.console.limits = limits
 	} else {
 		registerConsoleOff(e)
 	}

@@ -373,7 +373,7 @@
   function route() {
     if (!state.who) return;
     const view = (window.location.hash || '#inspect').slice(1);
-    const views = storeAllowed() ? ['inspect', 'abandoned', 'traffic', 'store'] : ['inspect', 'abandoned', 'traffic'];
+    const views = storeAllowed() ? ['overview', 'inspect', 'abandoned', 'traffic', 'store'] : ['overview', 'inspect', 'abandoned', 'traffic'];
     const known = views.includes(view) ? view : 'inspect';
     for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${known}`;
     for (const a of document.querySelectorAll('#tabs a')) {
@@ -384,7 +384,58 @@
     if (known === 'abandoned') loadAbandoned('');
     if (known === 'traffic') startTraffic();
     if (known === 'store') loadStore();
+    if (known === 'overview') loadOverview();
     updatePurge();
+  }
+
+  // ---- the tenants' overview ----
+
+  async function loadOverview() {
+    showError('overview-error', null);
+    try {
+      const r = await call('GET', '/console/api/overview');
+      renderOverview(r.body);
+    } catch (err) {
+      showError('overview-error', err);
+    }
+  }
+
+  // go shows a tenant's view: it chooses the tenant, then the view's tab.
+  function go(tenant, view) {
+    const select = $('tenant');
+    if (!select.hidden && [...select.options].some((o) => o.value === tenant)) select.value = tenant;
+    state.tenant = tenant;
+    clearRecord();
+    if (window.location.hash === `#${view}`) route();
+    else window.location.hash = `#${view}`;
+  }
+
+  function renderOverview(o) {
+    $('overview-scope').textContent = `Served by daemon ${o.daemon}: ${o.scope}.`;
+    const count = (n) => (n === null || n === undefined ? '—' : formatNumber(n));
+    const rows = o.tenants.map((t) => {
+      const quota = t.max_records || t.max_stored_bytes ? `${Math.round(t.quota_percent)}%` : 'no quota';
+      const button = (view, label) => {
+        const b = el('button', { type: 'button', class: `overview-${view}` }, label);
+        b.addEventListener('click', () => go(t.tenant, view));
+        return b;
+      };
+      const links = el('td', null, button('traffic', 'Traffic'), ' ', button('abandoned', 'Abandoned'));
+      const row = el('tr', null,
+        el('td', null, t.tenant),
+        el('td', null, count(t.records) + (t.max_records ? ` of ${formatNumber(t.max_records)}` : '')),
+        el('td', null, count(t.stored_bytes) + (t.max_stored_bytes ? ` of ${formatNumber(t.max_stored_bytes)}` : '')),
+        el('td', null, t.usage_error ? t.usage_error : quota),
+        el('td', null, t.claims_per_second.toFixed(2)),
+        el('td', null, t.refused_per_second.toFixed(2)),
+        links);
+      row.dataset.tenant = t.tenant;
+      return row;
+    });
+    $('overview-rows').replaceChildren(...rows);
+    $('overview-fill').textContent = o.store_fill === null || o.store_fill === undefined
+      ? 'The store has no limit to fill.'
+      : `The store is ${Math.round(o.store_fill * 100)}% full.`;
   }
 
   // ---- the key inspector ----

@@ -1,0 +1,50 @@
+package server_test
+
+import (
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/server"
+	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
+)
+
+// TestConsoleOverview: the tenants' overview shows a token its own tenant's usage
+// against its quota and its claims in the daemon serving the page, and says which
+// figures are the whole store's and which that daemon's.
+func TestConsoleOverview(t *testing.T) {
+	t.Parallel()
+	store, err := redisstore.Open(testredis.Start(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newQuotaDaemon(t, store, server.Console{Enabled: true})
+	for _, key := range []string{"a", "b"} {
+		expectStatus(t, "claim "+key, d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": key}), http.StatusCreated, "")
+	}
+	// The traffic counts whole seconds: the claims show once their second has passed.
+	var a authAnswer
+	var capped map[string]any
+	wait.For(t, 30*time.Second, "the claims to show in the overview", func() bool {
+		a = d.call(cappedUse, http.MethodGet, "/console/api/overview", nil)
+		expectStatus(t, "the overview", a, http.StatusOK, "")
+		tenants, _ := a.body["tenants"].([]any)
+		if len(tenants) != 1 {
+			t.Fatalf("a tenant's token sees %d tenants, want its own: %s", len(tenants), a.raw)
+		}
+		capped, _ = tenants[0].(map[string]any)
+		return capped["claims_per_second"].(float64) > 0
+	})
+	if capped["tenant"] != "capped" || capped["records"] != float64(2) || capped["max_records"] != float64(3) ||
+		capped["claims_per_second"].(float64) <= 0 || capped["stored_bytes"].(float64) <= 0 {
+		t.Fatalf("the capped tenant's line: %v", capped)
+	}
+	if pct := capped["quota_percent"].(float64); pct < 66 || pct > 67 {
+		t.Fatalf("quota_percent %v, want 2 of 3 records", pct)
+	}
+	if a.str("scope") == "" || a.str("daemon") == "" {
+		t.Fatalf("the overview does not say whose figures it shows: %s", a.raw)
+	}
+}
