@@ -26,6 +26,8 @@ type abandonedCollector struct {
 	mu      sync.Mutex
 	counted time.Time
 	last    []prometheus.Metric
+	// byTenant is the last count by tenant, which the console's overview shows.
+	byTenant map[string]int
 }
 
 const (
@@ -55,34 +57,50 @@ func (c *abandonedCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *abandonedCollector) Collect(ch chan<- prometheus.Metric) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if now := time.Now(); now.Sub(c.counted) >= abandonedEvery {
-		if fresh, ok := c.measure(now); ok {
-			c.last, c.counted = fresh, now
-		}
-	}
+	c.refresh()
 	for _, m := range c.last {
 		ch <- m
 	}
 }
 
+// refresh counts again once the last count is abandonedEvery old; c.mu is held.
+func (c *abandonedCollector) refresh() {
+	if now := time.Now(); now.Sub(c.counted) >= abandonedEvery {
+		if fresh, byTenant, ok := c.measure(now); ok {
+			c.last, c.byTenant, c.counted = fresh, byTenant, now
+		}
+	}
+}
+
+// counts returns the abandoned keys of each tenant, as last counted (at most
+// abandonedEvery ago), and when they were counted.
+func (c *abandonedCollector) counts() (map[string]int, time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.refresh()
+	return c.byTenant, c.counted
+}
+
 // measure counts every tenant's abandoned keys; a tenant the store could not answer
 // for fails the whole count, which keeps the previous one rather than report zero.
-func (c *abandonedCollector) measure(now time.Time) ([]prometheus.Metric, bool) {
+func (c *abandonedCollector) measure(now time.Time) ([]prometheus.Metric, map[string]int, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), abandonedTimeout)
 	defer cancel()
 	tenants := c.tenants()
 	slices.Sort(tenants)
 	var out []prometheus.Metric
+	byTenant := make(map[string]int, len(tenants))
 	for _, tenant := range tenants {
 		n, oldest, err := c.countTenant(ctx, tenant, now)
 		if err != nil {
-			return nil, false
+			return nil, nil, false
 		}
+		byTenant[tenant] = n
 		out = append(out,
 			prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(n), tenant),
 			prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest.Seconds(), tenant))
 	}
-	return out, true
+	return out, byTenant, true
 }
 
 func (c *abandonedCollector) countTenant(ctx context.Context, tenant string, now time.Time) (int, time.Duration, error) {

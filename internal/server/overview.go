@@ -27,6 +27,9 @@ type overviewTenant struct {
 	ClaimsPerSecond  float64 `json:"claims_per_second"`
 	RefusedPerSecond float64 `json:"refused_per_second"`
 	UsageError       string  `json:"usage_error,omitempty"`
+	// Abandoned is the tenant's abandoned keys as last counted (at most 30 s ago, up
+	// to 10000), nil when they could not be counted.
+	Abandoned *int `json:"abandoned"`
 }
 
 type overview struct {
@@ -61,6 +64,7 @@ func (s *Server) consoleOverview(c echo.Context) error {
 	out := overview{Tenants: []overviewTenant{}, Daemon: host,
 		Scope: "usage and quotas are the store's, shared by every daemon; claims per second are this daemon's only"}
 	usage, counts := s.engine.(usageEngine)
+	abandoned, _ := s.abandoned.counts()
 	now := time.Now()
 	for _, tenant := range tenants {
 		if p.AuthorizeIn(tenant, auth.ScopeUse) != nil {
@@ -84,6 +88,9 @@ func (s *Server) consoleOverview(c echo.Context) error {
 			} else {
 				line.UsageError = toProblem(err).detail
 			}
+		}
+		if n, ok := abandoned[tenant]; ok {
+			line.Abandoned = &n
 		}
 		t := s.traffic.series(tenant, now)
 		window := float64(trafficWindow * t.StepSeconds)

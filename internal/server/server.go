@@ -76,8 +76,10 @@ type Server struct {
 	log      *slog.Logger
 	metrics  *metrics
 	registry *prometheus.Registry
-	echo     *echo.Echo
-	auth     Authenticator
+	// abandoned counts the abandoned keys for the metrics and the console.
+	abandoned *abandonedCollector
+	echo      *echo.Echo
+	auth      Authenticator
 	// open is the principal of every request when auth is nil, and hosts are the
 	// names such a request may be sent to.
 	open  *auth.Principal
@@ -132,7 +134,8 @@ func New(eng Engine, cfg Config) *Server {
 	if t, ok := cfg.Auth.(interface{ Tenants() []string }); ok {
 		tenants = t.Tenants
 	}
-	cfg.Registry.MustRegister(newAbandonedCollector(eng, tenants))
+	s.abandoned = newAbandonedCollector(eng, tenants)
+	cfg.Registry.MustRegister(s.abandoned)
 	limits := func(string) (auth.Limits, bool) { return auth.Limits{}, false }
 	if l, ok := cfg.Auth.(interface {
 		Limits(string) (auth.Limits, bool)

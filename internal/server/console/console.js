@@ -426,6 +426,7 @@
         el('td', null, count(t.records) + (t.max_records ? ` of ${formatNumber(t.max_records)}` : '')),
         el('td', null, count(t.stored_bytes) + (t.max_stored_bytes ? ` of ${formatNumber(t.max_stored_bytes)}` : '')),
         el('td', null, t.usage_error ? t.usage_error : quota),
+        el('td', null, count(t.abandoned)),
         el('td', null, t.claims_per_second.toFixed(2)),
         el('td', null, t.refused_per_second.toFixed(2)),
         links);
