@@ -15,6 +15,9 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/redisstore"
 )
 
 // child is a process the soak started, and stops by its PID.
@@ -185,6 +188,34 @@ func redisInfo(ctx context.Context, client *redis.Client) (usedMemory, keys int6
 		}
 	}
 	return usedMemory, keys, nil
+}
+
+// countRecords counts the records in Redis by SCAN, a record's key in every layout
+// (RecordKey and LeanKey: the pending indexes and usage hashes have a NUL where a
+// tenant's name begins), then reads what the store's usage counts of the default
+// tenant; -1 for what could not be read.
+func countRecords(ctx context.Context, client *redis.Client, url string) (records, usage int64) {
+	records = 0
+	for _, match := range []string{"idem:*:*", "{??}[a-z0-9]*"} {
+		iter := client.Scan(ctx, 0, match, 1000).Iterator()
+		for iter.Next(ctx) {
+			records++
+		}
+		if iter.Err() != nil {
+			records = -1
+			break
+		}
+	}
+	store, err := redisstore.Open(url)
+	if err != nil {
+		return records, -1
+	}
+	defer store.Close()
+	u, err := store.Usage(ctx, engine.DefaultTenant)
+	if err != nil {
+		return records, -1
+	}
+	return records, u.Records
 }
 
 // buildIdemd builds cmd/idemd of the module the working directory is in.

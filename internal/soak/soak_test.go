@@ -70,6 +70,18 @@ func TestSoak(t *testing.T) {
 	if checked == 0 {
 		t.Error("no acknowledged completion was looked up")
 	}
+	// The usage follows the records through the faults: it counts every record there
+	// is (the purges in the moment between the scan and the read aside), and no more
+	// than the records of about a span of expiries besides, which the levels hold.
+	for _, s := range rep.Samples {
+		if s.StoreRecords < 0 || s.UsageRecords < 0 {
+			continue
+		}
+		t.Logf("at %s: %d records in Redis, %d counted", s.Elapsed, s.StoreRecords, s.UsageRecords)
+		if s.UsageRecords < s.StoreRecords-s.StoreRecords/20-20 {
+			t.Errorf("at %s the usage counts %d records where Redis holds %d", s.Elapsed, s.UsageRecords, s.StoreRecords)
+		}
+	}
 }
 
 func TestLevels(t *testing.T) {
