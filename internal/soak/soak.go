@@ -453,8 +453,9 @@ const LevellingRule = `A measure levels off when the largest value of the last t
 most the largest value of the middle third plus a slack: 25 % (plus 20) for
 goroutines, 25 % (plus 10) for open fds, 25 % (plus 16 MiB) for RSS, 5 % (plus 40)
 for metric series, 25 % (plus 100) for Redis keys, 25 % (plus 4 MiB) for Redis
-used_memory and 25 % (plus 100) for the records the usage counts. The first third is warm-up: with a retention much shorter than a third
-of the run, the records of a steady load reach their steady count in it.`
+used_memory and 25 % (plus 100) for the records the usage counts. The first third
+is warm-up: with a retention much shorter than a third of the run, the records of a
+steady load reach their steady count in it.`
 
 // levels applies LevellingRule to each measure.
 func levels(rows []Sample) []Level {
