@@ -54,6 +54,7 @@ cd "$work" # where Schemathesis keeps its cache
 fuzz() {
   SCHEMATHESIS_HOOKS=hooks PYTHONPATH="$here" timeout "${FUZZ_MAX_TIME:-900}" "$st" run "http://$addr/openapi.yaml" \
     --checks all \
+    --exclude-checks max_response_time \
     --header "Authorization: Bearer $token" \
     --seed "${FUZZ_SEED:-1}" \
     --workers 1 \
@@ -62,6 +63,8 @@ fuzz() {
 }
 status=0
 # A claim waits up to wait_ms, at most 30 s, for a holder: the timeout is over that.
+# Time is no check of the contract's (a loaded machine answers slowly), so the check of
+# response times, 10 s unless told, is left out.
 # Examples, the schemas' edges and random requests, a number per operation.
 fuzz --phases examples,coverage,fuzzing --max-examples "${FUZZ_EXAMPLES:-100}" || status=$?
 # Sequences that follow the links, scenario after scenario for a time: one suite of
