@@ -14,12 +14,16 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
 // Config says how much load to send.
 type Config struct {
 	BaseURL string
+	// BaseURLs, when set, spreads the clients over several servers: client w sends
+	// to BaseURLs[w%len(BaseURLs)], and BaseURL is not used.
+	BaseURLs []string
 	// Clients is the number of concurrent clients, each running cycles back to back.
 	Clients int
 	// Cycles is the total number of claim+complete cycles; Duration, when set, stops the
@@ -34,12 +38,15 @@ type Config struct {
 
 // Result is what a run measured.
 type Result struct {
-	Cycles   int
-	Errors   int
-	Elapsed  time.Duration
-	ClaimP50 time.Duration
-	ClaimP99 time.Duration
-	CycleP99 time.Duration
+	Cycles   int           `json:"cycles"`
+	Errors   int           `json:"errors"`
+	Elapsed  time.Duration `json:"elapsed_ns"`
+	ClaimP50 time.Duration `json:"claim_p50_ns"`
+	ClaimP99 time.Duration `json:"claim_p99_ns"`
+	CycleP99 time.Duration `json:"cycle_p99_ns"`
+	// CPU is the user and system time the whole process spent during the run: the
+	// generator's own when it runs in a process of its own (cmd/idemd-load).
+	CPU time.Duration `json:"cpu_ns"`
 }
 
 // CyclesPerSecond is the throughput of successful cycles.
@@ -69,9 +76,14 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	claims := make([][]time.Duration, cfg.Clients)
 	cycles := make([][]time.Duration, cfg.Clients)
 	var wg sync.WaitGroup
+	cpuBefore := processCPU()
 	start := time.Now()
 	for w := range cfg.Clients {
 		wg.Add(1)
+		c := cfg
+		if len(cfg.BaseURLs) > 0 {
+			c.BaseURL = cfg.BaseURLs[w%len(cfg.BaseURLs)]
+		}
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
@@ -79,7 +91,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				if i > int64(cfg.Cycles) {
 					return
 				}
-				claimTook, cycleTook, err := cycle(ctx, client, cfg, fmt.Sprintf("%s-%d", cfg.KeyPrefix, i))
+				claimTook, cycleTook, err := cycle(ctx, client, c, fmt.Sprintf("%s-%d", cfg.KeyPrefix, i))
 				if err != nil {
 					errs.Add(1)
 					continue
@@ -90,7 +102,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}()
 	}
 	wg.Wait()
-	res := Result{Elapsed: time.Since(start), Errors: int(errs.Load())}
+	res := Result{Elapsed: time.Since(start), Errors: int(errs.Load()), CPU: processCPU() - cpuBefore}
 	allClaims, allCycles := slices.Concat(claims...), slices.Concat(cycles...)
 	res.Cycles = len(allCycles)
 	res.ClaimP50, res.ClaimP99 = quantile(allClaims, 0.50), quantile(allClaims, 0.99)
@@ -99,6 +111,15 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		return res, fmt.Errorf("loadgen: no cycle succeeded (%d errors)", res.Errors)
 	}
 	return res, nil
+}
+
+// processCPU is the user and system time this process has spent so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func quantile(d []time.Duration, q float64) time.Duration {
