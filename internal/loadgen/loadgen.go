@@ -47,6 +47,8 @@ type Result struct {
 	// CPU is the user and system time the whole process spent during the run: the
 	// generator's own when it runs in a process of its own (cmd/idemd-load).
 	CPU time.Duration `json:"cpu_ns"`
+	// CyclesByURL, with Config.BaseURLs, is the cycles sent to each of them.
+	CyclesByURL []int `json:"cycles_by_url,omitempty"`
 }
 
 // CyclesPerSecond is the throughput of successful cycles.
@@ -105,6 +107,12 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	res := Result{Elapsed: time.Since(start), Errors: int(errs.Load()), CPU: processCPU() - cpuBefore}
 	allClaims, allCycles := slices.Concat(claims...), slices.Concat(cycles...)
 	res.Cycles = len(allCycles)
+	if len(cfg.BaseURLs) > 0 {
+		res.CyclesByURL = make([]int, len(cfg.BaseURLs))
+		for w := range cycles {
+			res.CyclesByURL[w%len(cfg.BaseURLs)] += len(cycles[w])
+		}
+	}
 	res.ClaimP50, res.ClaimP99 = quantile(allClaims, 0.50), quantile(allClaims, 0.99)
 	res.CycleP99 = quantile(allCycles, 0.99)
 	if res.Cycles == 0 {

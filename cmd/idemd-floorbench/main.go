@@ -1,0 +1,67 @@
+// Command idemd-floorbench measures idemd against the floor (../shared/bench/floor), the
+// least an HTTP service that decodes the same JSON and runs one script per request can
+// cost here: it builds both, starts the floor, idemd over Redis and idemd over the
+// embedded store on loopback, and runs idemd-load in a process of its own against each
+// in turn, for several rounds, printing cycles/s, claim latency and every process's
+// CPU per cycle. With -masters it measures idemd over Redis Clusters of that many
+// masters instead, the CPU each master and each daemon spends per cycle.
+// docs/benchmarks.md shows its output.
+//
+//	go run ./cmd/idemd-floorbench                  # from the repository's root
+//	go run ./cmd/idemd-floorbench -masters 1,2,3
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemd/idemd/internal/floorbench"
+)
+
+func main() {
+	cfg := floorbench.Config{Out: os.Stdout}
+	flag.StringVar(&cfg.FloorDir, "floor", "../shared/bench/floor", "the floor's source directory")
+	flag.StringVar(&cfg.Idemd, "idemd", "", "idemd binary (default: build ./cmd/idemd)")
+	flag.StringVar(&cfg.RedisServer, "redis-server", "redis-server", "redis-server binary")
+	targets := flag.String("targets", "floor,redis,embedded", "what to measure (floor, redis: idemd over Redis, embedded: idemd over its embedded store); the others are compared with the first")
+	clients := flag.String("clients", "1,4,32", "numbers of concurrent clients, comma-separated (with -masters, the largest)")
+	flag.IntVar(&cfg.Rounds, "rounds", 3, "times to run every target at every number of clients, in an order that turns each round")
+	flag.IntVar(&cfg.Cycles, "cycles", 20000, "claim+complete cycles of each run")
+	flag.DurationVar(&cfg.Duration, "duration", 30*time.Second, "stop a run after this long even if cycles remain")
+	masters := flag.String("masters", "", "measure Redis Clusters of these many masters instead (e.g. 1,2,3), one idemd per master")
+	flag.StringVar(&cfg.Perf, "perf", "", "directory where perf record profiles every server during the first round at the most clients")
+	flag.Parse()
+	var err error
+	cfg.Targets = strings.Split(*targets, ",")
+	if cfg.Clients, err = ints(*clients); err == nil && *masters != "" {
+		cfg.Masters, err = ints(*masters)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemd-floorbench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := floorbench.Run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "idemd-floorbench:", err)
+		os.Exit(1)
+	}
+}
+
+func ints(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return nil, fmt.Errorf("%q is not a list of numbers", list)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
