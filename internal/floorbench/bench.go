@@ -328,7 +328,7 @@ func (b *bench) runFloor(ctx context.Context) error {
 			return err
 		}
 	}
-	fmt.Fprintf(b.cfg.Out, "%d rounds of %d cycles (at most %s) a run, clients %v\n\n", b.cfg.Rounds, b.cfg.Cycles, b.cfg.Duration, b.cfg.Clients)
+	fmt.Fprintf(b.cfg.Out, "%d rounds of %d cycles%s a run, clients %v\n\n", b.cfg.Rounds, b.cfg.Cycles, b.atMost(), b.cfg.Clients)
 	results := map[int]map[string][]sample{}
 	for _, c := range b.cfg.Clients {
 		results[c] = map[string][]sample{}
@@ -353,6 +353,14 @@ func (b *bench) runFloor(ctx context.Context) error {
 		printSummary(b.cfg.Out, c, targets, results[c])
 	}
 	return nil
+}
+
+// atMost says how long a run may last.
+func (b *bench) atMost() string {
+	if b.cfg.Duration <= 0 {
+		return ""
+	}
+	return " (at most " + b.cfg.Duration.String() + ")"
 }
 
 func redisVersion(bin string) string {

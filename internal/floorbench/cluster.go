@@ -226,8 +226,8 @@ func (b *bench) runCluster(ctx context.Context) error {
 			return err
 		}
 	}
-	fmt.Fprintf(b.cfg.Out, "clusters of %v masters, one idemd per master; %d clients shared out among the daemons; %d rounds of %d cycles (at most %s) a run\n\n",
-		b.cfg.Masters, clients, b.cfg.Rounds, b.cfg.Cycles, b.cfg.Duration)
+	fmt.Fprintf(b.cfg.Out, "clusters of %v masters, one idemd per master; %d clients shared out among the daemons; %d rounds of %d cycles%s a run\n\n",
+		b.cfg.Masters, clients, b.cfg.Rounds, b.cfg.Cycles, b.atMost())
 	results := make([][]clusterSample, len(clusters))
 	for round := 1; round <= b.cfg.Rounds; round++ {
 		for k := range clusters {
