@@ -34,7 +34,9 @@ func main() {
 	flag.IntVar(&cfg.Rounds, "rounds", 3, "times to run every target at every number of clients, in an order that turns each round")
 	flag.IntVar(&cfg.Cycles, "cycles", 20000, "claim+complete cycles of each run")
 	flag.DurationVar(&cfg.Duration, "duration", 30*time.Second, "stop a run after this long even if cycles remain")
-	masters := flag.String("masters", "", "measure Redis Clusters of these many masters instead (e.g. 1,2,3), one idemd per master")
+	masters := flag.String("masters", "", "measure Redis Clusters of these many masters instead (e.g. 1,2,3)")
+	flag.IntVar(&cfg.Daemons, "daemons", 0, "with -masters: idemd daemons per cluster (default one per master)")
+	flag.BoolVar(&cfg.ClientsPerMaster, "clients-per-master", false, "with -masters: run N masters with N times the clients and cycles, the same load on each master")
 	flag.StringVar(&cfg.Perf, "perf", "", "directory where perf record profiles every server during the first round at the most clients")
 	flag.Parse()
 	var err error

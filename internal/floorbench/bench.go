@@ -50,8 +50,13 @@ type Config struct {
 	Cycles   int
 	Duration time.Duration
 	// Masters, when set, measures Redis Clusters of these many masters instead of
-	// the floor (one daemon per master, the clients shared out among them).
+	// the floor, with the clients shared out among the daemons.
 	Masters []int
+	// Daemons is how many idemd daemons serve each cluster; 0 means one per master.
+	Daemons int
+	// ClientsPerMaster runs a cluster of N masters with N times the clients and the
+	// cycles, so that each master has the same load whatever N.
+	ClientsPerMaster bool
 	// Perf, when set, is a directory where `perf record` writes a profile of every
 	// server process during the first round's run at the most clients.
 	Perf string
@@ -235,7 +240,7 @@ func (b *bench) generate(ctx context.Context, urls []string, clients, cycles int
 		return res, fmt.Errorf("idemd-load: %v %v\n%s%s", runErr, err, stdout.String(), stderr.String())
 	}
 	if runErr != nil {
-		return res, fmt.Errorf("idemd-load: %v\n%s", runErr, stderr.String())
+		return res, fmt.Errorf("idemd-load: %v (the first error: %s)\n%s", runErr, res.FirstError, stderr.String())
 	}
 	return res, nil
 }
@@ -268,7 +273,7 @@ func (b *bench) measure(ctx context.Context, t *target, clients int, prefix stri
 	if stopPerf != nil {
 		stopPerf()
 	}
-	s := sample{target: t.name, clients: clients, cycles: res.Cycles, errors: res.Errors, elapsed: res.Elapsed,
+	s := sample{target: t.name, clients: clients, cycles: res.Cycles, errors: res.Errors, firstErr: res.FirstError, elapsed: res.Elapsed,
 		claimP50: res.ClaimP50, claimP99: res.ClaimP99, generator: res.CPU}
 	for i := range t.servers {
 		s.server += after[i] - before[i]

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// cluster is a Redis Cluster of masters only, with one idemd per master.
+// cluster is a Redis Cluster of masters only, with its idemd daemons.
 type cluster struct {
 	masters []*process
 	daemons []*process
@@ -20,7 +20,7 @@ type cluster struct {
 
 // startCluster starts n cluster-enabled redis-servers, gives each an equal range of
 // the 16384 slots, joins them, waits until every node sees the whole cluster serving
-// every slot, and starts n idemd daemons on it. redis-cli --cluster create is not
+// every slot, and starts its daemons on it (Config.Daemons, or one per master). redis-cli --cluster create is not
 // used: it refuses fewer than three masters.
 func (b *bench) startCluster(ctx context.Context, n int) (*cluster, error) {
 	c := &cluster{}
@@ -68,7 +68,11 @@ func (b *bench) startCluster(ctx context.Context, n int) (*cluster, error) {
 	for i, m := range c.masters {
 		addrs[i] = m.addr
 	}
-	for i := range n {
+	daemons := b.cfg.Daemons
+	if daemons <= 0 {
+		daemons = n
+	}
+	for i := range daemons {
 		d, err := b.startIdemd(ctx, fmt.Sprintf("idemd (cluster of %d, daemon %d)", n, i+1), "--store", "redis+cluster://"+strings.Join(addrs, ","))
 		if err != nil {
 			return nil, err
@@ -83,37 +87,46 @@ func slotRange(i, n int) (lo, hi int) {
 	return i * 16384 / n, (i+1)*16384/n - 1
 }
 
-// commandsProcessed is total_commands_processed of each Redis: which master served
-// how many of a run's calls.
-func commandsProcessed(ctx context.Context, ps []*process) ([]int64, error) {
-	out := make([]int64, len(ps))
+// commandsProcessed is total_commands_processed of each Redis, which master served
+// how many of a run's calls, and total_reads_processed, how many reads from its
+// clients' connections they took: the more calls a read brings, the less CPU each
+// costs.
+func commandsProcessed(ctx context.Context, ps []*process) (cmds, reads []int64, err error) {
+	cmds, reads = make([]int64, len(ps)), make([]int64, len(ps))
 	for i, p := range ps {
 		rdb := redis.NewClient(&redis.Options{Addr: p.addr})
 		text, err := rdb.Info(ctx, "stats").Result()
 		rdb.Close()
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("%s: %w", p.name, err)
 		}
 		for _, line := range strings.Split(text, "\n") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
-				out[i], _ = strconv.ParseInt(v, 10, 64)
+			k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+			switch k {
+			case "total_commands_processed":
+				cmds[i], _ = strconv.ParseInt(v, 10, 64)
+			case "total_reads_processed":
+				reads[i], _ = strconv.ParseInt(v, 10, 64)
 			}
 		}
 	}
-	return out, nil
+	return cmds, reads, nil
 }
 
 // clusterSample is one run against a cluster.
 type clusterSample struct {
 	masters  int
+	clients  int
 	cycles   int
 	errors   int
+	firstErr string
 	elapsed  time.Duration
 	claimP50 time.Duration
 	claimP99 time.Duration
 	// Per master: CPU during the run, and the commands it processed.
-	masterCPU  []time.Duration
-	masterCmds []int64
+	masterCPU   []time.Duration
+	masterCmds  []int64
+	masterReads []int64
 	// Per daemon: CPU during the run, and the cycles sent to it.
 	daemonCPU    []time.Duration
 	daemonCycles []int
@@ -148,6 +161,14 @@ func (s clusterSample) share(i int) float64 {
 	return float64(s.masterCmds[i]) / float64(all)
 }
 
+// callsPerRead is how many calls master i took in from each read of a connection.
+func (s clusterSample) callsPerRead(i int) float64 {
+	if s.masterReads[i] == 0 {
+		return 0
+	}
+	return float64(s.masterCmds[i]) / float64(s.masterReads[i])
+}
+
 // daemonPerServed is daemon i's CPU per cycle sent to it, in µs.
 func (s clusterSample) daemonPerServed(i int) float64 {
 	if s.daemonCycles[i] == 0 {
@@ -163,7 +184,7 @@ func sum(ds []time.Duration) (t time.Duration) {
 	return t
 }
 
-func (b *bench) measureCluster(ctx context.Context, c *cluster, clients int, prefix string) (clusterSample, error) {
+func (b *bench) measureCluster(ctx context.Context, c *cluster, clients, cycles int, prefix string) (clusterSample, error) {
 	var pids []int
 	for _, p := range slices.Concat(c.masters, c.daemons) {
 		pids = append(pids, p.pid())
@@ -172,7 +193,7 @@ func (b *bench) measureCluster(ctx context.Context, c *cluster, clients int, pre
 	for i, d := range c.daemons {
 		urls[i] = "http://" + d.addr
 	}
-	cmdsBefore, err := commandsProcessed(ctx, c.masters)
+	cmdsBefore, readsBefore, err := commandsProcessed(ctx, c.masters)
 	if err != nil {
 		return clusterSample{}, err
 	}
@@ -180,7 +201,7 @@ func (b *bench) measureCluster(ctx context.Context, c *cluster, clients int, pre
 	if err != nil {
 		return clusterSample{}, err
 	}
-	res, err := b.generate(ctx, urls, clients, b.cfg.Cycles, prefix)
+	res, err := b.generate(ctx, urls, clients, cycles, prefix)
 	if err != nil {
 		return clusterSample{}, err
 	}
@@ -188,12 +209,12 @@ func (b *bench) measureCluster(ctx context.Context, c *cluster, clients int, pre
 	if err != nil {
 		return clusterSample{}, err
 	}
-	cmdsAfter, err := commandsProcessed(ctx, c.masters)
+	cmdsAfter, readsAfter, err := commandsProcessed(ctx, c.masters)
 	if err != nil {
 		return clusterSample{}, err
 	}
 	n := len(c.masters)
-	s := clusterSample{masters: n, cycles: res.Cycles, errors: res.Errors, elapsed: res.Elapsed,
+	s := clusterSample{masters: n, clients: clients, cycles: res.Cycles, errors: res.Errors, firstErr: res.FirstError, elapsed: res.Elapsed,
 		claimP50: res.ClaimP50, claimP99: res.ClaimP99, generator: res.CPU, daemonCycles: res.CyclesByURL}
 	if len(s.daemonCycles) != len(c.daemons) {
 		// One daemon: the generator had a single URL.
@@ -202,6 +223,7 @@ func (b *bench) measureCluster(ctx context.Context, c *cluster, clients int, pre
 	for i := range n {
 		s.masterCPU = append(s.masterCPU, after[i]-before[i])
 		s.masterCmds = append(s.masterCmds, cmdsAfter[i]-cmdsBefore[i])
+		s.masterReads = append(s.masterReads, readsAfter[i]-readsBefore[i])
 	}
 	for i := range c.daemons {
 		s.daemonCPU = append(s.daemonCPU, after[n+i]-before[n+i])
@@ -218,7 +240,7 @@ func (b *bench) runCluster(ctx context.Context) error {
 			return fmt.Errorf("a cluster of %d: %w", n, err)
 		}
 		clusters[i] = c
-		urls := make([]string, n)
+		urls := make([]string, len(c.daemons))
 		for j, d := range c.daemons {
 			urls[j] = "http://" + d.addr
 		}
@@ -226,13 +248,24 @@ func (b *bench) runCluster(ctx context.Context) error {
 			return err
 		}
 	}
-	fmt.Fprintf(b.cfg.Out, "clusters of %v masters, one idemd per master; %d clients shared out among the daemons; %d rounds of %d cycles%s a run\n\n",
-		b.cfg.Masters, clients, b.cfg.Rounds, b.cfg.Cycles, b.atMost())
+	daemons, load := "one idemd per master", fmt.Sprintf("%d clients and %d cycles a run", clients, b.cfg.Cycles)
+	if b.cfg.Daemons > 0 {
+		daemons = fmt.Sprintf("%d idemd daemons", b.cfg.Daemons)
+	}
+	if b.cfg.ClientsPerMaster {
+		load = fmt.Sprintf("%d clients and %d cycles a run per master", clients, b.cfg.Cycles)
+	}
+	fmt.Fprintf(b.cfg.Out, "clusters of %v masters, %s, the clients shared out among them; %s%s; %d rounds\n\n",
+		b.cfg.Masters, daemons, load, b.atMost(), b.cfg.Rounds)
 	results := make([][]clusterSample, len(clusters))
 	for round := 1; round <= b.cfg.Rounds; round++ {
 		for k := range clusters {
 			i := (k + round - 1) % len(clusters)
-			s, err := b.measureCluster(ctx, clusters[i], clients, fmt.Sprintf("r%d-m%d-%d", round, b.cfg.Masters[i], time.Now().UnixNano()))
+			c, n := clients, b.cfg.Cycles
+			if b.cfg.ClientsPerMaster {
+				c, n = c*b.cfg.Masters[i], n*b.cfg.Masters[i]
+			}
+			s, err := b.measureCluster(ctx, clusters[i], c, n, fmt.Sprintf("r%d-m%d-%d", round, b.cfg.Masters[i], time.Now().UnixNano()))
 			if err != nil {
 				return fmt.Errorf("round %d, a cluster of %d: %w", round, b.cfg.Masters[i], err)
 			}
@@ -247,14 +280,17 @@ func (b *bench) runCluster(ctx context.Context) error {
 func printClusterSample(w io.Writer, round int, s clusterSample) {
 	var masters, daemons []string
 	for i := range s.masterCPU {
-		masters = append(masters, fmt.Sprintf("%.0f µs (%.0f %%)", s.masterPerServed(i), 100*s.share(i)))
+		masters = append(masters, fmt.Sprintf("%.0f µs (%.0f %%, %.1f calls a read)", s.masterPerServed(i), 100*s.share(i), s.callsPerRead(i)))
 	}
 	for i := range s.daemonCPU {
 		daemons = append(daemons, fmt.Sprintf("%.0f µs (%d cycles)", s.daemonPerServed(i), s.daemonCycles[i]))
 	}
-	fmt.Fprintf(w, "round %d, %d masters: %d cycles %.0f/s, claim p50 %.0f µs p99 %.0f µs; CPU per cycle it served: masters %s; daemons %s; generator %.0f µs per cycle (%d errors)\n",
-		round, s.masters, s.cycles, s.rate(), micros(s.claimP50), micros(s.claimP99),
+	fmt.Fprintf(w, "round %d, %d masters, %d clients: %d cycles %.0f/s, claim p50 %.0f µs p99 %.0f µs; CPU per cycle it served: masters %s; daemons %s; generator %.0f µs per cycle (%d errors)\n",
+		round, s.masters, s.clients, s.cycles, s.rate(), micros(s.claimP50), micros(s.claimP99),
 		strings.Join(masters, ", "), strings.Join(daemons, ", "), micros(s.generator)/float64(max(s.cycles, 1)), s.errors)
+	if s.firstErr != "" {
+		fmt.Fprintf(w, "  the first error: %s\n", s.firstErr)
+	}
 }
 
 // clusterModel is, from the runs against one cluster, each master's and each
@@ -264,6 +300,7 @@ type clusterModel struct {
 	masters          int
 	master, daemon   span
 	share            span
+	callsPerRead     span
 	redisAll         span // all masters' CPU per cycle of the run
 	rate, p50, p99   span
 	generator        span
@@ -273,12 +310,13 @@ type clusterModel struct {
 
 func modelOf(ss []clusterSample) clusterModel {
 	m := clusterModel{masters: ss[0].masters}
-	var master, daemon, share, redisAll, rate, p50, p99, gen, capacity, cores []float64
+	var master, daemon, share, perRead, redisAll, rate, p50, p99, gen, capacity, cores []float64
 	for _, s := range ss {
 		var perServed []float64
 		for i := range s.masterCPU {
 			perServed = append(perServed, s.masterPerServed(i))
 			share = append(share, s.share(i))
+			perRead = append(perRead, s.callsPerRead(i))
 		}
 		master = append(master, perServed...)
 		for i := range s.daemonCPU {
@@ -301,6 +339,7 @@ func modelOf(ss []clusterSample) clusterModel {
 		}
 	}
 	m.master, m.daemon, m.share, m.redisAll = spanOf(master), spanOf(daemon), spanOf(share), spanOf(redisAll)
+	m.callsPerRead = spanOf(perRead)
 	m.rate, m.p50, m.p99, m.generator = spanOf(rate), spanOf(p50), spanOf(p99), spanOf(gen)
 	m.capacity, m.daemonCoresAtCap = spanOf(capacity), spanOf(cores)
 	return m
@@ -308,13 +347,13 @@ func modelOf(ss []clusterSample) clusterModel {
 
 func printClusterSummary(w io.Writer, results [][]clusterSample) {
 	fmt.Fprintf(w, "\n%d rounds (min – max over rounds, and over masters or daemons):\n\n", len(results[0]))
-	fmt.Fprintln(w, "| masters | cycles/s here | claim p50 / p99 µs | each master's CPU per cycle it served µs | each master's share of the calls | all masters' CPU per cycle µs | each daemon's CPU per cycle it served µs | generator CPU per cycle µs | cycles/s with each master on a core of its own | daemon cores that needs |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| masters | cycles/s here | claim p50 / p99 µs | each master's CPU per cycle it served µs | each master's share of the calls | calls per read | all masters' CPU per cycle µs | each daemon's CPU per cycle it served µs | generator CPU per cycle µs | cycles/s with each master on a core of its own | daemon cores that needs |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, ss := range results {
 		m := modelOf(ss)
-		fmt.Fprintf(w, "| %d | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s |\n", m.masters,
+		fmt.Fprintf(w, "| %d | %s | %s / %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", m.masters,
 			m.rate.format("%.0f"), m.p50.format("%.0f"), m.p99.format("%.0f"), m.master.format("%.0f"),
-			span{100 * m.share.lo, 100 * m.share.hi}.format("%.0f %%"), m.redisAll.format("%.0f"),
+			span{100 * m.share.lo, 100 * m.share.hi}.format("%.0f %%"), m.callsPerRead.format("%.1f"), m.redisAll.format("%.0f"),
 			m.daemon.format("%.0f"), m.generator.format("%.0f"), m.capacity.format("%.0f"), m.daemonCoresAtCap.format("%.1f"))
 	}
 	fmt.Fprintln(w, "\nWith each master on a core of its own, a cluster serves cycles until its busiest master spends a second of CPU a second: N masters that each spend m µs per cycle they serve, with the keys spread evenly, reach N × 1,000,000 / m cycles/s (each a claim and its complete), and need that rate × the daemons' CPU per cycle in daemon cores. This machine runs every process on the same cores, so the rates are a model checked by the CPU counts, not a measurement.")

@@ -131,13 +131,16 @@ func TestSlotRanges(t *testing.T) {
 func TestClusterModel(t *testing.T) {
 	s := clusterSample{masters: 2, cycles: 10000, elapsed: 2 * time.Second,
 		masterCPU:  []time.Duration{300 * time.Millisecond, 200 * time.Millisecond},
-		masterCmds: []int64{6000, 4000},
-		daemonCPU:  []time.Duration{600 * time.Millisecond, 400 * time.Millisecond}, daemonCycles: []int{6000, 4000}}
+		masterCmds: []int64{6000, 4000}, masterReads: []int64{1000, 2000},
+		daemonCPU: []time.Duration{600 * time.Millisecond, 400 * time.Millisecond}, daemonCycles: []int{6000, 4000}}
 	if got := s.masterPerServed(0); got != 50 { // 300 ms over 6000 cycles
 		t.Errorf("master 0: %v µs per cycle it served, want 50", got)
 	}
 	if got := s.masterPerServed(1); got != 50 {
 		t.Errorf("master 1: %v µs per cycle it served, want 50", got)
+	}
+	if got := s.callsPerRead(1); got != 2 {
+		t.Errorf("master 1: %v calls a read, want 2", got)
 	}
 	if got := s.daemonPerServed(0); got != 100 {
 		t.Errorf("daemon 0: %v µs per cycle, want 100", got)

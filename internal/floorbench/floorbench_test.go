@@ -78,7 +78,7 @@ func TestFloorbenchClusterSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"round 1, 1 masters: 60 cycles", "round 1, 2 masters: 60 cycles", "| 1 | ", "| 2 | ", "(0 errors)"} {
+	for _, want := range []string{"round 1, 1 masters, 4 clients: 60 cycles", "round 1, 2 masters, 4 clients: 60 cycles", "| 1 | ", "| 2 | ", "(0 errors)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in the output", want)
 		}

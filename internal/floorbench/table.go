@@ -12,6 +12,7 @@ type sample struct {
 	clients  int
 	cycles   int
 	errors   int
+	firstErr string
 	elapsed  time.Duration
 	claimP50 time.Duration
 	claimP99 time.Duration
@@ -89,6 +90,9 @@ func printSample(w io.Writer, round int, s sample, hasRedis bool) {
 	fmt.Fprintf(w, "round %d, %d clients, %-18s %6d cycles %7.0f/s  claim p50 %6.0f µs p99 %7.0f µs  CPU per cycle: server %4.0f µs, Redis %4s µs, generator %3.0f µs  (%d errors)\n",
 		round, s.clients, s.target+":", s.cycles, s.rate(), micros(s.claimP50), micros(s.claimP99),
 		s.perCycle(s.server), redis, s.perCycle(s.generator), s.errors)
+	if s.firstErr != "" {
+		fmt.Fprintf(w, "  the first error: %s\n", s.firstErr)
+	}
 }
 
 // printSummary prints, for one number of clients, the spread over rounds of every

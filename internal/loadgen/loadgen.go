@@ -47,6 +47,8 @@ type Result struct {
 	// CPU is the user and system time the whole process spent during the run: the
 	// generator's own when it runs in a process of its own (cmd/idemd-load).
 	CPU time.Duration `json:"cpu_ns"`
+	// FirstError is the first failed cycle's error, when any failed.
+	FirstError string `json:"first_error,omitempty"`
 	// CyclesByURL, with Config.BaseURLs, is the cycles sent to each of them.
 	CyclesByURL []int `json:"cycles_by_url,omitempty"`
 }
@@ -75,6 +77,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	client := &http.Client{Transport: transport, Timeout: 30 * time.Second}
 
 	var next, errs atomic.Int64
+	var firstErr atomic.Pointer[string]
 	claims := make([][]time.Duration, cfg.Clients)
 	cycles := make([][]time.Duration, cfg.Clients)
 	var wg sync.WaitGroup
@@ -96,6 +99,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 				claimTook, cycleTook, err := cycle(ctx, client, c, fmt.Sprintf("%s-%d", cfg.KeyPrefix, i))
 				if err != nil {
 					errs.Add(1)
+					msg := err.Error()
+					firstErr.CompareAndSwap(nil, &msg)
 					continue
 				}
 				claims[w] = append(claims[w], claimTook)
@@ -105,6 +110,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	}
 	wg.Wait()
 	res := Result{Elapsed: time.Since(start), Errors: int(errs.Load()), CPU: processCPU() - cpuBefore}
+	if e := firstErr.Load(); e != nil {
+		res.FirstError = *e
+	}
 	allClaims, allCycles := slices.Concat(claims...), slices.Concat(cycles...)
 	res.Cycles = len(allCycles)
 	if len(cfg.BaseURLs) > 0 {
