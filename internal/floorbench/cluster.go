@@ -248,6 +248,9 @@ func (b *bench) runCluster(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := b.idle(ctx, clusters); err != nil {
+		return err
+	}
 	daemons, load := "one idemd per master", fmt.Sprintf("%d clients and %d cycles a run", clients, b.cfg.Cycles)
 	if b.cfg.Daemons > 0 {
 		daemons = fmt.Sprintf("%d idemd daemons", b.cfg.Daemons)
@@ -274,6 +277,51 @@ func (b *bench) runCluster(ctx context.Context) error {
 		}
 	}
 	printClusterSummary(b.cfg.Out, results)
+	return nil
+}
+
+// idleWindow is how long idle measures the CPU of clusters that serve nothing.
+const idleWindow = 5 * time.Second
+
+// idle prints the CPU the masters and daemons of each cluster spend with no load
+// (timers, the cluster bus, refreshes of the slot map): the part of a run's CPU that
+// does not come from its cycles.
+func (b *bench) idle(ctx context.Context, clusters []*cluster) error {
+	var pids []int
+	for _, c := range clusters {
+		for _, p := range slices.Concat(c.masters, c.daemons) {
+			pids = append(pids, p.pid())
+		}
+	}
+	before, err := cpuOf(pids)
+	if err != nil {
+		return err
+	}
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(idleWindow):
+	}
+	after, err := cpuOf(pids)
+	if err != nil {
+		return err
+	}
+	perSecond := func(i int) float64 { return float64((after[i] - before[i]).Milliseconds()) / idleWindow.Seconds() }
+	fmt.Fprintf(b.cfg.Out, "with no load, over %s:", idleWindow)
+	k := 0
+	for _, c := range clusters {
+		var ms, ds []string
+		for range c.masters {
+			ms = append(ms, fmt.Sprintf("%.0f", perSecond(k)))
+			k++
+		}
+		for range c.daemons {
+			ds = append(ds, fmt.Sprintf("%.0f", perSecond(k)))
+			k++
+		}
+		fmt.Fprintf(b.cfg.Out, " %d masters: masters %s ms/s, daemons %s ms/s;", len(c.masters), strings.Join(ms, ", "), strings.Join(ds, ", "))
+	}
+	fmt.Fprintln(b.cfg.Out)
 	return nil
 }
 
