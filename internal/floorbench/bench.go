@@ -293,7 +293,7 @@ func (b *bench) perfRecord(t *target) (func(), error) {
 	var recs []*process
 	for i, p := range t.servers {
 		out := filepath.Join(b.cfg.Perf, fmt.Sprintf("%s-%d.perf.data", t.name, i))
-		r, err := b.ps.start("perf record "+t.name, "perf", "record", "-F", "499", "-g", "-o", out, "-p", strconv.Itoa(p.pid()))
+		r, err := b.ps.start("perf record "+t.name, "perf", "record", "-F", "1999", "-g", "-o", out, "-p", strconv.Itoa(p.pid()))
 		if err != nil {
 			return nil, err
 		}
