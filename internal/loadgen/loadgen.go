@@ -97,6 +97,10 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 					return
 				}
 				claimTook, cycleTook, err := cycle(ctx, client, c, fmt.Sprintf("%s-%d", cfg.KeyPrefix, i))
+				if err != nil && ctx.Err() != nil {
+					// Cut off by the run's end (Duration) or by the caller: not a failure.
+					return
+				}
 				if err != nil {
 					errs.Add(1)
 					msg := err.Error()
