@@ -13,7 +13,8 @@
 -- which the abandoned-keys feed reads: a record is in it while it is pending (index
 -- keeps it so), and until the feed meets the entry of a record that expired pending,
 -- which it removes.
--- KEYS[4] is the tenant's usage of that slot: a hash that counts the slot's records of
+-- KEYS[4] is the tenant's usage of that slot (on a Redis with one master and no slots,
+-- its one usage hash, which every script reaches): a hash that counts the records of
 -- the tenant, and their bytes, by the span of USAGE_SPAN_MS their expiry falls in:
 -- field k (in decimal) counts the records expiring in ((k-1)*USAGE_SPAN_MS,
 -- k*USAGE_SPAN_MS], as bytes * USAGE_BYTE + records, so that one HINCRBY moves both. A

@@ -224,7 +224,11 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 	} else {
 		rec = "0"
 	}
-	rep, err := s.runKeys(ctx, l.scripts.importRecord, digestKeys(e.ID.Tenant, e.KeyDigest), e.ID,
+	keys, err := s.scriptKeys(ctx, e.ID.Tenant, e.KeyDigest, l.scripts.importRecord.writes)
+	if err != nil {
+		return "", err
+	}
+	rep, err := s.runKeys(ctx, l.scripts.importRecord, keys, e.ID,
 		e.ID.Key, e.ID.Tenant, st, e.Owner, strconv.FormatInt(e.Attempt, 10),
 		msOf(e.LeaseExpiresAt, e.State != engine.StatePending || e.LeaseExpiresAt.IsZero()), rec,
 		msOf(e.CreatedAt, false), msOf(e.UpdatedAt, false), msOf(e.ExpiresAt, false),

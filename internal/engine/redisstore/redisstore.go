@@ -9,6 +9,7 @@ package redisstore
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -149,6 +150,10 @@ type Store struct {
 	agreeWG sync.WaitGroup
 	closing context.Context
 	stop    context.CancelFunc
+	// usagePlace is where the store keeps usage (soleUsage), once decided; usageSlots
+	// holds, on a Cluster, each tenant's *slotNotes (noteSlot).
+	usagePlace atomic.Int32
+	usageSlots sync.Map
 }
 
 // New returns a Store over client. The store owns the client and closes it.
@@ -345,7 +350,12 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := l.scripts.watch.Run(ctx, s.client, recordKeys(id)).Err(); err != nil {
+	keys, err := s.scriptKeys(ctx, id.Tenant, sha256.Sum256([]byte(id.Key)), l.scripts.watch.writes)
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	if err := l.scripts.watch.Run(ctx, s.client, keys).Err(); err != nil {
 		w.Close()
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("redis: %w", ctx.Err())
@@ -396,7 +406,11 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
-	return s.runKeys(ctx, script, recordKeys(id), id, args...)
+	keys, err := s.scriptKeys(ctx, id.Tenant, sha256.Sum256([]byte(id.Key)), script.writes)
+	if err != nil {
+		return reply{}, err
+	}
+	return s.runKeys(ctx, script, keys, id, args...)
 }
 
 // runKeys is run on the keys of a record, which id names in the answer.

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -29,28 +30,161 @@ func usageKey(tenant string, slot uint16) string {
 	return "{" + string(tag[:]) + "}\x00usage:" + tenant
 }
 
-// Usage implements engine.UsageReader. It reads the tenant's usage hash of every slot,
-// in pipelines of indexBatch (a Cluster pipeline sends each node its own), counts the
-// spans that have not ended by Redis's clock, and deletes those that have: what
-// expired records left there. Its cost is one HGETALL for each of the 16384 slots
-// (most of them absent) and the spans it reads, whatever the tenant keeps.
+// soleUsageKey is the one usage hash of a tenant where Redis has one master and no
+// slots (standalone or Sentinel): every script reaches it.
+func soleUsageKey(tenant string) string { return "\x00usage:" + tenant }
+
+// usageSlotsKey is, on a Cluster, the set of the slots where a tenant may have usage:
+// every slot whose usage hash a script may have written, and perhaps more.
+func usageSlotsKey(tenant string) string { return "\x00usage-slots:" + tenant }
+
+// The places a store keeps usage, decided once from what Redis says of itself.
+const (
+	usageUndecided int32 = iota
+	usagePerSlot
+	usageSole
+)
+
+// usageSlotsFresh is how long a daemon trusts its own note that a slot is in a
+// tenant's set of slots with usage, before adding it again at the next write there:
+// it bounds how long a set that lost a member (a failover that lost a write, a key
+// deleted by hand) can leave out a slot written since.
+const usageSlotsFresh = 5 * time.Minute
+
+// slotNotes are the slots a daemon has added to one tenant's set of slots with usage
+// since when.
+type slotNotes struct {
+	since time.Time
+	bits  [slots / 64]atomic.Uint64
+}
+
+func (n *slotNotes) has(slot uint16) bool { return n.bits[slot/64].Load()&(1<<(slot%64)) != 0 }
+func (n *slotNotes) add(slot uint16)      { n.bits[slot/64].Or(1 << (slot % 64)) }
+
+// soleUsage tells whether the store keeps each tenant's usage in one hash: when Redis
+// has one master and no slots. Every daemon sharing a store asks the same Redis, so
+// all agree; a Redis with Cluster enabled counts per slot, even with one master, so
+// that the scripts never need to reach another slot. It asks INFO once per store.
+func (s *Store) soleUsage(ctx context.Context) (bool, error) {
+	switch s.usagePlace.Load() {
+	case usagePerSlot:
+		return false, nil
+	case usageSole:
+		return true, nil
+	}
+	m, err := s.client.MasterFor(ctx, usageSlotsKey(""))
+	if err != nil {
+		return false, s.failed(ctx, err)
+	}
+	info, err := m.Info(ctx, "cluster").Result()
+	if err != nil {
+		return false, s.failed(ctx, err)
+	}
+	if infoField(info, "cluster_enabled") == 1 {
+		s.usagePlace.Store(usagePerSlot)
+		return false, nil
+	}
+	s.usagePlace.Store(usageSole)
+	return true, nil
+}
+
+// scriptKeys are the keys of a script on a record of tenant whose key's SHA-256 is
+// sum, with the tenant's usage where the store keeps it. On a Cluster, before a script
+// that writes, the record's slot is added to the tenant's set of slots with usage, if
+// this daemon has not added it lately: so the set holds every slot a script may have
+// counted in before the script runs.
+func (s *Store) scriptKeys(ctx context.Context, tenant string, sum [32]byte, writes bool) ([]string, error) {
+	keys := digestKeys(tenant, sum)
+	sole, err := s.soleUsage(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if sole {
+		keys[3] = soleUsageKey(tenant)
+		return keys, nil
+	}
+	if writes {
+		if err := s.noteSlot(ctx, tenant, slot(keys[0])); err != nil {
+			return nil, err
+		}
+	}
+	return keys, nil
+}
+
+// noteSlot adds slot to the tenant's set of slots with usage, unless this daemon did
+// so within usageSlotsFresh.
+func (s *Store) noteSlot(ctx context.Context, tenant string, slot uint16) error {
+	v, _ := s.usageSlots.Load(tenant)
+	n, _ := v.(*slotNotes)
+	if n == nil || time.Since(n.since) > usageSlotsFresh {
+		fresh := &slotNotes{since: time.Now()}
+		if n == nil {
+			v, _ = s.usageSlots.LoadOrStore(tenant, fresh)
+		} else if s.usageSlots.CompareAndSwap(tenant, n, fresh) {
+			v = fresh
+		} else {
+			v, _ = s.usageSlots.Load(tenant)
+		}
+		n = v.(*slotNotes)
+	}
+	if n.has(slot) {
+		return nil
+	}
+	// SADD is idempotent: daemons adding the same slot at once leave it there once.
+	p := s.client.Pipeline()
+	p.SAdd(ctx, usageSlotsKey(tenant), slot)
+	if _, err := p.Exec(ctx); err != nil {
+		return s.failed(ctx, err)
+	}
+	n.add(slot)
+	return nil
+}
+
+// Usage implements engine.UsageReader. On one master it reads the tenant's one usage
+// hash; on a Cluster, the hashes of the slots in the tenant's set of slots with usage
+// (SMEMBERS), in pipelines of indexBatch (a Cluster pipeline sends each node its own).
+// It counts the spans that have not ended by Redis's clock, and deletes those that
+// have: what expired records left there.
+//
+// The set is never made smaller: a slot whose hash is empty now may be written at
+// any moment by a daemon that added the slot long ago, and would then be left out.
+// So a tenant costs as many HGETALLs as the slots it has ever written, at most 16384.
 func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
 	if _, err := s.current(ctx); err != nil {
 		return engine.Usage{}, err
 	}
+	sole, err := s.soleUsage(ctx)
+	if err != nil {
+		return engine.Usage{}, err
+	}
+	var keys []string
+	if sole {
+		keys = []string{soleUsageKey(tenant)}
+	} else {
+		p := s.client.Pipeline()
+		cmd := p.SMembers(ctx, usageSlotsKey(tenant))
+		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+			return engine.Usage{}, s.failed(ctx, err)
+		}
+		for _, m := range cmd.Val() {
+			if n, err := strconv.ParseUint(m, 10, 16); err == nil && n < slots {
+				keys = append(keys, usageKey(tenant, uint16(n)))
+			}
+		}
+	}
 	var u engine.Usage
 	var nowSpan int64
 	var earliest int64
-	for first := 0; first < slots; first += indexBatch {
-		n := min(indexBatch, slots-first)
+	for first := 0; first == 0 || first < len(keys); first += indexBatch {
+		batch := keys[first:min(first+indexBatch, len(keys))]
 		p := s.client.Pipeline()
 		var clock *redis.TimeCmd
 		if first == 0 {
 			clock = p.Time(ctx)
 		}
-		cmds := make([]*redis.MapStringStringCmd, n)
-		for i := range n {
-			cmds[i] = p.HGetAll(ctx, usageKey(tenant, uint16(first+i)))
+		cmds := make([]*redis.MapStringStringCmd, len(batch))
+		for i, key := range batch {
+			cmds[i] = p.HGetAll(ctx, key)
 		}
 		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return engine.Usage{}, s.failed(ctx, err)
@@ -85,7 +219,7 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 				}
 			}
 			if len(gone) > 0 {
-				stale.HDel(ctx, usageKey(tenant, uint16(first+i)), gone...)
+				stale.HDel(ctx, batch[i], gone...)
 				dropped++
 			}
 		}
