@@ -35,7 +35,9 @@ func usageKey(tenant string, slot uint16) string {
 func soleUsageKey(tenant string) string { return "\x00usage:" + tenant }
 
 // usageSlotsKey is, on a Cluster, the set of the slots where a tenant may have usage:
-// every slot whose usage hash a script may have written, and perhaps more.
+// every slot whose usage hash a script may have written, and perhaps more. It is a
+// bitmap of 16384 bits, bit n (SETBIT's offset) for slot n: 2 KiB at most, read whole
+// by one GET.
 func usageSlotsKey(tenant string) string { return "\x00usage-slots:" + tenant }
 
 // The places a store keeps usage, decided once from what Redis says of itself.
@@ -130,9 +132,9 @@ func (s *Store) noteSlot(ctx context.Context, tenant string, slot uint16) error 
 	if n.has(slot) {
 		return nil
 	}
-	// SADD is idempotent: daemons adding the same slot at once leave it there once.
+	// SETBIT to 1 is idempotent: daemons adding the same slot at once leave it set.
 	p := s.client.Pipeline()
-	p.SAdd(ctx, usageSlotsKey(tenant), slot)
+	p.SetBit(ctx, usageSlotsKey(tenant), int64(slot), 1)
 	if _, err := p.Exec(ctx); err != nil {
 		return s.failed(ctx, err)
 	}
@@ -142,7 +144,7 @@ func (s *Store) noteSlot(ctx context.Context, tenant string, slot uint16) error 
 
 // Usage implements engine.UsageReader. On one master it reads the tenant's one usage
 // hash; on a Cluster, the hashes of the slots in the tenant's set of slots with usage
-// (SMEMBERS), in pipelines of indexBatch (a Cluster pipeline sends each node its own).
+// (one GET), in pipelines of indexBatch (a Cluster pipeline sends each node its own).
 // It counts the spans that have not ended by Redis's clock, and deletes those that
 // have: what expired records left there.
 //
@@ -162,13 +164,16 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 		keys = []string{soleUsageKey(tenant)}
 	} else {
 		p := s.client.Pipeline()
-		cmd := p.SMembers(ctx, usageSlotsKey(tenant))
+		cmd := p.Get(ctx, usageSlotsKey(tenant))
 		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return engine.Usage{}, s.failed(ctx, err)
 		}
-		for _, m := range cmd.Val() {
-			if n, err := strconv.ParseUint(m, 10, 16); err == nil && n < slots {
-				keys = append(keys, usageKey(tenant, uint16(n)))
+		// SETBIT's offset 0 is the highest bit of the first byte.
+		for i, b := range []byte(cmd.Val()) {
+			for bit := range 8 {
+				if n := i*8 + bit; b&(0x80>>bit) != 0 && n < slots {
+					keys = append(keys, usageKey(tenant, uint16(n)))
+				}
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // commandCounter is a go-redis hook that counts the commands a client sends, by name,
@@ -126,7 +127,7 @@ func TestUsageReadCost(t *testing.T) {
 		if testing.Short() {
 			t.Skip("starts a Redis Cluster")
 		}
-		// SMEMBERS, TIME, and an HGETALL for each slot written (at most one a record).
+		// GET of the set, TIME, and an HGETALL for each slot written (at most one a record).
 		check(t, testredis.StartCluster(t).URL(), 2+records)
 	})
 }
@@ -187,5 +188,44 @@ func BenchmarkUsage(b *testing.B) {
 			_, total := counter.take()
 			b.ReportMetric(float64(total)/float64(b.N), "commands/read")
 		})
+	}
+}
+
+// TestUsageOnClusterOfOneMaster: a Redis with Cluster enabled keeps usage by slot even
+// when it is the only master and the store reaches it by a plain redis:// URL, so
+// that every daemon on it writes the keys a Cluster's daemons would.
+func TestUsageOnClusterOfOneMaster(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+		"--cluster-port", fmt.Sprint(testredis.FreePort(t)))
+	if reply, err := srv.Command("CLUSTER", "ADDSLOTSRANGE", "0", "16383"); err != nil || reply != "+OK" {
+		t.Fatalf("CLUSTER ADDSLOTSRANGE: %q %v", reply, err)
+	}
+	s, counter := countedStore(t, srv.URL())
+	ctx := t.Context()
+	wait.For(t, 30*time.Second, "the node to serve its slots", func() bool {
+		_, err := s.Claim(ctx, engine.Claim{ID: engine.ID{Tenant: "probe", Key: "k"}, Lease: time.Minute,
+			Retention: time.Hour, Token: engine.NewLeaseToken()})
+		return err == nil
+	})
+	const records = 10
+	for i := range records {
+		c := engine.Claim{ID: engine.ID{Tenant: "one", Key: fmt.Sprintf("order-%d", i)}, Lease: time.Minute,
+			Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := s.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counter.take()
+	u, err := s.Usage(ctx, "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts, _ := counter.take()
+	if u.Records != records || counts["get"] != 1 || counts["hgetall"] != records {
+		t.Fatalf("usage %+v read by %v, want %d records read slot by slot", u, counts, records)
+	}
+	if reply, err := srv.Command("EXISTS", "\x00usage:one"); err != nil || reply != ":0" {
+		t.Fatalf("EXISTS of the one usage hash of a store without slots: %q %v, want none", reply, err)
 	}
 }
