@@ -48,9 +48,8 @@ func digestKeys(tenant string, sum [32]byte) []string {
 
 // indexKey is the pending index of a tenant's records in one Cluster slot (see
 // lua/prelude.lua). Every deployment has one per slot, a Cluster's scripts being
-// unable to reach another slot: a standalone Redis could do with one, but then a
-// store would have to know which kind of deployment it writes to before its first
-// script. The NUL after the tag keeps it apart from every record key, whose tenant
+// unable to reach another slot: a standalone Redis could do with one, as it does with
+// one usage hash (soleUsage), but the feed that reads the indexes is read seldom. The NUL after the tag keeps it apart from every record key, whose tenant
 // names never hold one.
 func indexKey(tenant string, slot uint16) string {
 	tag := slotTags[slot]
