@@ -236,7 +236,11 @@ local function save(r)
       if x then
         kv[#kv + 1] = FIELDS[i]
         kv[#kv + 1] = x
-        size = size + #FIELDS[i] + #tostring(x)
+        -- An empty field reads as an absent one (unpack_legacy), and counts as one, so
+        -- that what a record adds to the usage is what taking it away subtracts.
+        if x ~= '' then
+          size = size + #FIELDS[i] + #tostring(x)
+        end
       end
     end
     redis.call('HSET', LEGACY, unpack(kv))
