@@ -27,14 +27,31 @@ type abandonedCollector struct {
 	counted time.Time
 	last    []prometheus.Metric
 	// byTenant is the last count by tenant, which the console's overview shows.
-	byTenant map[string]int
+	byTenant map[string]keyCounts
+}
+
+// keyCounts is what the console shows of a tenant's unfinished keys: its abandoned
+// keys and its pending keys (abandoned or under a live lease), each counted up to a cap.
+type keyCounts struct {
+	abandoned int
+	pending   int
+	// pendingCapped says that pending stopped at pendingCap: there are at least as many.
+	pendingCapped bool
 }
 
 const (
 	abandonedEvery   = 30 * time.Second
 	abandonedCap     = 10000
 	abandonedTimeout = 5 * time.Second
+	// pendingCap bounds the pending keys counted for the console, with the abandoned
+	// keys: a count reads at most this many through the feed, whose lookups cost a
+	// read each, so that the overview stays cheap whatever a tenant has in flight.
+	pendingCap = 1000
 )
+
+// pendingBefore is a lease expiry later than any lease runs out: the feed asked for
+// keys whose lease ran out by then answers every pending key.
+var pendingBefore = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func newAbandonedCollector(eng Engine, tenants func() []string) *abandonedCollector {
 	return &abandonedCollector{
@@ -72,9 +89,9 @@ func (c *abandonedCollector) refresh() {
 	}
 }
 
-// counts returns the abandoned keys of each tenant, as last counted (at most
-// abandonedEvery ago), and when they were counted.
-func (c *abandonedCollector) counts() (map[string]int, time.Time) {
+// counts returns the abandoned and pending keys of each tenant, as last counted (at
+// most abandonedEvery ago), and when they were counted.
+func (c *abandonedCollector) counts() (map[string]keyCounts, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.refresh()
@@ -83,19 +100,23 @@ func (c *abandonedCollector) counts() (map[string]int, time.Time) {
 
 // measure counts every tenant's abandoned keys; a tenant the store could not answer
 // for fails the whole count, which keeps the previous one rather than report zero.
-func (c *abandonedCollector) measure(now time.Time) ([]prometheus.Metric, map[string]int, bool) {
+func (c *abandonedCollector) measure(now time.Time) ([]prometheus.Metric, map[string]keyCounts, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), abandonedTimeout)
 	defer cancel()
 	tenants := c.tenants()
 	slices.Sort(tenants)
 	var out []prometheus.Metric
-	byTenant := make(map[string]int, len(tenants))
+	byTenant := make(map[string]keyCounts, len(tenants))
 	for _, tenant := range tenants {
-		n, oldest, err := c.countTenant(ctx, tenant, now)
+		n, oldest, err := c.countTenant(ctx, tenant, now, abandonedCap)
 		if err != nil {
 			return nil, nil, false
 		}
-		byTenant[tenant] = n
+		pending, _, err := c.countTenant(ctx, tenant, pendingBefore, pendingCap)
+		if err != nil {
+			return nil, nil, false
+		}
+		byTenant[tenant] = keyCounts{abandoned: n, pending: pending, pendingCapped: pending >= pendingCap}
 		out = append(out,
 			prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(n), tenant),
 			prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, oldest.Seconds(), tenant))
@@ -103,18 +124,20 @@ func (c *abandonedCollector) measure(now time.Time) ([]prometheus.Metric, map[st
 	return out, byTenant, true
 }
 
-func (c *abandonedCollector) countTenant(ctx context.Context, tenant string, now time.Time) (int, time.Duration, error) {
-	q := engine.AbandonedQuery{Tenant: tenant, Before: now, Limit: engine.MaxAbandonedLimit}
+// countTenant counts, up to limit, the tenant's pending keys whose lease ran out by
+// before, and how long ago the earliest ran out.
+func (c *abandonedCollector) countTenant(ctx context.Context, tenant string, before time.Time, limit int) (int, time.Duration, error) {
+	q := engine.AbandonedQuery{Tenant: tenant, Before: before, Limit: min(limit, engine.MaxAbandonedLimit)}
 	n, oldest := 0, time.Duration(0)
 	// A page may hold no key and still go on (a store bounds what one page reads), so
 	// the pages are bounded too.
-	for pages := 0; n < abandonedCap && pages < 100; pages++ {
+	for pages := 0; n < limit && pages < 100; pages++ {
 		page, err := c.engine.Abandoned(ctx, q)
 		if err != nil {
 			return 0, 0, err
 		}
 		for _, k := range page.Keys {
-			oldest = max(oldest, now.Sub(k.LeaseExpiredAt))
+			oldest = max(oldest, before.Sub(k.LeaseExpiredAt))
 		}
 		n += len(page.Keys)
 		if page.Next == "" {
@@ -122,5 +145,5 @@ func (c *abandonedCollector) countTenant(ctx context.Context, tenant string, now
 		}
 		q.Cursor = page.Next
 	}
-	return min(n, abandonedCap), oldest, nil
+	return min(n, limit), oldest, nil
 }

@@ -30,6 +30,11 @@ type overviewTenant struct {
 	// Abandoned is the tenant's abandoned keys as last counted (at most 30 s ago, up
 	// to 10000), nil when they could not be counted.
 	Abandoned *int `json:"abandoned"`
+	// Pending is the tenant's pending keys, abandoned or under a live lease, counted
+	// with the abandoned ones up to 1000; PendingCapped says the count stopped there,
+	// so that there are at least as many. Pending is nil when they could not be counted.
+	Pending       *int `json:"pending"`
+	PendingCapped bool `json:"pending_capped"`
 }
 
 type overview struct {
@@ -90,7 +95,7 @@ func (s *Server) consoleOverview(c echo.Context) error {
 			}
 		}
 		if n, ok := abandoned[tenant]; ok {
-			line.Abandoned = &n
+			line.Abandoned, line.Pending, line.PendingCapped = &n.abandoned, &n.pending, n.pendingCapped
 		}
 		t := s.traffic.series(tenant, now)
 		window := float64(trafficWindow * t.StepSeconds)

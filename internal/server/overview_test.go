@@ -38,8 +38,9 @@ func TestConsoleOverview(t *testing.T) {
 		return capped["claims_per_second"].(float64) > 0
 	})
 	if capped["tenant"] != "capped" || capped["records"] != float64(2) || capped["max_records"] != float64(3) ||
-		capped["claims_per_second"].(float64) <= 0 || capped["stored_bytes"].(float64) <= 0 || capped["abandoned"] != float64(0) {
-		t.Fatalf("the capped tenant's line: %v", capped)
+		capped["claims_per_second"].(float64) <= 0 || capped["stored_bytes"].(float64) <= 0 || capped["abandoned"] != float64(0) ||
+		capped["pending"] != float64(2) || capped["pending_capped"] != false {
+		t.Fatalf("the capped tenant's line (its two claims pending, none abandoned): %v", capped)
 	}
 	if pct := capped["quota_percent"].(float64); pct < 66 || pct > 67 {
 		t.Fatalf("quota_percent %v, want 2 of 3 records", pct)
