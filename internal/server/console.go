@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
+	"os"
 	"path"
 	"slices"
 	"strconv"
@@ -487,7 +488,13 @@ func (s *Server) consoleTraffic(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	return s.reply(c, answer{http.StatusOK, "ok", s.traffic.series(tenant, time.Now())})
+	host, _ := os.Hostname()
+	// The daemon is named, since the counts are its own: behind a load balancer, the
+	// page's reader sees one daemon's share of the tenant's claims.
+	return s.reply(c, answer{http.StatusOK, "ok", struct {
+		trafficSeries
+		Daemon string `json:"daemon"`
+	}{s.traffic.series(tenant, time.Now()), host}})
 }
 
 // consoleMaster is one Redis master as the store view shows it.

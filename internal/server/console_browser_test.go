@@ -10,6 +10,7 @@ import (
 	"image/draw"
 	"image/png"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,6 +91,13 @@ document.addEventListener('securitypolicyviolation', (e) => {
 // test ends.
 func openConsole(t *testing.T, browser context.Context, d *authDaemon) context.Context {
 	t.Helper()
+	return openConsoleAt(t, browser, d, "")
+}
+
+// openConsoleAt opens a tab at the console's view that fragment names ("" for the
+// page as the console opens it).
+func openConsoleAt(t *testing.T, browser context.Context, d *authDaemon, fragment string) context.Context {
+	t.Helper()
 	ctx, cancel := chromedp.NewContext(browser)
 	t.Cleanup(cancel)
 	// A bound on the whole subtest, so that a page that never shows what the test
@@ -99,7 +107,7 @@ func openConsole(t *testing.T, browser context.Context, d *authDaemon) context.C
 	run(t, ctx, chromedp.Func(func(ctx context.Context, target *chromedp.Target) error {
 		_, err := cdp.Call(ctx, target, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{Source: pageWatch})
 		return err
-	}), chromedp.Navigate(d.url+"/console/"))
+	}), chromedp.Navigate(d.url+"/console/"+fragment))
 	t.Cleanup(func() {
 		violations, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`window.__cspViolations`))
 		if err != nil {
@@ -112,10 +120,11 @@ func openConsole(t *testing.T, browser context.Context, d *authDaemon) context.C
 	return ctx
 }
 
-// tab opens a tab at the console, signed in with token ("" when the daemon is open).
+// tab opens a tab at the console's key inspector, signed in with token ("" when the
+// daemon is open).
 func tab(t *testing.T, browser context.Context, d *authDaemon, token string) context.Context {
 	t.Helper()
-	ctx := openConsole(t, browser, d)
+	ctx := openConsoleAt(t, browser, d, "#/records")
 	if token != "" {
 		run(t, ctx,
 			chromedp.WaitVisible(chromedp.CSS("#token")),
@@ -278,8 +287,12 @@ func TestConsoleInBrowser(t *testing.T) {
 		if stored := eval[any](t, ctx, `sessionStorage.getItem('idemd-console-token')`); stored != nil {
 			t.Errorf("a refused token was kept: %v", stored)
 		}
+		// The console opens on the tenants' overview, and says so in its URL.
 		run(t, ctx, chromedp.SendKeys(chromedp.CSS("#token"), alphaUse), chromedp.Click(chromedp.CSS("#signin-submit")),
-			chromedp.WaitVisible(chromedp.CSS("#view-inspect")))
+			chromedp.WaitVisible(chromedp.CSS("#view-overview")))
+		if got := eval[string](t, ctx, `location.hash`); got != "#/overview" {
+			t.Errorf("the default view's URL ends in %q, want #/overview", got)
+		}
 		if got := textOf(t, ctx, "#tenant-name"); got != "alpha" {
 			t.Errorf("signed in to tenant %q", got)
 		}
@@ -890,6 +903,105 @@ func TestConsoleInBrowser(t *testing.T) {
 		run(t, ctx, chromedp.Click(chromedp.CSS("#purge-yes")))
 		waitFor(t, ctx, `document.getElementById('purge-result').textContent.startsWith('Purged')`)
 		leftToRight("#purge-result", "from tenant")
+	})
+
+	t.Run("deep links", func(t *testing.T) {
+		// Keys a URL would otherwise change: dot segments, a path's, a query's and a
+		// fragment's separators, a percent sign, a space and a plus, and a right-to-left
+		// override.
+		keys := map[string]string{
+			".": ".", "..": "..", "a/../b": "a/../b", "x?y#z&key=w": "x?y#z&key=w", "100% +1": "100% +1",
+			"\u202Eevil": "U+202Eevil",
+		}
+		for key := range keys {
+			seed.claim(betaUse, key, map[string]any{"owner": "linked"})
+		}
+		seed.claim(betaUse, "late-1", map[string]any{"lease_ms": 100, "owner": "linked"})
+		seed.abandoned(betaUse, "late-", 1)
+		ctx := tab(t, browser, d, platformAdmin)
+		// load opens a URL afresh, as an alert's link would: the tab keeps its token.
+		load := func(fragment string) {
+			t.Helper()
+			run(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(d.url+"/console/"+fragment),
+				chromedp.WaitVisible(chromedp.CSS("#tabs")))
+		}
+		shown := func() string {
+			return eval[string](t, ctx, `[...document.querySelectorAll('.view')].filter((v) => !v.hidden).map((v) => v.id).join(' ')`)
+		}
+
+		for key, text := range keys {
+			link := "#/records?" + url.Values{"tenant": {"beta"}, "key": {key}}.Encode()
+			load(link)
+			waitFor(t, ctx, `!document.getElementById('record').hidden && document.getElementById('f-key').textContent === `+js(text))
+			if got := shown(); got != "view-inspect" {
+				t.Errorf("%s shows %q", link, got)
+			}
+			if got := textOf(t, ctx, "#f-tenant"); got != "beta" {
+				t.Errorf("%s shows tenant %q", link, got)
+			}
+			if got := eval[string](t, ctx, `document.getElementById('tenant').value`); got != "beta" {
+				t.Errorf("%s leaves the tenant chooser at %q", link, got)
+			}
+		}
+
+		// A key looked up in the inspector gets its URL, which opens it again.
+		load("#/records?tenant=beta")
+		run(t, ctx, chromedp.SetValue(chromedp.CSS("#key"), "x?y#z&key=w"), chromedp.Click(chromedp.CSS("#lookup")))
+		waitFor(t, ctx, `!document.getElementById('record').hidden && document.getElementById('f-key').textContent === 'x?y#z&key=w'`)
+		link := eval[string](t, ctx, `location.hash`)
+		load(link)
+		waitFor(t, ctx, `!document.getElementById('record').hidden && document.getElementById('f-key').textContent === 'x?y#z&key=w'`)
+
+		// A tenant's link opens the overview at its line.
+		load("#/tenants/beta")
+		waitFor(t, ctx, `document.querySelector('#overview-rows tr[data-tenant="beta"]') !== null`)
+		if got := shown(); got != "view-overview" {
+			t.Errorf("#/tenants/beta shows %q", got)
+		}
+		if got := eval[string](t, ctx, `document.querySelector('#overview-rows tr[aria-current]')?.dataset.tenant || ''`); got != "beta" {
+			t.Errorf("#/tenants/beta marks the line of %q", got)
+		}
+		// The keys are counted at most every 30 s: the count reaches the keys claimed
+		// above within that.
+		wait.For(t, time.Minute, "beta's pending keys to show in the overview", func() bool {
+			pending := textOf(t, ctx, `#overview-rows tr[data-tenant="beta"] .pending`)
+			if n, err := strconv.Atoi(pending); err == nil && n >= len(keys)+1 {
+				return true
+			}
+			load("#/tenants/beta")
+			waitFor(t, ctx, `document.querySelector('#overview-rows tr[data-tenant="beta"]') !== null`)
+			return false
+		})
+
+		load("#/abandoned?tenant=beta&prefix=late-")
+		waitFor(t, ctx, `document.getElementById('abandoned-table').dataset.prefix === 'late-' && document.querySelectorAll('#abandoned-rows tr').length === 1`)
+		if got := shown(); got != "view-abandoned" {
+			t.Errorf("the abandoned keys' link shows %q", got)
+		}
+		if got := eval[string](t, ctx, `document.getElementById('abandoned-prefix').value`); got != "late-" {
+			t.Errorf("the prefix reads %q", got)
+		}
+
+		load("#/traffic?tenant=beta")
+		waitFor(t, ctx, `document.getElementById('traffic-summary').textContent.includes('in tenant beta')`)
+		host, _ := os.Hostname()
+		if got := textOf(t, ctx, "#traffic-scope"); !strings.Contains(got, host) || !strings.Contains(got, "only") {
+			t.Errorf("the traffic view says %q; want it to name the daemon %s whose claims alone it counts", got, host)
+		}
+
+		// Navigating writes the URL, and back and forward return through it.
+		load("#/overview")
+		waitFor(t, ctx, `document.querySelector('#overview-rows tr[data-tenant="beta"] .overview-traffic') !== null`)
+		run(t, ctx, chromedp.Click(chromedp.CSS(`#overview-rows tr[data-tenant="beta"] .overview-traffic`)))
+		waitFor(t, ctx, `!document.getElementById('view-traffic').hidden && location.hash === '#/traffic?tenant=beta'`)
+		run(t, ctx, chromedp.Click(chromedp.CSS("#tab-abandoned")))
+		waitFor(t, ctx, `!document.getElementById('view-abandoned').hidden && location.hash === '#/abandoned?tenant=beta'`)
+		eval[bool](t, ctx, `(history.back(), true)`)
+		waitFor(t, ctx, `!document.getElementById('view-traffic').hidden && location.hash === '#/traffic?tenant=beta'`)
+		eval[bool](t, ctx, `(history.back(), true)`)
+		waitFor(t, ctx, `!document.getElementById('view-overview').hidden && location.hash === '#/overview'`)
+		eval[bool](t, ctx, `(history.forward(), true)`)
+		waitFor(t, ctx, `!document.getElementById('view-traffic').hidden && document.getElementById('traffic-summary').textContent.includes('in tenant beta')`)
 	})
 
 	t.Run("the store", func(t *testing.T) {

@@ -277,11 +277,11 @@
     $('signin-form').addEventListener('submit', signIn);
     $('sign-out').addEventListener('click', signOut);
     $('tenant').addEventListener('change', () => {
-      state.tenant = $('tenant').value;
-      clearRecord();
-      route();
+      const view = parseLink().view;
+      navigate(link(view === 'tenant' ? 'overview' : view, { tenant: $('tenant').value }));
     });
-    window.addEventListener('hashchange', route);
+    // Back, forward, and a link followed in the page all change the fragment.
+    window.addEventListener('hashchange', () => route());
     for (const radio of document.querySelectorAll('input[name="mode"]')) {
       radio.addEventListener('change', () => {
         const middleware = $('mode-middleware').checked;
@@ -295,7 +295,7 @@
     $('purge-yes').addEventListener('click', purge);
     $('abandoned-form').addEventListener('submit', (e) => {
       e.preventDefault();
-      loadAbandoned('');
+      navigate(link('abandoned', { tenant: state.tenant, prefix: $('abandoned-prefix').value }));
     });
     $('abandoned-next').addEventListener('click', () => loadAbandoned(state.feedCursor));
     $('store-refresh').addEventListener('click', loadStore);
@@ -368,72 +368,163 @@
     route();
   }
 
-  // ---- views ----
+  // ---- views and their links ----
+  //
+  // Every view has a URL, so that an alert or a colleague can link straight to it:
+  //   #/overview                          every tenant the token may see
+  //   #/tenants/<tenant>                  the overview at one tenant's line
+  //   #/records?tenant=<t>&key=<key>      a key in the inspector
+  //   #/abandoned?tenant=<t>&prefix=<p>   a tenant's abandoned keys
+  //   #/traffic?tenant=<t>                a tenant's traffic
+  //   #/store                             the store
+  // The parameters are a query string (URLSearchParams), which encodes every character
+  // that would end or change it ('&', '#', '?', '%', '+', '/'), and any that is not
+  // ASCII, so that any key survives the round trip; in a fragment no dot segment is
+  // resolved. The page opens the view its URL names, on load as well; navigating
+  // writes a new URL, so that back and forward return through the views.
 
-  function route() {
+  // VIEWS maps a link's first path segment to its view.
+  const VIEWS = { overview: 'overview', tenants: 'overview', records: 'inspect', abandoned: 'abandoned', traffic: 'traffic', store: 'store' };
+
+  // link is the fragment of a view ('tenant' for a tenant's line in the overview).
+  function link(view, params) {
+    const p = params || {};
+    if (view === 'tenant') return `#/tenants/${encodeURIComponent(p.tenant)}`;
+    const q = new URLSearchParams();
+    if (view !== 'overview' && view !== 'store') {
+      for (const name of ['tenant', 'key', 'prefix']) if (p[name]) q.set(name, p[name]);
+    }
+    const path = view === 'inspect' ? 'records' : view;
+    return q.toString() ? `#/${path}?${q}` : `#/${path}`;
+  }
+
+  // parseLink reads the page's fragment: the view, the tenant it names ('' for none)
+  // and its other parameters. A fragment of the console's older links (#traffic) is
+  // read as the view it names.
+  function parseLink() {
+    const hash = window.location.hash.slice(1);
+    const at = hash.indexOf('?');
+    const path = (at < 0 ? hash : hash.slice(0, at)).replace(/^\//, '');
+    const q = new URLSearchParams(at < 0 ? '' : hash.slice(at + 1));
+    const [first, second] = path.split('/');
+    const name = first === 'inspect' ? 'records' : first;
+    if (name === 'tenants' && second) {
+      let tenant = '';
+      try {
+        tenant = decodeURIComponent(second);
+      } catch {
+        tenant = '';
+      }
+      return { view: 'tenant', tenant, params: {} };
+    }
+    const view = Object.hasOwn(VIEWS, name) ? VIEWS[name] : 'overview';
+    return { view, tenant: q.get('tenant') || '', params: { key: q.get('key') || '', prefix: q.get('prefix') || '' } };
+  }
+
+  // navigate opens a view's link as a new step of the tab's history.
+  function navigate(fragment) {
+    if (window.location.hash !== fragment) window.history.pushState(null, '', fragment);
+    route();
+  }
+
+  // setTenant makes tenant the one the views act in.
+  function setTenant(tenant) {
+    if (!tenant || tenant === state.tenant) return;
+    state.tenant = tenant;
+    const select = $('tenant');
+    if ([...select.options].some((o) => o.value === tenant)) select.value = tenant;
+    clearRecord();
+  }
+
+  // route shows the view the URL names, in the tenant it names, and writes the URL
+  // out in full (with the tenant the view acts in) in place of the one it read.
+  function route(derived) {
     if (!state.who) return;
-    const view = (window.location.hash || '#inspect').slice(1);
-    const views = storeAllowed() ? ['overview', 'inspect', 'abandoned', 'traffic', 'store'] : ['overview', 'inspect', 'abandoned', 'traffic'];
-    const known = views.includes(view) ? view : 'inspect';
+    const at = parseLink();
+    setTenant(at.tenant);
+    const allowed = storeAllowed() ? ['overview', 'inspect', 'abandoned', 'traffic', 'store'] : ['overview', 'inspect', 'abandoned', 'traffic'];
+    const known = at.view === 'tenant' ? 'overview' : (allowed.includes(at.view) ? at.view : 'overview');
+    const canonical = at.view === 'tenant' ? link('tenant', { tenant: at.tenant })
+      : link(known, { tenant: state.tenant, key: at.params.key, prefix: at.params.prefix });
+    if (window.location.hash !== canonical) window.history.replaceState(null, '', canonical);
     for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${known}`;
     for (const a of document.querySelectorAll('#tabs a')) {
       if (a.id === `tab-${known}`) a.setAttribute('aria-current', 'page');
       else a.removeAttribute('aria-current');
     }
+    $('tab-overview').href = link('overview');
+    $('tab-inspect').href = link('inspect', { tenant: state.tenant });
+    $('tab-abandoned').href = link('abandoned', { tenant: state.tenant });
+    $('tab-traffic').href = link('traffic', { tenant: state.tenant });
+    $('tab-store').href = link('store');
     stopTraffic();
-    if (known === 'abandoned') loadAbandoned('');
+    if (known === 'abandoned') {
+      $('abandoned-prefix').value = at.params.prefix;
+      loadAbandoned('');
+    }
     if (known === 'traffic') startTraffic();
     if (known === 'store') loadStore();
-    if (known === 'overview') loadOverview();
+    if (known === 'overview') loadOverview(at.view === 'tenant' ? at.tenant : '');
+    if (known === 'inspect') showKey(at.params.key, derived);
     updatePurge();
+  }
+
+  // showKey opens the key a link names in the inspector, unless it shows it already.
+  function showKey(key, derived) {
+    if (!key) {
+      clearRecord();
+      return;
+    }
+    if (!derived) {
+      $('mode-key').checked = true;
+      $('fields-key').hidden = false;
+      $('fields-middleware').hidden = true;
+      $('key').value = key;
+    }
+    if (state.record && state.record.key === key && state.record.tenant === state.tenant && !derived) return;
+    clearRecord();
+    lookup(key, derived || null).catch((err) => showError('inspect-error', err));
   }
 
   // ---- the tenants' overview ----
 
-  async function loadOverview() {
+  async function loadOverview(tenant) {
     showError('overview-error', null);
     try {
       const r = await call('GET', '/console/api/overview');
-      renderOverview(r.body);
+      renderOverview(r.body, tenant);
     } catch (err) {
       showError('overview-error', err);
     }
   }
 
-  // go shows a tenant's view: it chooses the tenant, then the view's tab.
-  function go(tenant, view) {
-    const select = $('tenant');
-    if (!select.hidden && [...select.options].some((o) => o.value === tenant)) select.value = tenant;
-    state.tenant = tenant;
-    clearRecord();
-    if (window.location.hash === `#${view}`) route();
-    else window.location.hash = `#${view}`;
-  }
-
-  function renderOverview(o) {
+  // renderOverview draws the tenants' lines, marking the line of tenant when a link
+  // named it.
+  function renderOverview(o, tenant) {
     $('overview-scope').textContent = `Served by daemon ${o.daemon}: ${o.scope}.`;
     const count = (n) => (n === null || n === undefined ? '—' : formatNumber(n));
     const rows = o.tenants.map((t) => {
       const quota = t.max_records || t.max_stored_bytes ? `${Math.round(t.quota_percent)}%` : 'no quota';
-      const button = (view, label) => {
-        const b = el('button', { type: 'button', class: `overview-${view}` }, label);
-        b.addEventListener('click', () => go(t.tenant, view));
-        return b;
-      };
-      const links = el('td', null, button('traffic', 'Traffic'), ' ', button('abandoned', 'Abandoned'));
+      const button = (view, label) => el('a', { href: link(view, { tenant: t.tenant }), class: `overview-${view}` }, label);
+      const links = el('td', null, button('traffic', 'Traffic'), ' ', button('abandoned', 'Abandoned'), ' ', button('inspect', 'Keys'));
+      const pending = t.pending === null || t.pending === undefined ? '—' : `${t.pending_capped ? '≥ ' : ''}${formatNumber(t.pending)}`;
       const row = el('tr', null,
-        el('td', null, t.tenant),
+        el('td', null, el('a', { href: link('tenant', { tenant: t.tenant }) }, t.tenant)),
         el('td', null, count(t.records) + (t.max_records ? ` of ${formatNumber(t.max_records)}` : '')),
         el('td', null, count(t.stored_bytes) + (t.max_stored_bytes ? ` of ${formatNumber(t.max_stored_bytes)}` : '')),
         el('td', null, t.usage_error ? t.usage_error : quota),
+        el('td', { class: 'pending' }, pending),
         el('td', null, count(t.abandoned)),
         el('td', null, t.claims_per_second.toFixed(2)),
         el('td', null, t.refused_per_second.toFixed(2)),
         links);
       row.dataset.tenant = t.tenant;
+      if (t.tenant === tenant) row.setAttribute('aria-current', 'true');
       return row;
     });
     $('overview-rows').replaceChildren(...rows);
+    const marked = $('overview-rows').querySelector('tr[aria-current]');
+    if (marked) marked.scrollIntoView({ block: 'nearest' });
     $('overview-fill').textContent = o.store_fill === null || o.store_fill === undefined
       ? 'The store has no limit to fill.'
       : `The store is ${Math.round(o.store_fill * 100)}% full.`;
@@ -461,7 +552,12 @@
         key = r.body.key;
       }
       if (!key) throw new Error('key: give the key to look up');
-      await lookup(key, derived);
+      // The key's link goes in the URL; the inspector then looks it up (again, when
+      // the URL already named it).
+      state.record = null;
+      const fragment = link('inspect', { tenant: state.tenant, key });
+      if (window.location.hash !== fragment) window.history.pushState(null, '', fragment);
+      route(derived);
     } catch (err) {
       showError('inspect-error', err);
     }
@@ -635,14 +731,7 @@
   function renderAbandoned(page, prefix, hops) {
     const rows = page.keys.map((k) => {
       const inspectButton = el('button', { type: 'button' }, 'Inspect');
-      inspectButton.addEventListener('click', () => {
-        $('mode-key').checked = true;
-        $('fields-key').hidden = false;
-        $('fields-middleware').hidden = true;
-        $('key').value = k.key;
-        window.location.hash = '#inspect';
-        lookup(k.key, null).catch((err) => showError('inspect-error', err));
-      });
+      inspectButton.addEventListener('click', () => navigate(link('inspect', { tenant: state.tenant, key: k.key })));
       return el('tr', null,
         el('td', null, clientCode(k.key)),
         el('td', null, String(k.attempt)),
@@ -692,6 +781,9 @@
     const summary = $('traffic-summary');
     summary.dataset.total = String(total);
     for (const o of OUTCOMES) summary.dataset[o] = String(t.totals[o]);
+    $('traffic-scope').textContent = `Counted in daemon ${t.daemon} only, the one serving this page: ` +
+      'behind a load balancer, each daemon counts its own claims. Per second, over the last three minutes. ' +
+      'A percentile is the upper bound of the bucket holding it, within a factor of √2.';
     summary.textContent = `${total} claims in tenant ${t.tenant} over the last ${t.claims.acquired.length} s: ` +
       OUTCOMES.map((o) => `${t.totals[o]} ${OUTCOME_LABELS[o]}`).join(', ') +
       (t.tracked ? '' : ' (not tracked: the console counts a bounded number of tenants)');
