@@ -447,6 +447,29 @@ func TestHelmChartSettings(t *testing.T) {
 		t.Errorf("a Secret's URL: %v", ref)
 	}
 
+	// An alert on a tenant links to its line in the console, under the console's base URL.
+	consoleLink := func(objs map[string][]obj) string {
+		t.Helper()
+		for _, g := range objs["PrometheusRule"][0].list("spec", "groups") {
+			for _, r := range g.list("rules") {
+				if r.str("alert") == "IdemdTenantNearQuota" {
+					return r.str("annotations", "console")
+				}
+			}
+		}
+		t.Fatal("the PrometheusRule has no IdemdTenantNearQuota")
+		return ""
+	}
+	_, objs = render(t, helm, "", tokens, "prometheusRule.enabled=true", "prometheusRule.consoleURL=https://idemd.example.com/")
+	if got, want := consoleLink(objs), `{{ reReplaceAll "/+$" "" "https://idemd.example.com/" }}/console/#/tenants/{{ $labels.tenant }}`; got != want {
+		t.Errorf("the quota alert's console link is %q, want %q", got, want)
+	}
+	_, objs = render(t, helm, "", tokens, "prometheusRule.enabled=true")
+	if got := consoleLink(objs); !strings.Contains(got, "$externalLabels.idemd_console_url") {
+		t.Errorf("without consoleURL, the quota alert's console link is %q, want the external label's", got)
+	}
+	refused(t, helm, []string{"prometheusRule.consoleURL"}, tokens, "prometheusRule.enabled=true", `prometheusRule.consoleURL=https://x/"`)
+
 	_, objs = render(t, helm, "", tokens, "service.annotations.networking\\.gke\\.io/load-balancer-type=Internal", "service.type=LoadBalancer")
 	if s := objs["Service"][0]; s.str("spec", "type") != "LoadBalancer" || s.str("metadata", "annotations", "networking.gke.io/load-balancer-type") != "Internal" {
 		t.Errorf("an internal load balancer: %v", s)
