@@ -1,6 +1,7 @@
 package server_test
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
@@ -47,5 +48,31 @@ func TestConsoleOverview(t *testing.T) {
 	}
 	if a.str("scope") == "" || a.str("daemon") == "" {
 		t.Fatalf("the overview does not say whose figures it shows: %s", a.raw)
+	}
+}
+
+// TestConsoleOverviewPendingCapped: past 1000 pending keys, the overview stops counting
+// and says there are at least that many, so that a tenant with much in flight costs a
+// bounded read.
+func TestConsoleOverviewPendingCapped(t *testing.T) {
+	t.Parallel()
+	store, err := redisstore.Open(testredis.Start(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newQuotaDaemon(t, store, server.Console{Enabled: true})
+	for i := range 1001 {
+		expectStatus(t, "a claim", d.call(freeUse, http.MethodPost, "/v1/claim", map[string]any{"key": fmt.Sprintf("job-%04d", i)}), http.StatusCreated, "")
+	}
+	a := d.call(freeUse, http.MethodGet, "/console/api/overview", nil)
+	expectStatus(t, "the overview", a, http.StatusOK, "")
+	tenants, _ := a.body["tenants"].([]any)
+	if len(tenants) != 1 {
+		t.Fatalf("the overview: %s", a.raw)
+	}
+	free, _ := tenants[0].(map[string]any)
+	if free["pending"] != float64(1000) || free["pending_capped"] != true || free["abandoned"] != float64(0) {
+		t.Fatalf("1001 pending keys show as %v pending (capped %v), %v abandoned; want at least 1000 and none abandoned",
+			free["pending"], free["pending_capped"], free["abandoned"])
 	}
 }
