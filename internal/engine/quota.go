@@ -45,23 +45,35 @@ type tenantUsage struct {
 	read time.Time
 	// reading is closed when the read under way answers; nil when none is.
 	reading chan struct{}
-	// since are the bytes of this daemon's acquisitions after the last read.
-	since []int64
+	// since are this daemon's acquisitions after the last read.
+	since []acquisition
+	// unsure counts the acquisitions that answered while the last read ran: that read
+	// may or may not have counted them.
+	unsure Usage
+}
+
+// acquisition is a key this daemon acquired: when the store answered, and about what
+// the record keeps.
+type acquisition struct {
+	at    time.Time
+	bytes int64
 }
 
 // Usage returns a tenant's usage as the store counts it, read at most the refresh
 // interval ago (a read that fails leaves the last one), with what this daemon acquired
 // since added. A store that does not count usage answers ErrUnsupported.
 func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
-	return s.tenantUsage(ctx, tenant, false)
+	u, _, err := s.tenantUsage(ctx, tenant, time.Time{})
+	return u, err
 }
 
-// tenantUsage is Usage; fresh waits for a read that began after the refresh interval
-// had passed, where the last one is older.
-func (s *Service) tenantUsage(ctx context.Context, tenant string, fresh bool) (Usage, error) {
+// tenantUsage is Usage, and the acquisitions that the last read may not have counted
+// (see readUsage), which it does not count either. With after set, it waits for a read that began
+// at or after that time, starting one if the last began before.
+func (s *Service) tenantUsage(ctx context.Context, tenant string, after time.Time) (Usage, Usage, error) {
 	reader, ok := s.store.(UsageReader)
 	if !ok {
-		return Usage{}, errors.ErrUnsupported
+		return Usage{}, Usage{}, errors.ErrUnsupported
 	}
 	s.usage.mu.Lock()
 	if s.usage.tenants == nil {
@@ -72,31 +84,36 @@ func (s *Service) tenantUsage(ctx context.Context, tenant string, fresh bool) (U
 		t = &tenantUsage{}
 		s.usage.tenants[tenant] = t
 	}
-	stale := time.Since(t.read) >= s.usage.refresh
-	if stale && t.reading == nil {
-		t.reading = make(chan struct{})
-		go s.readUsage(reader, tenant, t, time.Now())
-	}
-	reading, first := t.reading, t.read.IsZero()
-	s.usage.mu.Unlock()
-	if reading != nil && (first || fresh && stale) {
+	// A read under way that began before after answers too early; at most two reads
+	// are waited for, the one under way and the one begun after it.
+	for range 2 {
+		stale := time.Since(t.read) >= s.usage.refresh
+		if (stale || t.read.Before(after)) && t.reading == nil {
+			t.reading = make(chan struct{})
+			go s.readUsage(reader, tenant, t, time.Now())
+		}
+		reading := t.reading
+		if reading == nil || !t.read.IsZero() && !t.read.Before(after) {
+			break
+		}
+		s.usage.mu.Unlock()
 		select {
 		case <-reading:
 		case <-ctx.Done():
-			return Usage{}, ctx.Err()
+			return Usage{}, Usage{}, ctx.Err()
 		}
+		s.usage.mu.Lock()
 	}
-	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	if t.read.IsZero() {
-		return Usage{}, Unavailable(errors.New("the tenant's usage could not be read"))
+		return Usage{}, Usage{}, Unavailable(errors.New("the tenant's usage could not be read"))
 	}
 	u := t.usage
-	for _, b := range t.since {
+	for _, a := range t.since {
 		u.Records++
-		u.Bytes += b
+		u.Bytes += a.bytes
 	}
-	return u, nil
+	return u, t.unsure, nil
 }
 
 // readUsage reads a tenant's usage in the background, so that no request waits for it
@@ -109,9 +126,17 @@ func (s *Service) readUsage(reader UsageReader, tenant string, t *tenantUsage, b
 	defer s.usage.mu.Unlock()
 	if err == nil {
 		// What was acquired while the read ran, it may or may not have counted: taken
-		// as counted, so that a tenant is never refused on a count of its own making.
-		// Until the next read, at most those acquisitions go uncounted.
-		t.usage, t.read, t.since = u, began, t.since[:0]
+		// as counted, so that a tenant is never refused on a count of its own making,
+		// and remembered as unsure, so that a claim near the quota reads again (see
+		// overQuota). What was acquired before the read began, it counted.
+		var unsure Usage
+		for _, a := range t.since {
+			if !a.at.Before(began) {
+				unsure.Records++
+				unsure.Bytes += a.bytes
+			}
+		}
+		t.usage, t.read, t.since, t.unsure = u, began, t.since[:0], unsure
 	}
 	close(t.reading)
 	t.reading = nil
@@ -122,7 +147,7 @@ func (s *Service) acquired(id ID, c Claim) {
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	if t := s.usage.tenants[id.Tenant]; t != nil {
-		t.since = append(t.since, int64(len(id.Key)+len(c.Fingerprint)+len(c.Owner))+acquisitionEstimate)
+		t.since = append(t.since, acquisition{at: time.Now(), bytes: int64(len(id.Key)+len(c.Fingerprint)+len(c.Owner)) + acquisitionEstimate})
 	}
 }
 
@@ -163,20 +188,33 @@ func (s *Service) overQuota(ctx context.Context, r ClaimRequest) *QuotaError {
 	if !r.Caps.HasQuota() {
 		return nil
 	}
-	for _, fresh := range []bool{false, true} {
+	// The cached usage first; a fresh read where it would refuse (it may be older than
+	// records that expired since), or where it admits only because it leaves out this
+	// daemon's acquisitions that answered while the last read ran, which that read may
+	// not have counted: a read begun now counts every acquisition that answered before
+	// this claim arrived.
+	arrived := time.Now()
+	var after time.Time
+	for range 2 {
 		// The first read of a tenant's usage is waited for no longer than a store call:
 		// a daemon just started does not hold its first claims up behind a slow count.
 		readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
-		u, err := s.tenantUsage(readCtx, r.ID.Tenant, fresh)
+		u, unsure, err := s.tenantUsage(readCtx, r.ID.Tenant, after)
 		cancel()
 		if err != nil {
 			return nil
 		}
-		if overQuota(r.ID.Tenant, u, r.Caps, time.Now()) == nil {
-			return nil
+		over := overQuota(r.ID.Tenant, u, r.Caps, time.Now())
+		if !after.IsZero() {
+			return over
 		}
-		if fresh {
-			return overQuota(r.ID.Tenant, u, r.Caps, time.Now())
+		switch {
+		case over != nil:
+			after = arrived.Add(-s.usage.refresh)
+		case unsure.Records > 0 && overQuota(r.ID.Tenant, Usage{Records: u.Records + unsure.Records, Bytes: u.Bytes + unsure.Bytes}, r.Caps, time.Now()) != nil:
+			after = arrived
+		default:
+			return nil
 		}
 	}
 	return nil
