@@ -38,6 +38,28 @@ const (
 	StateFailed    State = "failed"
 )
 
+// The marker states: a live move to another store (docs/operations.md, "Moving to
+// another store while serving") leaves one of them in the old store in place of each
+// record it hands over, moving while the handover runs and moved once the new store
+// holds the record. No transition of this release reads a marker as a record, nor
+// as an absent one: every transition refuses it with ErrStoreMoved and changes
+// nothing, and so does a state this release does not know, which a later release
+// may write.
+const (
+	StateMoving State = "moving"
+	StateMoved  State = "moved"
+)
+
+// Known says whether s is a state of a record (pending, released, completed or
+// failed): a marker, or a state of a later release, is not.
+func (s State) Known() bool {
+	switch s {
+	case StatePending, StateReleased, StateCompleted, StateFailed:
+		return true
+	}
+	return false
+}
+
 // Outcome is what a claim produced.
 type Outcome string
 
@@ -378,6 +400,11 @@ var (
 	ErrUnavailable         = errors.New("the store is unavailable")
 	ErrNotReplicated       = errors.New("the write was not confirmed by enough replicas in time")
 	ErrBadCursor           = errors.New("the cursor is not one the feed gave")
+	// ErrStoreMoved answers a transition on a key whose record this store handed over
+	// to another one (a marker, see StateMoving), or holds in a state this release
+	// does not know. Nothing was acquired or changed: the key is not free, and the
+	// daemon that serves it from the new store answers it.
+	ErrStoreMoved = errors.New("the key's record has moved to another store")
 )
 
 // InProgressError reports a live lease held by someone else, and when it runs out.

@@ -13,7 +13,7 @@ import (
 // that holds this file and every store, Lua included, to the same answers.
 //
 // Lookup and purge need no rule: they answer ErrNotFound when the record is absent (or
-// Expired), and otherwise read or delete it.
+// Expired), ErrStoreMoved when it is a marker (Moved), and otherwise read or delete it.
 
 // Entry is a record as the rules see it: the Record, and the hash of its current
 // lease's claim secret, which stores keep but never answer.
@@ -30,8 +30,8 @@ type Step struct {
 	Write bool
 	// Outcome is a claim's outcome when Err is nil.
 	Outcome Outcome
-	// Err is the refusal: ErrNotFound, ErrLeaseLost, ErrFingerprintMismatch, or an
-	// *InProgressError.
+	// Err is the refusal: ErrNotFound, ErrLeaseLost, ErrFingerprintMismatch,
+	// ErrStoreMoved, or an *InProgressError.
 	Err error
 }
 
@@ -39,8 +39,19 @@ type Step struct {
 // its retention is absent for every transition, whether or not its store has removed it.
 func Expired(expiresAt, now time.Time) bool { return now.After(expiresAt) }
 
+// Moved says whether cur is a live marker of a move to another store (or a state
+// this release does not know): every transition refuses it with ErrStoreMoved and
+// writes nothing, since the key is neither free nor held here. An expired marker is
+// absent, as any expired record is.
+func Moved(cur *Entry, now time.Time) bool {
+	return cur != nil && !cur.State.Known() && !Expired(cur.ExpiresAt, now)
+}
+
 // ClaimStep decides a claim on cur at now.
 func ClaimStep(cur *Entry, c Claim, now time.Time) Step {
+	if Moved(cur, now) {
+		return refuse(cur, ErrStoreMoved)
+	}
 	if cur == nil || Expired(cur.ExpiresAt, now) {
 		// A key never seen, or forgotten, is acquired as attempt 1.
 		return acquire(Entry{Record: Record{ID: c.ID, Fingerprint: c.Fingerprint, Attempt: 1, CreatedAt: now}}, c, now)
@@ -89,6 +100,8 @@ func acquire(next Entry, c Claim, now time.Time) Step {
 // another claim takes the key over.
 func held(cur *Entry, token string, now time.Time) error {
 	switch {
+	case Moved(cur, now):
+		return ErrStoreMoved
 	case cur == nil || Expired(cur.ExpiresAt, now):
 		return ErrNotFound
 	case cur.LeaseToken != token:
@@ -185,7 +198,7 @@ func MarkStep(cur *Entry, m Mark, now time.Time) Step {
 
 // ClaimResult is the step as Store.Claim answers it.
 func (s Step) ClaimResult() (ClaimResult, error) {
-	if errors.Is(s.Err, ErrFingerprintMismatch) {
+	if errors.Is(s.Err, ErrFingerprintMismatch) || errors.Is(s.Err, ErrStoreMoved) {
 		return ClaimResult{}, s.Err
 	}
 	return ClaimResult{Outcome: s.Outcome, Record: s.answer()}, s.Err

@@ -494,6 +494,10 @@ func (s *Store) Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 		if r == nil {
 			return answerErr{engine.ErrNotFound}
 		}
+		if !r.State.Known() {
+			// A marker: the key is not free, and its record is not here to answer.
+			return answerErr{engine.ErrStoreMoved}
+		}
 		rec = r.record(true)
 		rec.ID = id
 		return nil
@@ -517,6 +521,9 @@ func (s *Store) Purge(ctx context.Context, id engine.ID) error {
 		}
 		if r == nil {
 			return answerErr{engine.ErrNotFound}
+		}
+		if !r.State.Known() {
+			return answerErr{engine.ErrStoreMoved}
 		}
 		t.notify = true
 		return t.remove(rk, r)

@@ -45,12 +45,20 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Exported) error) erro
 				if r == nil || len(k) < sha256.Size {
 					continue
 				}
+				if !r.State.Known() {
+					// A marker: its record has moved, and a stream that left it out
+					// would say the key is free.
+					return engine.ErrStoreMoved
+				}
 				e := engine.Exported{Entry: *r.entry()}
 				copy(e.KeyDigest[:], k[len(k)-sha256.Size:])
 				batch = append(batch, e)
 			}
 			return nil
 		})
+		if errors.Is(err, engine.ErrStoreMoved) {
+			return err
+		}
 		if err != nil {
 			return engine.Unavailable(err)
 		}
@@ -78,6 +86,9 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 			return err
 		}
 		switch {
+		case r != nil && !r.State.Known():
+			// A marker of a move out of this store: never written over.
+			return answerErr{engine.ErrStoreMoved}
 		case r != nil && engine.SameRecord(r.record(false), e.Record):
 			outcome = engine.ImportSame
 			return nil
