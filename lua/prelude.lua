@@ -48,6 +48,12 @@
 --   pn  recovery point's name     pd  its data, raw bytes
 --   pa  the attempt that recorded it                  pt  when, ms (ms after ca in lean)
 -- The key expires at xa.
+-- Markers: a live move to another store (docs/operations.md) replaces a record it
+-- hands over with a marker, st 'm' (moving) or 'x' (moved), in any layout. load
+-- refuses a marker, and any state but p, r, c and f, with the error STOREMOVED, which
+-- the daemon answers as the key moved (engine.ErrStoreMoved): no script reads it as
+-- absent, so none takes the key or writes over the marker, and none reads a record
+-- from it.
 -- The recovery point's fields come last in both string layouts, so that a daemon of an
 -- earlier release reads such a record (and drops the point if it writes it).
 --
@@ -85,6 +91,15 @@ local function same(stored, raw, compact)
   return stored == raw or stored == compact
 end
 
+local RECORD_STATES = {p = true, r = true, c = true, f = true}
+
+-- moved stops the script, having changed nothing, when st is not a record's state.
+local function moved(st, key)
+  if st and not RECORD_STATES[st] then
+    error({err = 'STOREMOVED the record of ' .. key .. ' has moved to another store'})
+  end
+end
+
 local function unpack_legacy()
   local v = redis.pcall('GET', LEGACY)
   if not v then
@@ -104,6 +119,7 @@ local function unpack_legacy()
         size = size + #FIELDS[i] + #vals[i]
       end
     end
+    moved(r.st, LEGACY)
     r.had_point = r.pt ~= nil
     r.size0, r.xa0 = size, r.xa
     return r
@@ -113,6 +129,7 @@ local function unpack_legacy()
   if layout ~= LAYOUT_STRING then
     error('record ' .. LEGACY .. ' has an unknown layout')
   end
+  moved(st, LEGACY)
   return {legacy = true, k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok,
     lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w,
     pn = pn, pd = pd, pa = pa, pt = pt, size0 = #LEGACY + #v, xa0 = xa}
@@ -128,6 +145,7 @@ local function unpack_lean()
   if layout ~= LAYOUT_LEAN then
     error('record ' .. LEAN .. ' has an unknown layout')
   end
+  moved(st, LEAN)
   if lx then
     lx = ca + lx
   end

@@ -76,11 +76,16 @@ func (s *Store) exportMaster(ctx context.Context, l *layoutState, m *redis.Clien
 			}
 			return nil
 		})
-		if err != nil && !errors.Is(err, redis.Nil) {
+		if err != nil && !errors.Is(err, redis.Nil) && !isMoved(err) {
 			return unavailable(err)
 		}
 		for _, f := range batch {
 			v, err := f.cmd.Slice()
+			if isMoved(err) {
+				// A marker: its record has moved, and a stream that left it out would
+				// say the key is free.
+				return engine.ErrStoreMoved
+			}
 			if err != nil {
 				return unavailable(err)
 			}

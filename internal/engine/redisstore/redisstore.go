@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -357,6 +358,9 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	}
 	if err := l.scripts.watch.Run(ctx, s.client, keys).Err(); err != nil {
 		w.Close()
+		if isMoved(err) {
+			return nil, engine.ErrStoreMoved
+		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("redis: %w", ctx.Err())
 		}
@@ -423,6 +427,9 @@ func (s *Store) runKeys(ctx context.Context, script script, keys []string, id en
 	if errors.Is(err, errClosed) {
 		return reply{}, engine.Unavailable(err)
 	}
+	if isMoved(err) {
+		return reply{}, engine.ErrStoreMoved
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			// The caller gave up; that says nothing about Redis.
@@ -436,6 +443,13 @@ func (s *Store) runKeys(ctx context.Context, script script, keys []string, id en
 		return reply{}, engine.Unavailable(err)
 	}
 	return rep, nil
+}
+
+// isMoved says whether err is a script's refusal of a marker (lua/prelude.lua's
+// moved): Redis's answer, not a failure of it.
+func isMoved(err error) bool {
+	var answered redis.Error
+	return errors.As(err, &answered) && strings.HasPrefix(answered.Error(), "STOREMOVED ")
 }
 
 type reply struct {
