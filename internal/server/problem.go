@@ -32,6 +32,7 @@ const (
 	codeLeaseLost            code = "lease_lost"
 	codeStoreUnavailable     code = "store_unavailable"
 	codeNotReplicated        code = "not_replicated"
+	codeStoreMoved           code = "store_moved"
 	codeMethodNotAllowed     code = "method_not_allowed"
 	codeInternal             code = "internal"
 	codeUnauthenticated      code = "unauthenticated"
@@ -132,6 +133,11 @@ func toProblem(err error) *problem {
 		return invalid("cursor is not a next_cursor of this feed for this prefix")
 	case errors.Is(err, engine.ErrNotFound):
 		return &problem{status: http.StatusNotFound, code: codeNotFound, detail: "key: no record for this key"}
+	case errors.Is(err, engine.ErrStoreMoved):
+		// Not an outage, and not an answer about the key: its record is in another
+		// store, which a daemon serving (or moving to) that store answers from.
+		return &problem{status: http.StatusServiceUnavailable, code: codeStoreMoved, retryAfter: unavailableRetry,
+			detail: "the key's record has moved to another store that this daemon does not serve; nothing was acquired or changed, retry (a daemon of the new store answers it)"}
 	case errors.Is(err, engine.ErrNotReplicated):
 		return &problem{status: http.StatusServiceUnavailable, code: codeNotReplicated, retryAfter: unavailableRetry, cause: err,
 			detail: "the write was not confirmed by enough replicas in time; it may or may not have taken effect"}

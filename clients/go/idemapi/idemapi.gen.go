@@ -327,7 +327,12 @@ type Problem struct {
 	// rate_limited, request_timeout (the body did not arrive within the daemon's
 	// --body-timeout), not_supported (the daemon's store cannot do what was asked),
 	// quota_exceeded (a claim that would acquire a key, from a tenant at its quota
-	// on what the store keeps: `quota` says which and how much).
+	// on what the store keeps: `quota` says which and how much),
+	// store_moved (503: the key's record was handed over to another store while
+	// records move between stores, and this daemon does not serve that store;
+	// nothing was acquired or changed, the key is not free: retry after
+	// retry_after_ms, as for store_unavailable, but never let the operation run
+	// unprotected on it).
 	Code string `json:"code"`
 
 	// Detail What went wrong, naming the member of the request at fault.
@@ -339,7 +344,7 @@ type Problem struct {
 	// granted still work.
 	Quota *QuotaUsage `json:"quota,omitempty"`
 
-	// RetryAfterMs For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to wait before trying again.
+	// RetryAfterMs For in_progress, rate_limited, quota_exceeded, store_unavailable and store_moved, how long to wait before trying again.
 	RetryAfterMs *int64 `json:"retry_after_ms,omitempty"`
 	Status       int    `json:"status"`
 	Title        string `json:"title"`

@@ -391,12 +391,17 @@ export type Problem = {
      * rate_limited, request_timeout (the body did not arrive within the daemon's
      * --body-timeout), not_supported (the daemon's store cannot do what was asked),
      * quota_exceeded (a claim that would acquire a key, from a tenant at its quota
-     * on what the store keeps: `quota` says which and how much).
+     * on what the store keeps: `quota` says which and how much),
+     * store_moved (503: the key's record was handed over to another store while
+     * records move between stores, and this daemon does not serve that store;
+     * nothing was acquired or changed, the key is not free: retry after
+     * retry_after_ms, as for store_unavailable, but never let the operation run
+     * unprotected on it).
      *
      */
     code: string;
     /**
-     * For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to wait before trying again.
+     * For in_progress, rate_limited, quota_exceeded, store_unavailable and store_moved, how long to wait before trying again.
      */
     retry_after_ms?: number;
     quota?: QuotaUsage;
@@ -475,7 +480,7 @@ export type ClaimErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -547,7 +552,7 @@ export type CompleteErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -611,7 +616,7 @@ export type ReleaseErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -671,7 +676,7 @@ export type ExtendErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -735,7 +740,7 @@ export type RecordRecoveryPointErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -837,7 +842,7 @@ export type PurgeErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -894,7 +899,7 @@ export type LookupErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -961,7 +966,7 @@ export type ListAbandonedErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -1005,7 +1010,7 @@ export type ExportRecordsErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -1053,7 +1058,7 @@ export type ImportRecordsErrors = {
      */
     429: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -1101,7 +1106,7 @@ export type BackupErrors = {
      */
     501: Problem;
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
     /**
@@ -1146,7 +1151,7 @@ export type ReadyzData = {
 
 export type ReadyzErrors = {
     /**
-     * The store cannot be reached or did not confirm the write; nothing was acquired.
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
      */
     503: Problem;
 };

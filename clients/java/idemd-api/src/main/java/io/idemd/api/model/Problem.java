@@ -206,7 +206,7 @@ public class Problem {
   }
 
   /**
-   * The machine-readable reason, an open set: clients must accept codes they do not know and treat them by status. Known codes: invalid_request, invalid_json, unsupported_media_type, payload_too_large, not_found, in_progress, fingerprint_mismatch, lease_lost, store_unavailable, not_replicated, method_not_allowed, internal, unauthenticated, forbidden, rate_limited, request_timeout (the body did not arrive within the daemon&#39;s --body-timeout), not_supported (the daemon&#39;s store cannot do what was asked), quota_exceeded (a claim that would acquire a key, from a tenant at its quota on what the store keeps: &#x60;quota&#x60; says which and how much). 
+   * The machine-readable reason, an open set: clients must accept codes they do not know and treat them by status. Known codes: invalid_request, invalid_json, unsupported_media_type, payload_too_large, not_found, in_progress, fingerprint_mismatch, lease_lost, store_unavailable, not_replicated, method_not_allowed, internal, unauthenticated, forbidden, rate_limited, request_timeout (the body did not arrive within the daemon&#39;s --body-timeout), not_supported (the daemon&#39;s store cannot do what was asked), quota_exceeded (a claim that would acquire a key, from a tenant at its quota on what the store keeps: &#x60;quota&#x60; says which and how much), store_moved (503: the key&#39;s record was handed over to another store while records move between stores, and this daemon does not serve that store; nothing was acquired or changed, the key is not free: retry after retry_after_ms, as for store_unavailable, but never let the operation run unprotected on it). 
    * @return code
    */
   @jakarta.annotation.Nonnull
@@ -230,7 +230,7 @@ public class Problem {
   }
 
   /**
-   * For in_progress, rate_limited, quota_exceeded and store_unavailable, how long to wait before trying again.
+   * For in_progress, rate_limited, quota_exceeded, store_unavailable and store_moved, how long to wait before trying again.
    * @return retryAfterMs
    */
   @jakarta.annotation.Nullable
