@@ -519,7 +519,10 @@ var (
 	// sending it again cannot succeed.
 	ErrPayloadTooLarge = errors.New("idem: over idemd's size limit")
 	// ErrUnavailable is a failure of idemd, its store, or the network to it. The call
-	// may or may not have taken effect; resending it is safe.
+	// may or may not have taken effect; resending it is safe. A key whose record is
+	// being moved to another store (503 store_moved) is not one: it is a *Problem with
+	// the wait in RetryAfter, the key is not free, and a middleware never fails open
+	// on it.
 	ErrUnavailable = errors.New("idem: idemd is unavailable")
 	// ErrQuotaExceeded is a claim refused because the tenant keeps its quota of idemd's
 	// store, or more than its share of a store that is nearly full: keys already
