@@ -182,7 +182,9 @@ func (s *Store) confirm(ctx context.Context, q engine.AbandonedQuery, cands []ca
 		wg.Go(func() {
 			rec, err := s.Lookup(ctx, engine.ID{Tenant: q.Tenant, Key: c.pos.member})
 			switch {
-			case errors.Is(err, engine.ErrNotFound):
+			case errors.Is(err, engine.ErrNotFound), errors.Is(err, engine.ErrStoreMoved):
+				// Gone, or handed over to another store by a live move: not pending
+				// here, whatever the entry says.
 				gone[i] = true
 			case err != nil:
 				errs[i] = err

@@ -13,12 +13,11 @@ import (
 
 // putMarker writes a marker of a live move over a record's keys, in the record layout
 // layout (1 hashes, 2 strings, 3 lean), with the fields a record has and the marker's
-// state: 'm' moving, 'x' moved (lua/prelude.lua). It drops the key's pending entry, as
-// the move does.
+// state: 'm' moving, 'x' moved (lua/prelude.lua). It leaves the key's pending entry,
+// which a move drops: the stores must cope with one left behind.
 const putMarker = `
 local layout, st, xa, now = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('ZREM', KEYS[3], ARGV[5])
 if layout == 1 then
   redis.call('HSET', KEYS[1], 'k', ARGV[5], 't', ARGV[6], 'st', st, 'at', '1', 'tok', 'old',
     'rec', '0', 'ca', now, 'ua', now, 'xa', xa)
