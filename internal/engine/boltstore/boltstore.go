@@ -177,6 +177,10 @@ type stored struct {
 	PointData    []byte `json:"pd,omitempty"`
 	PointAttempt int64  `json:"pa,omitempty"`
 	PointAt      int64  `json:"pt,omitempty"`
+	// A moving marker (move.go) keeps the record it stands for: its state and expiry
+	// are these two.
+	Held        engine.State `json:"ms,omitempty"`
+	HeldExpires int64        `json:"mx,omitempty"`
 }
 
 func msTime(ms int64) time.Time {

@@ -309,3 +309,17 @@ func TestPort(t *testing.T) {
 	}
 	enginetest.RunPort(t, newStore, newStore)
 }
+
+// TestMoveLive moves records from one embedded store to another while daemons of both
+// serve (enginetest.RunMove).
+func TestMoveLive(t *testing.T) {
+	t.Parallel()
+	newStore := func(t *testing.T) engine.Store {
+		s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	enginetest.RunMove(t, newStore, newStore)
+}

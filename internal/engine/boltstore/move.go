@@ -1,0 +1,131 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// MoveOut implements engine.Mover.
+func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, until time.Time) (engine.MoveOutcome, *engine.Exported, error) {
+	var outcome engine.MoveOutcome
+	var kept *engine.Exported
+	err := s.updateKey(ctx, digestKey(tenant, digest), func(t *txn, rk []byte) error {
+		r, err := t.get(rk)
+		if err != nil {
+			return err
+		}
+		switch {
+		case r == nil:
+			outcome = engine.MoveSealed
+			t.to = engine.StateMoved
+			return t.put(rk, &stored{Key: key, Tenant: tenant, State: engine.StateMoved, Created: t.now, Updated: t.now, Expires: until.UnixMilli()}, 0)
+		case r.State == engine.StateMoved:
+			outcome = engine.MoveSealed
+			return nil
+		case r.State == engine.StateMoving:
+			outcome, kept = engine.MoveHandingOver, heldCopy(r, digest)
+			return nil
+		case !r.State.Known():
+			return answerErr{engine.ErrStoreMoved}
+		}
+		if r.Key == "" {
+			r.Key = key
+		}
+		outcome = engine.MoveHandingOver
+		kept = &engine.Exported{Entry: *r.entry(), KeyDigest: digest}
+		marker := *r
+		marker.Held, marker.HeldExpires = r.State, r.Expires
+		marker.State, marker.Expires = engine.StateMoving, until.UnixMilli()
+		t.from, t.to, t.notify = r.State, engine.StateMoving, true
+		return t.put(rk, &marker, r.Expires)
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	return outcome, kept, nil
+}
+
+// heldCopy is the record a moving marker keeps.
+func heldCopy(r *stored, digest [32]byte) *engine.Exported {
+	rec := *r
+	rec.State, rec.Expires = r.Held, r.HeldExpires
+	rec.Held, rec.HeldExpires = "", 0
+	return &engine.Exported{Entry: *rec.entry(), KeyDigest: digest}
+}
+
+// ConfirmMoved implements engine.Mover.
+func (s *Store) ConfirmMoved(ctx context.Context, tenant string, digest [32]byte, until time.Time) error {
+	return s.updateKey(ctx, digestKey(tenant, digest), func(t *txn, rk []byte) error {
+		r, err := t.get(rk)
+		if err != nil || r == nil || r.State != engine.StateMoving {
+			return err
+		}
+		t.from, t.to = engine.StateMoving, engine.StateMoved
+		return t.put(rk, &stored{Key: r.Key, Tenant: r.Tenant, State: engine.StateMoved, Created: r.Created, Updated: t.now,
+			Expires: until.UnixMilli()}, r.Expires)
+	})
+}
+
+// Unmoved implements engine.Mover, a batch of records per read transaction, as Export.
+func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]byte, key string) error) (int64, error) {
+	type found struct {
+		tenant, key string
+		digest      [32]byte
+	}
+	var after []byte
+	var moved int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return moved, err
+		}
+		var batch []found
+		var last []byte
+		err := s.db.View(func(tx *bolt.Tx) error {
+			now := s.now().UnixMilli()
+			c := tx.Bucket(bucketRecords).Cursor()
+			k, _ := c.First()
+			if after != nil {
+				k, _ = c.Seek(after)
+				if k != nil && bytes.Equal(k, after) {
+					k, _ = c.Next()
+				}
+			}
+			for ; k != nil && len(batch) < exportBatch; k, _ = c.Next() {
+				last = append(last[:0], k...)
+				r, err := readLive(tx, k, now)
+				if err != nil {
+					return err
+				}
+				if r == nil || len(k) < sha256.Size {
+					continue
+				}
+				if r.State == engine.StateMoved {
+					moved++
+					continue
+				}
+				f := found{tenant: r.Tenant, key: r.Key}
+				copy(f.digest[:], k[len(k)-sha256.Size:])
+				batch = append(batch, f)
+			}
+			return nil
+		})
+		if err != nil {
+			return moved, engine.Unavailable(err)
+		}
+		for _, f := range batch {
+			if err := fn(f.tenant, f.digest, f.key); err != nil {
+				return moved, err
+			}
+		}
+		if last == nil {
+			return moved, nil
+		}
+		after = last
+	}
+}

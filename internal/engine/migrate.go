@@ -1,0 +1,255 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+)
+
+// This file is the live move: daemons keep serving while the records of one store
+// (the old) move into another (the new). docs/operations.md ("Moving to another store
+// while serving") gives the procedure and the argument for its safety.
+//
+// Each key is handed over through the old store, in two atomic steps there: MoveOut
+// replaces the old record with a moving marker that keeps the record whole (its lease
+// token included), or seals a key with no live record with a moved marker; the record
+// is then imported into the new store (conditionally: never over a record the new
+// store holds); ConfirmMoved then turns the moving marker into a moved one, which keeps
+// nothing. Whoever meets a moving marker (a migrating daemon, the copier, after a
+// crash) imports its copy again and confirms: the import finds its own earlier write
+// (ImportSame) or a record the new store has since changed (ImportKept), and keeps it.
+
+// MoveOutcome is what MoveOut found and left.
+type MoveOutcome string
+
+// The outcomes of MoveOut.
+const (
+	// MoveHandingOver: the key's record, to import into the new store, and the old
+	// store now holds a moving marker that keeps it.
+	MoveHandingOver MoveOutcome = "moving"
+	// MoveSealed: there is nothing to import: the key was moved before, or had no live
+	// record, and the old store holds a moved marker that hands it out to nobody.
+	MoveSealed MoveOutcome = "moved"
+)
+
+// MarkerLife is how long a marker is kept: as long as the longest retention a record
+// may be given, not the record's own expiry, since the new store may keep the record
+// (a claim on a released key, an extension) longer than the old one would have.
+const MarkerLife = MaxRetention
+
+// Mover is what a store offers to be moved out of while daemons serve it.
+type Mover interface {
+	// MoveOut hands the key (tenant and the SHA-256 of the client's key; key is the
+	// client's key where known, else "") over, atomically: a live record becomes a
+	// moving marker kept until until, and is answered whole; a moving marker answers
+	// the record it keeps; a key with no live record becomes, and a moved marker
+	// stays, a moved marker, answered MoveSealed. Waiters on the key are woken.
+	MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, until time.Time) (MoveOutcome, *Exported, error)
+	// ConfirmMoved turns a moving marker into a moved one kept until until, dropping
+	// the record it kept. On anything else it does nothing.
+	ConfirmMoved(ctx context.Context, tenant string, digest [32]byte, until time.Time) error
+	// Unmoved calls fn for every key that still has to be handed over (a live record
+	// or a moving marker), in an order of the store's choosing, while the store keeps
+	// serving; moved reports how many moved markers it passed.
+	Unmoved(ctx context.Context, fn func(tenant string, digest [32]byte, key string) error) (moved int64, err error)
+}
+
+// Migrator is a Store that serves every key from the new store, after handing it over
+// from the old one: the daemon's store while a live move runs.
+type Migrator struct {
+	next     Store
+	nextPort Porter
+	old      Mover
+	oldStore Store
+	now      func() time.Time
+	// HandedOver counts the keys this migrator imported from the old store (records
+	// written into the new one, or found there already), Sealed those it found moved
+	// or absent there.
+	handedOver, sealed atomic.Int64
+}
+
+// NewMigrator serves from next, handing each key over from old first. next must be a
+// Porter and old a Mover.
+func NewMigrator(next, old Store) (*Migrator, error) {
+	np, ok := next.(Porter)
+	if !ok {
+		return nil, fmt.Errorf("%T cannot import records: %w", next, ErrNoPorter)
+	}
+	om, ok := old.(Mover)
+	if !ok {
+		return nil, fmt.Errorf("%T cannot hand records over while it serves", old)
+	}
+	return &Migrator{next: next, nextPort: np, old: om, oldStore: old, now: time.Now}, nil
+}
+
+// Counts are how many keys this migrator handed over and sealed.
+func (m *Migrator) Counts() (handedOver, sealed int64) { return m.handedOver.Load(), m.sealed.Load() }
+
+// handOver makes sure the new store can serve id: it holds the key's record, or the
+// old store has handed the key over (or sealed it).
+func (m *Migrator) handOver(ctx context.Context, id ID) error {
+	_, err := m.next.Lookup(ctx, id)
+	if err == nil || !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return m.Move(ctx, id.Tenant, KeyDigest(id.Key), id.Key)
+}
+
+// Move hands one key over from the old store to the new one: MoveOut, a conditional
+// import of what it answers, ConfirmMoved. Run again after an interruption at any
+// point, it finishes the handover and changes nothing already done.
+func (m *Migrator) Move(ctx context.Context, tenant string, digest [32]byte, key string) error {
+	outcome, e, err := m.old.MoveOut(ctx, tenant, digest, key, m.now().Add(MarkerLife))
+	if err != nil {
+		return err
+	}
+	if outcome == MoveSealed {
+		m.sealed.Add(1)
+		return nil
+	}
+	if e.ID.Key == "" {
+		e.ID.Key = key
+	}
+	if _, err := m.nextPort.Import(ctx, *e); err != nil {
+		return err
+	}
+	if err := m.old.ConfirmMoved(ctx, tenant, digest, m.now().Add(MarkerLife)); err != nil {
+		return err
+	}
+	m.handedOver.Add(1)
+	return nil
+}
+
+// Claim implements Store.
+func (m *Migrator) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
+	if err := m.handOver(ctx, c.ID); err != nil {
+		return ClaimResult{}, err
+	}
+	return m.next.Claim(ctx, c)
+}
+
+// Complete implements Store.
+func (m *Migrator) Complete(ctx context.Context, c Completion) (Record, error) {
+	if err := m.handOver(ctx, c.ID); err != nil {
+		return Record{}, err
+	}
+	return m.next.Complete(ctx, c)
+}
+
+// Release implements Store.
+func (m *Migrator) Release(ctx context.Context, r Release) (Record, error) {
+	if err := m.handOver(ctx, r.ID); err != nil {
+		return Record{}, err
+	}
+	return m.next.Release(ctx, r)
+}
+
+// Extend implements Store.
+func (m *Migrator) Extend(ctx context.Context, e Extension) (Record, error) {
+	if err := m.handOver(ctx, e.ID); err != nil {
+		return Record{}, err
+	}
+	return m.next.Extend(ctx, e)
+}
+
+// Mark implements Store.
+func (m *Migrator) Mark(ctx context.Context, mk Mark) (Record, error) {
+	if err := m.handOver(ctx, mk.ID); err != nil {
+		return Record{}, err
+	}
+	return m.next.Mark(ctx, mk)
+}
+
+// Lookup implements Store: a key the old store still holds is handed over first, so
+// that a lookup never reports a key free that the old store holds.
+func (m *Migrator) Lookup(ctx context.Context, id ID) (Record, error) {
+	if err := m.handOver(ctx, id); err != nil {
+		return Record{}, err
+	}
+	return m.next.Lookup(ctx, id)
+}
+
+// Purge implements Store: the key is handed over (which leaves a moved marker in the
+// old store), then purged from the new one.
+func (m *Migrator) Purge(ctx context.Context, id ID) error {
+	if err := m.handOver(ctx, id); err != nil {
+		return err
+	}
+	return m.next.Purge(ctx, id)
+}
+
+// Watch implements Store, on the new store once the key is there.
+func (m *Migrator) Watch(ctx context.Context, id ID) (Watch, error) {
+	if err := m.handOver(ctx, id); err != nil {
+		return nil, err
+	}
+	return m.next.Watch(ctx, id)
+}
+
+// Abandoned implements Store from the new store: a key abandoned in the old store is
+// listed once it is handed over (by a call on it, or the copier).
+func (m *Migrator) Abandoned(ctx context.Context, q AbandonedQuery) (AbandonedPage, error) {
+	return m.next.Abandoned(ctx, q)
+}
+
+// Ping implements Store: both stores must answer.
+func (m *Migrator) Ping(ctx context.Context) error {
+	if err := m.next.Ping(ctx); err != nil {
+		return err
+	}
+	return m.oldStore.Ping(ctx)
+}
+
+// Close implements Store, closing both.
+func (m *Migrator) Close() error {
+	return errors.Join(m.next.Close(), m.oldStore.Close())
+}
+
+// MoveProgress is where the copier of a live move stands.
+type MoveProgress struct {
+	// Moved counts the keys the copier handed over, Passed the moved markers it found,
+	// Failed the keys it could not hand over this pass.
+	Moved, Passed, Failed int64
+	Started               time.Time
+	// Done: a whole pass found nothing left to hand over: the old store holds only
+	// markers, and can be retired once every daemon serves from the new store.
+	Done bool
+}
+
+// CopyAll walks the old store and hands over every key not yet moved, reporting
+// progress after each key; restarted, it rescans (keys moved already cost a MoveOut
+// that finds a marker, or are not listed). It returns once a pass found nothing left.
+func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (MoveProgress, error) {
+	p := MoveProgress{Started: m.now()}
+	for {
+		var left int64
+		moved, err := m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
+			left++
+			if err := m.Move(ctx, tenant, digest, key); err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				p.Failed++
+			} else {
+				p.Moved++
+			}
+			if progress != nil {
+				progress(p)
+			}
+			return nil
+		})
+		p.Passed = moved
+		if err != nil {
+			return p, err
+		}
+		if left == 0 {
+			p.Done = true
+			if progress != nil {
+				progress(p)
+			}
+			return p, nil
+		}
+	}
+}
