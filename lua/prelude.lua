@@ -67,7 +67,7 @@
 -- fresh key the loops and the formatting cost Redis as much as the commands.
 local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
 local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
-  'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt'}
+  'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt', 'ms', 'mx'}
 local LEGACY, LEAN, INDEX, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local USAGE_SPAN_MS, USAGE_BYTE = 10000, 16777216
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
@@ -92,10 +92,14 @@ local function same(stored, raw, compact)
 end
 
 local RECORD_STATES = {p = true, r = true, c = true, f = true}
+-- MARKERS.read is set by the scripts of a live move (moveout, confirm, peek), which
+-- read markers: a moving marker keeps the record whole, its state in ms and its expiry
+-- (ms since the epoch, in every layout) in mx, after every other field.
+local MARKERS = {read = false}
 
 -- moved stops the script, having changed nothing, when st is not a record's state.
 local function moved(st, key)
-  if st and not RECORD_STATES[st] then
+  if st and not RECORD_STATES[st] and not MARKERS.read then
     error({err = 'STOREMOVED the record of ' .. key .. ' has moved to another store'})
   end
 end
@@ -124,7 +128,7 @@ local function unpack_legacy()
     r.size0, r.xa0 = size, r.xa
     return r
   end
-  local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt =
+  local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt, ms, mx =
     cmsgpack.unpack(v)
   if layout ~= LAYOUT_STRING then
     error('record ' .. LEGACY .. ' has an unknown layout')
@@ -132,7 +136,7 @@ local function unpack_legacy()
   moved(st, LEGACY)
   return {legacy = true, k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok,
     lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w,
-    pn = pn, pd = pd, pa = pa, pt = pt, size0 = #LEGACY + #v, xa0 = xa}
+    pn = pn, pd = pd, pa = pa, pt = pt, ms = ms, mx = mx, size0 = #LEGACY + #v, xa0 = xa}
 end
 
 local function unpack_lean()
@@ -140,7 +144,7 @@ local function unpack_lean()
   if not v then
     return {}
   end
-  local layout, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt =
+  local layout, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt, ms, mx =
     cmsgpack.unpack(v)
   if layout ~= LAYOUT_LEAN then
     error('record ' .. LEAN .. ' has an unknown layout')
@@ -154,7 +158,7 @@ local function unpack_lean()
   end
   return {lean = true, st = st, fp = fp, ow = ow, at = at, tok = tok, lx = lx,
     rec = rec and '1' or '0', ca = ca, ua = ca + ua, xa = ca + xa, rs = rs, rh = rh, rb = rb,
-    cs = cs, w = w and '1' or nil, pn = pn, pd = pd, pa = pa, pt = pt,
+    cs = cs, w = w and '1' or nil, pn = pn, pd = pd, pa = pa, pt = pt, ms = ms, mx = mx,
     size0 = #LEAN + #v, xa0 = ca + xa}
 end
 
@@ -233,7 +237,16 @@ local function save(r)
     if r.pt then
       pt = tonumber(r.pt) - ca
     end
-    local v = cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
+    local v
+    if r.ms then
+      v = cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
+        lx, rec, ca, tonumber(r.ua) - ca, tonumber(r.xa) - ca, tonumber(r.rs), r.rh, r.rb, r.cs,
+        w, r.pn, r.pd, tonumber(r.pa), pt, r.ms, tonumber(r.mx))
+      redis.call('SET', LEAN, v, 'PXAT', r.xa)
+      account(r, #LEAN + #v)
+      return
+    end
+    v = cmsgpack.pack(LAYOUT_LEAN, r.st, r.fp, r.ow, tonumber(r.at), r.tok,
       lx, rec, ca, tonumber(r.ua) - ca, tonumber(r.xa) - ca, tonumber(r.rs), r.rh, r.rb, r.cs,
       w, r.pn, r.pd, tonumber(r.pa), pt)
     redis.call('SET', LEAN, v, 'PXAT', r.xa)
@@ -270,8 +283,14 @@ local function save(r)
     account(r, size)
     return
   end
-  local v = cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
-    r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt)
+  local v
+  if r.ms then
+    v = cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
+      r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt, r.ms, r.mx)
+  else
+    v = cmsgpack.pack(LAYOUT_STRING, r.k, r.t, r.st, r.fp, r.ow, r.at, r.tok,
+      r.lx, r.rec, r.ca, r.ua, r.xa, r.rs, r.rh, r.rb, r.cs, r.w, r.pn, r.pd, r.pa, r.pt)
+  end
   redis.call('SET', LEGACY, v, 'PXAT', r.xa)
   account(r, #LEGACY + #v)
 end

@@ -85,8 +85,10 @@ func (c clusterClient) ReloadSlots(ctx context.Context) { c.ReloadState(ctx) }
 // EVALSHA and falls back to EVAL when the server does not know a script yet.
 type scripts struct {
 	claim, complete, release, extend, mark, lookup, purge, watch script
-	// export and importRecord move records (port.go).
-	export, importRecord script
+	// export and importRecord move records (port.go); moveOut, confirmMoved and peek
+	// hand them over in a live move (move.go).
+	export, importRecord        script
+	moveOut, confirmMoved, peek script
 }
 
 var (
@@ -110,6 +112,9 @@ func loadScripts(layout lua.Layout, readOther bool) *scripts {
 
 		export:       load("export", layout, readOther, false),
 		importRecord: load("import", layout, readOther, true),
+		moveOut:      load("moveout", layout, readOther, true),
+		confirmMoved: load("confirm", layout, readOther, true),
+		peek:         load("peek", layout, readOther, false),
 	}
 }
 

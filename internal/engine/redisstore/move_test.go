@@ -1,0 +1,62 @@
+package redisstore_test
+
+import (
+	"path/filepath"
+	"testing"
+
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
+	"github.com/idemd/idemd/internal/engine/enginetest"
+	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/testredis"
+)
+
+// TestMoveLive holds the live move to enginetest.RunMove between real stores: the
+// embedded store into Redis, one Redis layout into another, Redis into a Cluster.
+func TestMoveLive(t *testing.T) {
+	t.Parallel()
+	redisStore := func(url string, opts redisstore.Options) enginetest.NewStore {
+		return func(t *testing.T) engine.Store {
+			s, err := redisstore.OpenWith(url, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		}
+	}
+	bolt := func(t *testing.T) engine.Store {
+		s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	t.Run("embedded to redis", func(t *testing.T) {
+		t.Parallel()
+		to := testredis.Start(t)
+		enginetest.RunMove(t, bolt, redisStore(to.URL(), redisstore.Options{LeanRecords: true}))
+	})
+	t.Run("redis strings to redis lean", func(t *testing.T) {
+		t.Parallel()
+		from, to := testredis.Start(t), testredis.Start(t)
+		enginetest.RunMove(t, redisStore(from.URL(), redisstore.Options{}), redisStore(to.URL(), redisstore.Options{LeanRecords: true, LeanOnly: true}))
+	})
+	t.Run("redis hashes to redis strings", func(t *testing.T) {
+		t.Parallel()
+		from, to := testredis.Start(t), testredis.Start(t)
+		enginetest.RunMove(t, redisStore(from.URL(), redisstore.Options{HashRecords: true}), redisStore(to.URL(), redisstore.Options{}))
+	})
+	t.Run("redis lean to embedded", func(t *testing.T) {
+		t.Parallel()
+		from := testredis.Start(t)
+		enginetest.RunMove(t, redisStore(from.URL(), redisstore.Options{LeanRecords: true, LeanOnly: true}), bolt)
+	})
+	t.Run("redis to cluster", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("a Cluster is not started in -short")
+		}
+		t.Parallel()
+		from, to := testredis.Start(t), testredis.StartCluster(t)
+		enginetest.RunMove(t, redisStore(from.URL(), redisstore.Options{}), redisStore(to.URL(), redisstore.Options{LeanRecords: true}))
+	})
+}
