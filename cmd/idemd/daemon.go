@@ -57,6 +57,8 @@ type Main struct {
 	TLSKey           string
 	Console          bool
 	ShowVersion      bool
+	// MigrateFrom is the store a live move takes records from (--migrate-from).
+	MigrateFrom string
 
 	Logger *slog.Logger
 	// Tracing, when set, makes a span of each request (main sets it from OTEL_*).
@@ -70,6 +72,7 @@ type Main struct {
 
 	// What Open made and Close undoes.
 	store      engine.Store
+	migrator   *engine.Migrator
 	listener   net.Listener
 	httpServer *http.Server
 }
@@ -83,6 +86,7 @@ func NewMain() *Main {
 func (m *Main) ParseFlags(args []string) (err error) {
 	fs := flag.NewFlagSet("idemd", flag.ContinueOnError)
 	fs.StringVar(&m.Listen, "listen", ":8080", "address to serve HTTP on")
+	fs.StringVar(&m.MigrateFrom, "migrate-from", "", "serve from --store while moving every record out of this store (a URL as --store takes), live: each key is handed over from it at its first call, and a copier hands over the rest; every daemon of the old store must run this release or a later one first (docs/operations.md, Moving to another store while serving)")
 	fs.StringVar(&m.Store, "store", "", "store URL: bolt:///abs/path/idemd.db, redis://, rediss://, redis+sentinel://, redis+cluster://; default: the embedded store in --data-dir")
 	fs.IntVar(&m.ReplicaAcks, "redis-replica-acks", 0, "confirm every Redis write on this many replicas (WAIT) before answering; 503 not_replicated otherwise")
 	fs.DurationVar(&m.ReplicaTimeout, "redis-replica-timeout", 250*time.Millisecond, "how long a write waits for --redis-replica-acks")
@@ -302,6 +306,11 @@ func (m *Main) Open() (err error) {
 	if m.store, err = m.openStore(); err != nil {
 		return err
 	}
+	if m.MigrateFrom != "" {
+		if err := m.openMigration(); err != nil {
+			return err
+		}
+	}
 	if err := m.loadAccess(); err != nil {
 		return err
 	}
@@ -309,6 +318,9 @@ func (m *Main) Open() (err error) {
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
 	if c, ok := m.store.(prometheus.Collector); ok {
 		registry.MustRegister(c)
+	}
+	if m.migrator != nil {
+		registry.MustRegister(m.migrationMetrics())
 	}
 	cfg := server.Config{
 		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes, MaxPointBytes: m.MaxPointBytes},
@@ -370,6 +382,11 @@ func (m *Main) Run(ctx context.Context) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 
+	if m.migrator != nil {
+		copyCtx, stopCopy := context.WithCancel(ctx)
+		defer stopCopy()
+		go m.copyOut(copyCtx)
+	}
 	served := make(chan error, 1)
 	go func() {
 		if m.TLSCert != "" {

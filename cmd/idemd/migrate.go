@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/engine"
+)
+
+// openMigration opens the store --migrate-from names, with the layout its own daemons
+// agreed, and serves through a Migrator from --store.
+func (m *Main) openMigration() error {
+	saved, layout, hashes := m.Store, m.RecordLayout, m.HashRecords
+	m.Store, m.RecordLayout, m.HashRecords = m.MigrateFrom, "auto", false
+	old, err := m.openStore()
+	m.Store, m.RecordLayout, m.HashRecords = saved, layout, hashes
+	if err != nil {
+		return fmt.Errorf("--migrate-from: %w", err)
+	}
+	mig, err := engine.NewMigrator(m.store, old)
+	if err != nil {
+		_ = old.Close()
+		return fmt.Errorf("--migrate-from: %w", err)
+	}
+	m.store, m.migrator = mig, mig
+	m.Logger.Info("moving records live", "from", redactURL(m.MigrateFrom), "to", redactURL(m.Store))
+	return nil
+}
+
+// migration is where this daemon's copier stands.
+var migration struct {
+	sync.Mutex
+	p engine.MoveProgress
+}
+
+// copyOut runs the copier until it finds nothing left to hand over, passes again
+// after a failure, and logs its progress every few seconds.
+func (m *Main) copyOut(ctx context.Context) {
+	last := time.Now()
+	report := func(p engine.MoveProgress) {
+		migration.Lock()
+		migration.p = p
+		migration.Unlock()
+		if time.Since(last) > 2*time.Second || p.Done {
+			last = time.Now()
+			rate := float64(p.Moved) / max(time.Since(p.Started).Seconds(), 0.001)
+			m.Logger.Info("moving records", "handed_over", p.Moved, "moved_before", p.Passed, "failed", p.Failed,
+				"per_second", fmt.Sprintf("%.0f", rate), "done", p.Done)
+		}
+	}
+	for ctx.Err() == nil {
+		p, err := m.migrator.CopyAll(ctx, report)
+		if err == nil && p.Done {
+			m.Logger.Info("the old store holds only markers: retire it once every daemon serves from the new store alone",
+				"from", redactURL(m.MigrateFrom))
+			return
+		}
+		if errors.Is(err, context.Canceled) {
+			return
+		}
+		m.Logger.Warn("the copier stopped; it passes again", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// migrationMetrics exports the copier's progress.
+func (m *Main) migrationMetrics() prometheus.Collector {
+	return migrationCollector{m}
+}
+
+type migrationCollector struct{ m *Main }
+
+var (
+	migMoved = prometheus.NewDesc("idemd_migration_keys_handed_over", "Keys this daemon's copier handed over from the old store in the live move.", nil, nil)
+	migDone  = prometheus.NewDesc("idemd_migration_done", "1 once this daemon's copier found only markers in the old store.", nil, nil)
+	migCalls = prometheus.NewDesc("idemd_migration_keys_handed_over_by_calls", "Keys this daemon handed over from the old store, by calls and the copier, and found sealed.", []string{"how"}, nil)
+)
+
+func (c migrationCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- migMoved
+	ch <- migDone
+	ch <- migCalls
+}
+
+func (c migrationCollector) Collect(ch chan<- prometheus.Metric) {
+	migration.Lock()
+	p := migration.p
+	migration.Unlock()
+	done := 0.0
+	if p.Done {
+		done = 1
+	}
+	ch <- prometheus.MustNewConstMetric(migMoved, prometheus.GaugeValue, float64(p.Moved))
+	ch <- prometheus.MustNewConstMetric(migDone, prometheus.GaugeValue, done)
+	handed, sealed := c.m.migrator.Counts()
+	ch <- prometheus.MustNewConstMetric(migCalls, prometheus.CounterValue, float64(handed), "imported")
+	ch <- prometheus.MustNewConstMetric(migCalls, prometheus.CounterValue, float64(sealed), "sealed")
+}
