@@ -66,6 +66,9 @@ Operations:
   copy --from STORE --to STORE    copy every record, lease tokens and all, into another store
                                   while no idemd serves either (bolt:///abs/path/idemd.db or
                                   a Redis URL); run again after an interruption to finish
+  migration status                where the live move of the daemon at --url stands: records
+                                  copied, left, the rate, about how long to go (platform
+                                  scope; the daemon serves --console)
   token new --tenant T --scopes use,admin [--name N]
                                   make a token; print it once, and its auth-file entry
   auth check FILE                 check an auth file as idemd does at start-up and on SIGHUP
@@ -139,6 +142,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return a.backupCmd(rest)
 	case "restore":
 		return a.restore(rest)
+	case "migration":
+		return a.migration(rest)
 	case "copy":
 		return a.copyCmd(rest)
 	case "usage":

@@ -44,6 +44,9 @@ func (m *Main) console() server.Console {
 			return out, err
 		}
 	}
+	if m.migrator != nil {
+		info.Migration = m.migrationStatus
+	}
 	return server.Console{Enabled: true, Store: info}
 }
 

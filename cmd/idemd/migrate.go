@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/server"
 )
 
 // openMigration opens the store --migrate-from names, with the layout its own daemons
@@ -48,9 +49,9 @@ func (m *Main) copyOut(ctx context.Context) {
 		migration.Unlock()
 		if time.Since(last) > 2*time.Second || p.Done {
 			last = time.Now()
-			rate := float64(p.Moved) / max(time.Since(p.Started).Seconds(), 0.001)
-			m.Logger.Info("moving records", "handed_over", p.Moved, "moved_before", p.Passed, "failed", p.Failed,
-				"per_second", fmt.Sprintf("%.0f", rate), "done", p.Done)
+			now := time.Now()
+			m.Logger.Info("moving records", "handed_over", p.Moved, "left", p.Left, "moved_before", p.Passed, "failed", p.Failed,
+				"per_second", fmt.Sprintf("%.0f", p.Rate(now)), "to_go", p.ToGo(now).Round(time.Second), "done", p.Done)
 		}
 	}
 	for ctx.Err() == nil {
@@ -69,6 +70,21 @@ func (m *Main) copyOut(ctx context.Context) {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// migrationStatus is the copier's progress for the console's store view.
+func (m *Main) migrationStatus() server.Migration {
+	migration.Lock()
+	p := migration.p
+	migration.Unlock()
+	handed, sealed := m.migrator.Counts()
+	now := time.Now()
+	out := server.Migration{From: redactURL(m.MigrateFrom), HandedOver: p.Moved, Left: p.Left, ByCalls: handed + sealed - p.Moved,
+		Failed: p.Failed, Done: p.Done}
+	if !p.Started.IsZero() {
+		out.PerSecond, out.ToGoS = p.Rate(now), p.ToGo(now).Seconds()
+	}
+	return out
 }
 
 // migrationMetrics exports the copier's progress.

@@ -128,7 +128,7 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	}
 	heldToken := held["lease_token"].(string)
 
-	migrating := startWith(t, bin, "--store", to.URL(), "--migrate-from", from.URL())
+	migrating := startWith(t, bin, "--store", to.URL(), "--migrate-from", from.URL(), "--console")
 
 	// Clients through both daemons, all along.
 	stop := make(chan struct{})
@@ -191,7 +191,7 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	mu.Lock()
 	migrating.kill(t)
 	mu.Unlock()
-	restarted := startWith(t, bin, "--store", to.URL(), "--migrate-from", from.URL())
+	restarted := startWith(t, bin, "--store", to.URL(), "--migrate-from", from.URL(), "--console")
 	mu.Lock()
 	migrating = restarted
 	mu.Unlock()
@@ -200,6 +200,23 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	})
 	close(stop)
 	load.Wait()
+	var view struct {
+		Migration *struct {
+			From       string `json:"from"`
+			HandedOver int64  `json:"handed_over"`
+			Left       int64  `json:"left"`
+			Done       bool   `json:"done"`
+		} `json:"migration"`
+	}
+	resp, err := http.Get(restarted.base + "/console/api/store")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(&view)
+	resp.Body.Close()
+	if err != nil || view.Migration == nil || !view.Migration.Done || view.Migration.Left != 0 || view.Migration.From == "" {
+		t.Fatalf("the store view once the copier is done: %+v %v", view.Migration, err)
+	}
 
 	// The lease granted before the move, after it.
 	code, again := restarted.call(t, "/v1/claim", map[string]any{"key": "held", "claim_secret": secret})

@@ -209,24 +209,54 @@ func (m *Migrator) Close() error {
 
 // MoveProgress is where the copier of a live move stands.
 type MoveProgress struct {
-	// Moved counts the keys the copier handed over, Passed the moved markers it found,
-	// Failed the keys it could not hand over this pass.
-	Moved, Passed, Failed int64
-	Started               time.Time
+	// Moved counts the keys the copier handed over, Passed the moved markers its last
+	// pass found, Failed the keys it could not hand over, and Left the keys its pass
+	// still has to hand over (counted by a look over the old store at the pass's start).
+	Moved, Passed, Failed, Left int64
+	Started                     time.Time
 	// Done: a whole pass found nothing left to hand over: the old store holds only
 	// markers, and can be retired once every daemon serves from the new store.
 	Done bool
 }
 
+// Rate is the keys handed over per second since the copier started.
+func (p MoveProgress) Rate(now time.Time) float64 {
+	return float64(p.Moved) / max(now.Sub(p.Started).Seconds(), 0.001)
+}
+
+// ToGo is about how long the keys left take at Rate; 0 when unknown.
+func (p MoveProgress) ToGo(now time.Time) time.Duration {
+	r := p.Rate(now)
+	if r <= 0 {
+		return 0
+	}
+	return time.Duration(float64(p.Left) / r * float64(time.Second))
+}
+
 // CopyAll walks the old store and hands over every key not yet moved, reporting
-// progress after each key; restarted, it rescans (keys moved already cost a MoveOut
-// that finds a marker, or are not listed). It returns once a pass found nothing left.
+// progress after each key; restarted, it rescans (keys moved already are not listed).
+// Each pass first counts what it has to hand over. It returns once a pass found
+// nothing left.
 func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (MoveProgress, error) {
 	p := MoveProgress{Started: m.now()}
 	for {
 		var left int64
-		moved, err := m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
-			left++
+		moved, err := m.old.Unmoved(ctx, func(string, [32]byte, string) error { left++; return nil })
+		if err != nil {
+			return p, err
+		}
+		p.Left, p.Passed = left, moved
+		if progress != nil {
+			progress(p)
+		}
+		if left == 0 {
+			p.Done = true
+			if progress != nil {
+				progress(p)
+			}
+			return p, nil
+		}
+		_, err = m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
 			if err := m.Move(ctx, tenant, digest, key); err != nil {
 				if ctx.Err() != nil {
 					return ctx.Err()
@@ -235,21 +265,14 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 			} else {
 				p.Moved++
 			}
+			p.Left = max(p.Left-1, 0)
 			if progress != nil {
 				progress(p)
 			}
 			return nil
 		})
-		p.Passed = moved
 		if err != nil {
 			return p, err
-		}
-		if left == 0 {
-			p.Done = true
-			if progress != nil {
-				progress(p)
-			}
-			return p, nil
 		}
 	}
 }

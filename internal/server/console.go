@@ -54,6 +54,27 @@ type StoreInfo struct {
 	// Topology, when set, reads the store's masters and their replicas now, with
 	// their round trips from this daemon.
 	Topology func(ctx context.Context) ([]StoreNode, error)
+	// Migration, when set, says where this daemon's live move out of another store
+	// (--migrate-from) stands.
+	Migration func() Migration
+}
+
+// Migration is a live move's progress as the store view shows it.
+type Migration struct {
+	// From is the old store, without a password.
+	From string `json:"from"`
+	// HandedOver counts the keys the copier handed over, Left those its pass has left
+	// to hand over, ByCalls those calls handed over (or found sealed) first.
+	HandedOver int64 `json:"handed_over"`
+	Left       int64 `json:"left"`
+	ByCalls    int64 `json:"by_calls"`
+	Failed     int64 `json:"failed"`
+	// PerSecond is the copier's rate, ToGoS about how long what is left takes.
+	PerSecond float64 `json:"per_second"`
+	ToGoS     float64 `json:"to_go_s"`
+	// Done: the old store holds only markers; it can be retired once no daemon serves
+	// it alone and every daemon is restarted on the new store alone.
+	Done bool `json:"done"`
 }
 
 // StoreNode is one master of the store, as StoreInfo.Topology reads it.
@@ -535,6 +556,8 @@ type consoleStoreView struct {
 	Masters    []consoleMaster `json:"masters"`
 	// TopologyError says why the masters and replicas could not all be read.
 	TopologyError string `json:"topology_error,omitempty"`
+	// Migration is where a live move into this store stands, when one runs.
+	Migration *Migration `json:"migration,omitempty"`
 }
 
 // consoleStore is the store view. It says where the store is (the data file's path,
@@ -553,6 +576,10 @@ func (s *Server) consoleStore(c echo.Context) error {
 	}
 	st := s.console.store
 	out := consoleStoreView{Kind: st.Kind, Layout: st.Layout, Location: st.Location, Ready: true, Masters: []consoleMaster{}}
+	if st.Migration != nil {
+		mig := st.Migration()
+		out.Migration = &mig
+	}
 	ctx, cancel := context.WithTimeout(c.Request().Context(), 2*time.Second)
 	defer cancel()
 	if err := s.engine.Ready(ctx); err != nil {

@@ -985,6 +985,12 @@
     field(dl, 'record layout', st.layout, 's-layout');
     field(dl, 'location', st.location, 's-location');
     field(dl, 'ready', st.ready ? 'yes: the store takes writes' : `no: ${st.ready_error || 'not ready'}`, 's-ready');
+    if (st.migration) {
+      const mg = st.migration;
+      field(dl, 'moving records', mg.done
+        ? `from ${mg.from}: done, ${mg.handed_over} copied; the old store holds only markers`
+        : `from ${mg.from}: ${mg.handed_over} copied, ${mg.left} left, ${mg.per_second.toFixed(0)}/s, about ${Math.ceil(mg.to_go_s)} s to go (${mg.by_calls} by calls, ${mg.failed} failed)`, 's-migration');
+    }
     const num = (v, digits, unit) => (v === null || v === undefined ? '—' : `${v.toFixed(digits)}${unit}`);
     const ping = (n) => (n.error ? `no answer: ${n.error}` : num(n.ping_ms, 2, ' ms'));
     const rows = [];
