@@ -1,0 +1,85 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	idem "github.com/idemd/idemd/clients/go"
+	"github.com/idemd/idemd/internal/engine/boltstore"
+	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/wait"
+)
+
+// TestLiveMoveEmbeddedToRedis moves a daemon's embedded store into Redis live: the
+// daemon is restarted with --store redis://… --migrate-from bolt://…, idemctl
+// migration status follows its copier to done, the lease taken before the move is
+// completed after it with its own token, and a daemon of Redis alone then replays every
+// completion byte for byte.
+func TestLiveMoveEmbeddedToRedis(t *testing.T) {
+	dataDir := t.TempDir()
+	db := filepath.Join(dataDir, boltstore.DatabaseFile)
+	base, stop := ownDaemon(t, "--data-dir", dataDir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	client, err := idem.New(base, idem.WithReplayCache(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const completed = 300
+	for i := range completed {
+		if _, err := client.Do(ctx, fmt.Sprintf("done-%d", i), "", func(context.Context) (idem.Response, error) {
+			return idem.Response{Status: 201, Body: []byte(fmt.Sprintf(`{"n":%d}`, i))}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := idemctl(map[string]string{"IDEMD_URL": base}, "claim", "held", "--lease", "10m", "--json")
+	expect(t, held, exitOK, "claim of the key held across the move")
+	lease := held.json(t)["lease_token"].(string)
+	stop()
+
+	srv := testredis.Start(t)
+	moving, stopMoving := ownDaemon(t, "--data-dir", t.TempDir(), "--store", srv.URL(), "--migrate-from", "bolt://"+db, "--console")
+	env := map[string]string{"IDEMD_URL": moving}
+	var last result
+	wait.For(t, 60*time.Second, "the copier to be done", func() bool {
+		last = idemctl(env, "migration", "status")
+		return last.code == exitOK && strings.Contains(last.stdout, "done")
+	})
+	if !strings.Contains(last.stdout, "bolt://") || !strings.Contains(last.stdout, "only markers") {
+		t.Fatalf("migration status once done: %s", last.stdout)
+	}
+	js := idemctl(env, "migration", "status", "--json")
+	expect(t, js, exitOK, "migration status --json")
+	if out := js.json(t); out["done"] != true || out["left"] != float64(0) {
+		t.Fatalf("migration status --json: %v", out)
+	}
+	expect(t, idemctl(env, "complete", "held", "--lease-token", lease, "--status", "200", "--body", "held, done"), exitOK,
+		"completing the lease taken before the move")
+	stopMoving()
+
+	alone, _ := ownDaemon(t, "--data-dir", t.TempDir(), "--store", srv.URL())
+	c2, err := idem.New(alone, idem.WithReplayCache(0, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range completed {
+		res, err := c2.Do(ctx, fmt.Sprintf("done-%d", i), "", func(context.Context) (idem.Response, error) {
+			t.Fatalf("done-%d ran again after the move", i)
+			return idem.Response{}, nil
+		})
+		if err != nil || res.Status != http.StatusCreated || string(res.Body) != fmt.Sprintf(`{"n":%d}`, i) {
+			t.Fatalf("done-%d from Redis alone: %+v %v", i, res, err)
+		}
+	}
+	r := idemctl(map[string]string{"IDEMD_URL": alone}, "lookup", "held", "--json")
+	expect(t, r, exitOK, "lookup of the key held across the move")
+	if out := r.json(t); out["state"] != "completed" {
+		t.Fatalf("the key held across the move: %v", out)
+	}
+}
