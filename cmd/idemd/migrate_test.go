@@ -81,7 +81,20 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	}
 	t.Parallel()
 	bin := buildDaemon(t)
-	from, to := testredis.Start(t), testredis.Start(t)
+	t.Run("onto another Redis", func(t *testing.T) {
+		t.Parallel()
+		to := testredis.Start(t)
+		moveLive(t, bin, to.URL())
+	})
+	t.Run("onto a Cluster", func(t *testing.T) {
+		t.Parallel()
+		to := testredis.StartCluster(t)
+		moveLive(t, bin, to.URL())
+	})
+}
+
+func moveLive(t *testing.T, bin, toURL string) {
+	from := testredis.Start(t)
 
 	// The records before the move, written straight into the old Redis.
 	const before = 3000
@@ -128,7 +141,7 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	}
 	heldToken := held["lease_token"].(string)
 
-	migrating := startWith(t, bin, "--store", to.URL(), "--migrate-from", from.URL(), "--console")
+	migrating := startWith(t, bin, "--store", toURL, "--migrate-from", from.URL(), "--console")
 
 	// Clients through both daemons, all along.
 	stop := make(chan struct{})
@@ -191,7 +204,7 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	mu.Lock()
 	migrating.kill(t)
 	mu.Unlock()
-	restarted := startWith(t, bin, "--store", to.URL(), "--migrate-from", from.URL(), "--console")
+	restarted := startWith(t, bin, "--store", toURL, "--migrate-from", from.URL(), "--console")
 	mu.Lock()
 	migrating = restarted
 	mu.Unlock()
@@ -236,7 +249,7 @@ func TestMoveLiveBetweenRedis(t *testing.T) {
 	plain.kill(t)
 	restarted.kill(t)
 	from.Stop()
-	alone := startWith(t, bin, "--store", to.URL())
+	alone := startWith(t, bin, "--store", toURL)
 	for key, body := range want {
 		code, out := alone.call(t, "/v1/claim", map[string]any{"key": key})
 		resp, _ := out["response"].(map[string]any)
