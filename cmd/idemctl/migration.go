@@ -20,6 +20,7 @@ type migrationView struct {
 		Failed     int64   `json:"failed"`
 		PerSecond  float64 `json:"per_second"`
 		ToGoS      float64 `json:"to_go_s"`
+		Alone      int     `json:"alone_daemons"`
 		Done       bool    `json:"done"`
 	} `json:"migration"`
 }
@@ -78,5 +79,8 @@ func (a *app) migration(args []string) int {
 	}
 	fmt.Fprintf(a.stdout, "from %s: %d copied, %d left, %.0f/s, about %s to go (%d handed over by calls, %d failed)\n",
 		m.From, m.HandedOver, m.Left, m.PerSecond, (time.Duration(m.ToGoS) * time.Second).Round(time.Second), m.ByCalls, m.Failed)
+	if m.Alone > 0 {
+		fmt.Fprintf(a.stdout, "not done while %d connections of daemons serve the old store alone: restart them with --migrate-from\n", m.Alone)
+	}
 	return 0
 }

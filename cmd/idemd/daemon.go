@@ -71,8 +71,10 @@ type Main struct {
 	cert    atomic.Pointer[tls.Certificate]
 
 	// What Open made and Close undoes.
-	store      engine.Store
-	migrator   *engine.Migrator
+	store    engine.Store
+	migrator *engine.Migrator
+	// clientName names the store's Redis connections (redisstore.Options.ClientName).
+	clientName string
 	listener   net.Listener
 	httpServer *http.Server
 }
@@ -215,7 +217,7 @@ func (m *Main) openStore() (engine.Store, error) {
 		if err != nil {
 			return nil, err
 		}
-		s, err := redisstore.OpenWith(m.Store, redisstore.Options{Layout: layout, Logger: m.Logger,
+		s, err := redisstore.OpenWith(m.Store, redisstore.Options{Layout: layout, Logger: m.Logger, ClientName: m.clientName,
 			ReplicaAcks: m.ReplicaAcks, ReplicaTimeout: m.ReplicaTimeout, Pipelines: m.Pipelines})
 		if err != nil {
 			return nil, err

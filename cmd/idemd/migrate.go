@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
 )
 
@@ -17,9 +18,9 @@ import (
 // agreed, and serves through a Migrator from --store.
 func (m *Main) openMigration() error {
 	saved, layout, hashes := m.Store, m.RecordLayout, m.HashRecords
-	m.Store, m.RecordLayout, m.HashRecords = m.MigrateFrom, "auto", false
+	m.Store, m.RecordLayout, m.HashRecords, m.clientName = m.MigrateFrom, "auto", false, redisstore.MigratingClientName
 	old, err := m.openStore()
-	m.Store, m.RecordLayout, m.HashRecords = saved, layout, hashes
+	m.Store, m.RecordLayout, m.HashRecords, m.clientName = saved, layout, hashes, ""
 	if err != nil {
 		return fmt.Errorf("--migrate-from: %w", err)
 	}
@@ -50,7 +51,7 @@ func (m *Main) copyOut(ctx context.Context) {
 		if time.Since(last) > 2*time.Second || p.Done {
 			last = time.Now()
 			now := time.Now()
-			m.Logger.Info("moving records", "handed_over", p.Moved, "left", p.Left, "moved_before", p.Passed, "failed", p.Failed,
+			m.Logger.Info("moving records", "handed_over", p.Moved, "left", p.Left, "daemons_on_the_old_store_alone", p.AloneDaemons, "moved_before", p.Passed, "failed", p.Failed,
 				"per_second", fmt.Sprintf("%.0f", p.Rate(now)), "to_go", p.ToGo(now).Round(time.Second), "done", p.Done)
 		}
 	}
@@ -80,7 +81,7 @@ func (m *Main) migrationStatus() server.Migration {
 	handed, sealed := m.migrator.Counts()
 	now := time.Now()
 	out := server.Migration{From: redactURL(m.MigrateFrom), HandedOver: p.Moved, Left: p.Left, ByCalls: handed + sealed - p.Moved,
-		Failed: p.Failed, Done: p.Done}
+		Failed: p.Failed, Done: p.Done, AloneDaemons: p.AloneDaemons}
 	if !p.Started.IsZero() {
 		out.PerSecond, out.ToGoS = p.Rate(now), p.ToGo(now).Seconds()
 	}
@@ -96,13 +97,17 @@ type migrationCollector struct{ m *Main }
 
 var (
 	migMoved = prometheus.NewDesc("idemd_migration_keys_handed_over", "Keys this daemon's copier handed over from the old store in the live move.", nil, nil)
-	migDone  = prometheus.NewDesc("idemd_migration_done", "1 once this daemon's copier found only markers in the old store.", nil, nil)
+	migDone  = prometheus.NewDesc("idemd_migration_done", "1 once this daemon's copier found only markers in the old store, and no daemon serving it alone.", nil, nil)
+	migAlone = prometheus.NewDesc("idemd_migration_alone_daemons", "Connections of daemons serving the old store alone, at the copier's last pass that found nothing left to hand over.", nil, nil)
+	migLeft  = prometheus.NewDesc("idemd_migration_keys_left", "Keys the copier's pass still has to hand over from the old store.", nil, nil)
 	migCalls = prometheus.NewDesc("idemd_migration_keys_handed_over_by_calls", "Keys this daemon handed over from the old store, by calls and the copier, and found sealed.", []string{"how"}, nil)
 )
 
 func (c migrationCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- migMoved
 	ch <- migDone
+	ch <- migLeft
+	ch <- migAlone
 	ch <- migCalls
 }
 
@@ -116,6 +121,8 @@ func (c migrationCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(migMoved, prometheus.GaugeValue, float64(p.Moved))
 	ch <- prometheus.MustNewConstMetric(migDone, prometheus.GaugeValue, done)
+	ch <- prometheus.MustNewConstMetric(migLeft, prometheus.GaugeValue, float64(p.Left))
+	ch <- prometheus.MustNewConstMetric(migAlone, prometheus.GaugeValue, float64(p.AloneDaemons))
 	handed, sealed := c.m.migrator.Counts()
 	ch <- prometheus.MustNewConstMetric(migCalls, prometheus.CounterValue, float64(handed), "imported")
 	ch <- prometheus.MustNewConstMetric(migCalls, prometheus.CounterValue, float64(sealed), "sealed")

@@ -208,11 +208,24 @@ func moveLive(t *testing.T, bin, toURL string) {
 	mu.Lock()
 	migrating = restarted
 	mu.Unlock()
+	// Not done while a daemon serves the old store alone: it may still write there.
+	wait.For(t, 120*time.Second, "the copier to find nothing left but the old store's own daemon", func() bool {
+		v := restarted.metric(t, "idemd_migration_alone_daemons")
+		return v != "" && v != "0"
+	})
+	if restarted.metric(t, "idemd_migration_done") == "1" {
+		t.Fatal("the copier is done while a daemon serves the old store alone")
+	}
+	close(stop)
+	load.Wait()
+	code, held2 := plain.call(t, "/v1/claim", map[string]any{"key": "held", "claim_secret": secret})
+	if code != 503 || held2["code"] != "store_moved" {
+		t.Fatalf("the old store's daemon on a moved key: %d %v", code, held2)
+	}
+	plain.kill(t)
 	wait.For(t, 120*time.Second, "the copier to finish", func() bool {
 		return restarted.metric(t, "idemd_migration_done") == "1"
 	})
-	close(stop)
-	load.Wait()
 	var view struct {
 		Migration *struct {
 			From       string `json:"from"`
@@ -246,7 +259,6 @@ func moveLive(t *testing.T, bin, toURL string) {
 	want["held"] = "held, done"
 
 	// Retire the old Redis: the new one alone replays everything acknowledged.
-	plain.kill(t)
 	restarted.kill(t)
 	from.Stop()
 	alone := startWith(t, bin, "--store", toURL)

@@ -56,6 +56,14 @@ type Mover interface {
 	Unmoved(ctx context.Context, fn func(tenant string, digest [32]byte, key string) error) (moved int64, err error)
 }
 
+// DaemonCounter is what an old store offers to tell whether daemons still serve it
+// alone: the Redis store counts the connections named as idemd daemons' are (those of
+// migrating daemons are named otherwise). A store opened by one process only (the
+// embedded store) needs none.
+type DaemonCounter interface {
+	Daemons(ctx context.Context) (int, error)
+}
+
 // Migrator is a Store that serves every key from the new store, after handing it over
 // from the old one: the daemon's store while a live move runs.
 type Migrator struct {
@@ -214,8 +222,13 @@ type MoveProgress struct {
 	// still has to hand over (counted by a look over the old store at the pass's start).
 	Moved, Passed, Failed, Left int64
 	Started                     time.Time
-	// Done: a whole pass found nothing left to hand over: the old store holds only
-	// markers, and can be retired once every daemon serves from the new store.
+	// AloneDaemons counts the daemons that still serve the old store alone, at the
+	// last pass that found nothing left: while there are any, they may write records
+	// there that are not moved yet, and the copier is not done.
+	AloneDaemons int
+	// Done: a whole pass found nothing left to hand over while no daemon served the
+	// old store alone: the old store holds only markers, and is retired once every
+	// daemon is restarted on the new store alone.
 	Done bool
 }
 
@@ -250,6 +263,24 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 			progress(p)
 		}
 		if left == 0 {
+			if dc, ok := m.oldStore.(DaemonCounter); ok {
+				n, err := dc.Daemons(ctx)
+				if err != nil {
+					return p, err
+				}
+				if p.AloneDaemons = n; n > 0 {
+					// They may still write a record there: pass again later.
+					if progress != nil {
+						progress(p)
+					}
+					select {
+					case <-ctx.Done():
+						return p, ctx.Err()
+					case <-time.After(time.Second):
+					}
+					continue
+				}
+			}
 			p.Done = true
 			if progress != nil {
 				progress(p)

@@ -72,6 +72,9 @@ type Migration struct {
 	// PerSecond is the copier's rate, ToGoS about how long what is left takes.
 	PerSecond float64 `json:"per_second"`
 	ToGoS     float64 `json:"to_go_s"`
+	// AloneDaemons counts the daemons still serving the old store alone, once
+	// nothing else is left: the move is not done while there are any.
+	AloneDaemons int `json:"alone_daemons"`
 	// Done: the old store holds only markers; it can be retired once no daemon serves
 	// it alone and every daemon is restarted on the new store alone.
 	Done bool `json:"done"`

@@ -45,6 +45,11 @@ func OpenWith(rawURL string, opts Options) (*Store, error) {
 // that a copy between stores can tell that daemons still serve one.
 const DaemonClientName = "idemd"
 
+// MigratingClientName is the name a migrating daemon's connections to the store it
+// moves records out of give Redis (idemd --migrate-from): not DaemonClientName, so
+// that Daemons counts only the daemons that still serve that store alone.
+const MigratingClientName = "idemd-migrating"
+
 // NewClient returns the go-redis client for a store URL, its connections named
 // DaemonClientName.
 func NewClient(rawURL string) (redis.UniversalClient, error) {
