@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/wait"
 )
 
 // RunMove holds a live move to its promises, from a store made by newOld (an
@@ -58,6 +59,12 @@ func RunMove(t *testing.T, newOld, newNew NewStore) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A waiter on the held key in the old store is woken when the key is handed over.
+	waiter, err := old.Watch(c, held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer waiter.Close()
 
 	// The load: claims on every key, through the old store directly (a daemon not yet
 	// restarted as a migrating one) and through the migrator, while the copier runs.
@@ -125,6 +132,12 @@ func RunMove(t *testing.T, newOld, newNew NewStore) {
 	p, err := m.CopyAll(c, nil)
 	if err != nil || !p.Done {
 		t.Fatalf("the copier: %+v %v", p, err)
+	}
+
+	select {
+	case <-waiter.C():
+	case <-time.After(wait.Scale(20 * time.Second)):
+		t.Fatal("a waiter on the held key in the old store was not woken by its handover")
 	}
 
 	// The lease granted before the move goes on through the migrating daemon.
