@@ -1,11 +1,12 @@
 -- moveout: hand a key over to another store, in a live move (engine.Mover.MoveOut).
 -- KEYS[1], KEYS[2], KEYS[3] the record's keys (see prelude.lua)
 -- ARGV[1] until when the marker is kept, ms   ARGV[2] the client's key ('' when
--- unknown)   ARGV[3] tenant
+-- unknown)   ARGV[3] tenant   ARGV[4] '1' to seal a key with no live record
 -- A live record becomes a moving marker that keeps it (its state in ms, its expiry in
 -- mx), its pending entry goes and its waiters are woken, and it is answered as export
--- answers it; a moving marker answers the record it keeps. A key with no live record
--- becomes, and a moved marker stays, a moved marker: answers {'moved', now_ms}.
+-- answers it; a moving marker answers the record it keeps. A moved marker stays, and a
+-- key with no live record becomes one when ARGV[4] is '1' (is left as it is
+-- otherwise): answers {'moved', now_ms}.
 MARKERS.read = true
 local now = now_ms()
 local r = load()
@@ -14,6 +15,9 @@ local function copy(c)
   return {'ok', now, c.k or '', c.t or '', c.st, c.fp or '', c.ow or '', c.at or '',
     c.tok or '', c.lx or '', c.rec or '', c.ca or '', c.ua or '', c.xa or '', c.rs or '',
     c.rh or '', c.rb or '', c.cs or '', c.pn or '', c.pd or '', c.pa or '', c.pt or ''}
+end
+if not r.st and ARGV[4] ~= '1' then
+  return {'moved', now}
 end
 if not r.st then
   local k = nil

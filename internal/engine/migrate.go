@@ -44,9 +44,11 @@ type Mover interface {
 	// MoveOut hands the key (tenant and the SHA-256 of the client's key; key is the
 	// client's key where known, else "") over, atomically: a live record becomes a
 	// moving marker kept until until, and is answered whole; a moving marker answers
-	// the record it keeps; a key with no live record becomes, and a moved marker
-	// stays, a moved marker, answered MoveSealed. Waiters on the key are woken.
-	MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, until time.Time) (MoveOutcome, *Exported, error)
+	// the record it keeps; a moved marker stays, answered MoveSealed, and so does a
+	// key with no live record, which becomes a moved marker when seal is set (before
+	// a claim, which may create the key in the new store) and stays as it is
+	// otherwise. Waiters on the key are woken.
+	MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, seal bool, until time.Time) (MoveOutcome, *Exported, error)
 	// ConfirmMoved turns a moving marker into a moved one kept until until, dropping
 	// the record it kept. On anything else it does nothing.
 	ConfirmMoved(ctx context.Context, tenant string, digest [32]byte, until time.Time) error
@@ -96,20 +98,26 @@ func NewMigrator(next, old Store) (*Migrator, error) {
 func (m *Migrator) Counts() (handedOver, sealed int64) { return m.handedOver.Load(), m.sealed.Load() }
 
 // handOver makes sure the new store can serve id: it holds the key's record, or the
-// old store has handed the key over (or sealed it).
-func (m *Migrator) handOver(ctx context.Context, id ID) error {
+// old store has handed the key over, or holds none of it (sealed against the daemons
+// of the old store alone when seal is set: before a claim, the one call that creates
+// a record; the others create none, and leave the old store as it is).
+func (m *Migrator) handOver(ctx context.Context, id ID, seal bool) error {
 	_, err := m.next.Lookup(ctx, id)
 	if err == nil || !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	return m.Move(ctx, id.Tenant, KeyDigest(id.Key), id.Key)
+	return m.move(ctx, id.Tenant, KeyDigest(id.Key), id.Key, seal)
 }
 
 // Move hands one key over from the old store to the new one: MoveOut, a conditional
 // import of what it answers, ConfirmMoved. Run again after an interruption at any
 // point, it finishes the handover and changes nothing already done.
 func (m *Migrator) Move(ctx context.Context, tenant string, digest [32]byte, key string) error {
-	outcome, e, err := m.old.MoveOut(ctx, tenant, digest, key, m.now().Add(MarkerLife))
+	return m.move(ctx, tenant, digest, key, true)
+}
+
+func (m *Migrator) move(ctx context.Context, tenant string, digest [32]byte, key string, seal bool) error {
+	outcome, e, err := m.old.MoveOut(ctx, tenant, digest, key, seal, m.now().Add(MarkerLife))
 	if err != nil {
 		return err
 	}
@@ -132,7 +140,7 @@ func (m *Migrator) Move(ctx context.Context, tenant string, digest [32]byte, key
 
 // Claim implements Store.
 func (m *Migrator) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
-	if err := m.handOver(ctx, c.ID); err != nil {
+	if err := m.handOver(ctx, c.ID, true); err != nil {
 		return ClaimResult{}, err
 	}
 	return m.next.Claim(ctx, c)
@@ -140,7 +148,7 @@ func (m *Migrator) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
 
 // Complete implements Store.
 func (m *Migrator) Complete(ctx context.Context, c Completion) (Record, error) {
-	if err := m.handOver(ctx, c.ID); err != nil {
+	if err := m.handOver(ctx, c.ID, false); err != nil {
 		return Record{}, err
 	}
 	return m.next.Complete(ctx, c)
@@ -148,7 +156,7 @@ func (m *Migrator) Complete(ctx context.Context, c Completion) (Record, error) {
 
 // Release implements Store.
 func (m *Migrator) Release(ctx context.Context, r Release) (Record, error) {
-	if err := m.handOver(ctx, r.ID); err != nil {
+	if err := m.handOver(ctx, r.ID, false); err != nil {
 		return Record{}, err
 	}
 	return m.next.Release(ctx, r)
@@ -156,7 +164,7 @@ func (m *Migrator) Release(ctx context.Context, r Release) (Record, error) {
 
 // Extend implements Store.
 func (m *Migrator) Extend(ctx context.Context, e Extension) (Record, error) {
-	if err := m.handOver(ctx, e.ID); err != nil {
+	if err := m.handOver(ctx, e.ID, false); err != nil {
 		return Record{}, err
 	}
 	return m.next.Extend(ctx, e)
@@ -164,7 +172,7 @@ func (m *Migrator) Extend(ctx context.Context, e Extension) (Record, error) {
 
 // Mark implements Store.
 func (m *Migrator) Mark(ctx context.Context, mk Mark) (Record, error) {
-	if err := m.handOver(ctx, mk.ID); err != nil {
+	if err := m.handOver(ctx, mk.ID, false); err != nil {
 		return Record{}, err
 	}
 	return m.next.Mark(ctx, mk)
@@ -173,16 +181,20 @@ func (m *Migrator) Mark(ctx context.Context, mk Mark) (Record, error) {
 // Lookup implements Store: a key the old store still holds is handed over first, so
 // that a lookup never reports a key free that the old store holds.
 func (m *Migrator) Lookup(ctx context.Context, id ID) (Record, error) {
-	if err := m.handOver(ctx, id); err != nil {
+	if err := m.handOver(ctx, id, false); err != nil {
 		return Record{}, err
 	}
 	return m.next.Lookup(ctx, id)
 }
 
-// Purge implements Store: the key is handed over (which leaves a moved marker in the
-// old store), then purged from the new one.
+// Purge implements Store: the key is handed over, and the old store left with a moved
+// marker of it (confirmed, so that no copy of the record there is imported again),
+// then purged from the new one.
 func (m *Migrator) Purge(ctx context.Context, id ID) error {
-	if err := m.handOver(ctx, id); err != nil {
+	if err := m.handOver(ctx, id, true); err != nil {
+		return err
+	}
+	if err := m.old.ConfirmMoved(ctx, id.Tenant, KeyDigest(id.Key), m.now().Add(MarkerLife)); err != nil {
 		return err
 	}
 	return m.next.Purge(ctx, id)
@@ -190,7 +202,7 @@ func (m *Migrator) Purge(ctx context.Context, id ID) error {
 
 // Watch implements Store, on the new store once the key is there.
 func (m *Migrator) Watch(ctx context.Context, id ID) (Watch, error) {
-	if err := m.handOver(ctx, id); err != nil {
+	if err := m.handOver(ctx, id, false); err != nil {
 		return nil, err
 	}
 	return m.next.Watch(ctx, id)

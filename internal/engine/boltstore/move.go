@@ -12,7 +12,7 @@ import (
 )
 
 // MoveOut implements engine.Mover.
-func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, until time.Time) (engine.MoveOutcome, *engine.Exported, error) {
+func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, seal bool, until time.Time) (engine.MoveOutcome, *engine.Exported, error) {
 	var outcome engine.MoveOutcome
 	var kept *engine.Exported
 	err := s.updateKey(ctx, digestKey(tenant, digest), func(t *txn, rk []byte) error {
@@ -21,6 +21,9 @@ func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key
 			return err
 		}
 		switch {
+		case r == nil && !seal:
+			outcome = engine.MoveSealed
+			return nil
 		case r == nil:
 			outcome = engine.MoveSealed
 			t.to = engine.StateMoved

@@ -59,6 +59,19 @@ func RunMove(t *testing.T, newOld, newNew NewStore) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Only a claim seals a key neither store holds: the other calls create no record,
+	// and write nothing into the old store.
+	never := id("never seen")
+	if _, err := m.Lookup(c, never); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("a lookup of a key neither store holds: %v", err)
+	}
+	if _, err := m.Complete(c, engine.Completion{ID: never, LeaseToken: "x", Response: response("x"), Retention: time.Hour}); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("a completion of a key neither store holds: %v", err)
+	}
+	if _, err := old.Lookup(c, never); !errors.Is(err, engine.ErrNotFound) {
+		t.Fatalf("the old store after a lookup and a completion of a key it does not hold: %v", err)
+	}
+
 	// A waiter on the held key in the old store is woken when the key is handed over.
 	waiter, err := old.Watch(c, held)
 	if err != nil {

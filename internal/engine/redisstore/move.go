@@ -30,12 +30,12 @@ func (s *Store) doMove(ctx context.Context, sc script, keys []string, args ...an
 }
 
 // MoveOut implements engine.Mover with the moveout script.
-func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, until time.Time) (engine.MoveOutcome, *engine.Exported, error) {
+func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key string, seal bool, until time.Time) (engine.MoveOutcome, *engine.Exported, error) {
 	l, err := s.current(ctx)
 	if err != nil {
 		return "", nil, err
 	}
-	v, err := s.doMove(ctx, l.scripts.moveOut, digestKeys(tenant, digest), strconv.FormatInt(until.UnixMilli(), 10), key, tenant)
+	v, err := s.doMove(ctx, l.scripts.moveOut, digestKeys(tenant, digest), strconv.FormatInt(until.UnixMilli(), 10), key, tenant, flag(seal))
 	if err != nil {
 		return "", nil, err
 	}
