@@ -23,10 +23,10 @@ func (m *Main) console() server.Console {
 	if info.Kind == "embedded" {
 		info.Layout, info.Location = "bbolt", strings.TrimPrefix(m.Store, "bolt://")
 	}
-	if c, ok := m.store.(prometheus.Collector); ok {
+	if c, ok := m.served().(prometheus.Collector); ok {
 		info.Stats = c
 	}
-	if rs, ok := m.store.(*redisstore.Store); ok {
+	if rs, ok := m.served().(*redisstore.Store); ok {
 		info.AgreedLayout = func(ctx context.Context) (string, string, error) {
 			a, err := rs.AgreeLayout(ctx)
 			return string(a.Layout), a.Reason, err

@@ -318,7 +318,7 @@ func (m *Main) Open() (err error) {
 	}
 	registry := prometheus.NewRegistry()
 	registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), buildInfoGauge())
-	if c, ok := m.store.(prometheus.Collector); ok {
+	if c, ok := m.served().(prometheus.Collector); ok {
 		registry.MustRegister(c)
 	}
 	if m.migrator != nil {

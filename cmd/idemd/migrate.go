@@ -34,6 +34,15 @@ func (m *Main) openMigration() error {
 	return nil
 }
 
+// served is the store the daemon serves from: --store, also while it moves records
+// out of another one.
+func (m *Main) served() engine.Store {
+	if m.migrator != nil {
+		return m.migrator.Next()
+	}
+	return m.store
+}
+
 // migration is where this daemon's copier stands.
 var migration struct {
 	sync.Mutex

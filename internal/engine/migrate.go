@@ -94,6 +94,26 @@ func NewMigrator(next, old Store) (*Migrator, error) {
 	return &Migrator{next: next, nextPort: np, old: om, oldStore: old, now: time.Now}, nil
 }
 
+// Next is the store the migrator serves from.
+func (m *Migrator) Next() Store { return m.next }
+
+// Usage implements UsageReader with the new store's count, where it keeps one: a
+// tenant's records still in the old store count once they are handed over.
+func (m *Migrator) Usage(ctx context.Context, tenant string) (Usage, error) {
+	if r, ok := m.next.(UsageReader); ok {
+		return r.Usage(ctx, tenant)
+	}
+	return Usage{}, errors.ErrUnsupported
+}
+
+// Fill implements FillReader with the new store's.
+func (m *Migrator) Fill(ctx context.Context) (Fill, error) {
+	if r, ok := m.next.(FillReader); ok {
+		return r.Fill(ctx)
+	}
+	return Fill{}, errors.ErrUnsupported
+}
+
 // Counts are how many keys this migrator handed over and sealed.
 func (m *Migrator) Counts() (handedOver, sealed int64) { return m.handedOver.Load(), m.sealed.Load() }
 

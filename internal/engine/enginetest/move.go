@@ -181,6 +181,23 @@ func RunMove(t *testing.T, newOld, newNew NewStore) {
 		}
 	}
 
+	// Quotas and the store guard read the new store's usage and fill through the
+	// migrating store.
+	if r, ok := next.(engine.UsageReader); ok {
+		want, err1 := r.Usage(c, tenant)
+		got, err2 := m.Usage(c, tenant)
+		if err1 != nil || err2 != nil || got != want {
+			t.Fatalf("the migrating store's usage %+v (%v), the new store's %+v (%v)", got, err2, want, err1)
+		}
+	}
+	if r, ok := next.(engine.FillReader); ok {
+		if _, err := r.Fill(c); err == nil {
+			if _, err := m.Fill(c); err != nil {
+				t.Fatalf("the migrating store's fill: %v", err)
+			}
+		}
+	}
+
 	// Retire the old store: the new one replays every result, byte for byte.
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
