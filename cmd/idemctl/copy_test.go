@@ -26,7 +26,12 @@ import (
 // ownDaemon runs idemd until stop is called (or the test ends), and returns its URL.
 func ownDaemon(t *testing.T, flags ...string) (base string, stop func()) {
 	t.Helper()
-	addr := testdaemon.FreeAddr(t)
+	return ownDaemonAt(t, testdaemon.FreeAddr(t), flags...)
+}
+
+// ownDaemonAt is ownDaemon listening on addr.
+func ownDaemonAt(t *testing.T, addr string, flags ...string) (base string, stop func()) {
+	t.Helper()
 	logs := &testdaemon.Logs{}
 	cmd := exec.Command(binaries.idemd, append([]string{"--listen", addr, "--log-level", "warn"}, flags...)...)
 	cmd.Env = testdaemon.Env()

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,10 +42,16 @@ func TestLiveMoveEmbeddedToRedis(t *testing.T) {
 	held := idemctl(map[string]string{"IDEMD_URL": base}, "claim", "held", "--lease", "10m", "--json")
 	expect(t, held, exitOK, "claim of the key held across the move")
 	lease := held.json(t)["lease_token"].(string)
-	stop()
 
+	// The daemon is restarted on the same address as a migrating one, while a client
+	// calls it in a loop: the move's cost is the time with no answer, from the old
+	// process's last to the new one's first.
 	srv := testredis.Start(t)
-	moving, stopMoving := ownDaemon(t, "--data-dir", t.TempDir(), "--store", srv.URL(), "--migrate-from", "bolt://"+db, "--console")
+	gap := measureRestart(t, base, stop, func() (string, func()) {
+		return ownDaemonAt(t, strings.TrimPrefix(base, "http://"),
+			"--data-dir", t.TempDir(), "--store", srv.URL(), "--migrate-from", "bolt://"+db, "--console")
+	})
+	moving, stopMoving := gap.base, gap.stop
 	env := map[string]string{"IDEMD_URL": moving}
 	var last result
 	wait.For(t, 60*time.Second, "the copier to be done", func() bool {
@@ -82,4 +89,66 @@ func TestLiveMoveEmbeddedToRedis(t *testing.T) {
 	if out := r.json(t); out["state"] != "completed" {
 		t.Fatalf("the key held across the move: %v", out)
 	}
+}
+
+// restart is a daemon restarted by measureRestart.
+type restart struct {
+	base string
+	stop func()
+}
+
+// measureRestart stops the daemon at base and starts another on the same address,
+// while a client claims a completed key there in a loop, and reports how long the
+// client got no answer: from the last answer of the old process (before stop returned)
+// to the first of the new one.
+func measureRestart(t *testing.T, base string, stop func(), start func() (string, func())) restart {
+	t.Helper()
+	client := &http.Client{Timeout: 5 * time.Second}
+	answered := func() (sent, at time.Time, ok bool) {
+		sent = time.Now()
+		resp, err := client.Post(base+"/v1/claim", "application/json", strings.NewReader(`{"key":"done-0"}`))
+		if err != nil {
+			return sent, time.Time{}, false
+		}
+		resp.Body.Close()
+		return sent, time.Now(), resp.StatusCode == http.StatusOK
+	}
+	var stoppedAt, lastOldAt atomic.Int64
+	var lastOld, firstNew time.Time
+	var calls int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		deadline := time.Now().Add(3 * time.Minute)
+		for ; calls < 10_000_000 && time.Now().Before(deadline); calls++ {
+			sent, at, ok := answered()
+			if !ok {
+				continue
+			}
+			// Sent once the old process had exited: the new one answered.
+			if s := stoppedAt.Load(); s == 0 || sent.UnixNano() <= s {
+				lastOld = at
+				lastOldAt.Store(at.UnixNano())
+				continue
+			}
+			firstNew = at
+			return
+		}
+	}()
+	wait.For(t, 30*time.Second, "the client to be answered before the restart", func() bool {
+		return lastOldAt.Load() != 0
+	})
+	stop()
+	stopped := time.Now()
+	stoppedAt.Store(stopped.UnixNano())
+	newBase, newStop := start()
+	started := time.Now()
+	<-done
+	if lastOld.IsZero() || firstNew.IsZero() {
+		t.Fatalf("the client calling in a loop: last answer of the old daemon %v, first of the new %v (%d calls)", lastOld, firstNew, calls)
+	}
+	t.Logf("restarting the daemon as a migrating one: no answer for %v (the old one stopped in %v, the new one was ready %v later; %d calls)",
+		firstNew.Sub(lastOld).Round(time.Millisecond), stopped.Sub(lastOld).Round(time.Millisecond),
+		started.Sub(stopped).Round(time.Millisecond), calls)
+	return restart{base: newBase, stop: newStop}
 }
