@@ -330,11 +330,12 @@ def _established_to(url: str) -> int:
 # its pool can close a connection it has just handed to another caller
 # (encode/httpcore#1110, in httpcore 1.0.9): that call fails with EBADF or waits out its
 # timeout. The client keeps as many idle connections as it may open, so that the pool
-# never closes one for being surplus; each test checks that it opened more than 20,
-# no more than its bound, and that every one is still open once the callers are done.
+# never closes one for being surplus; each test checks that more than 20 and no more
+# than its bound are open once the callers are done, and that it replaced few.
 needs_proc_net = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads /proc/net/tcp")
 CALLERS, CYCLES = 64, 10
 BOUND = LIMITS.max_connections or 0
+REPLACED = 4
 
 
 @needs_proc_net
@@ -361,8 +362,12 @@ def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) 
         for t in pool:
             t.join()
         assert failures == []
-        assert 20 < opened() <= BOUND
-        assert _established_to(d.url) == opened()
+        assert 20 < _established_to(d.url) <= BOUND
+        # A connection the pool closed for being surplus is replaced at once, dozens of
+        # times in a run like this one. On a loaded machine a connection may also end
+        # for another reason now and then (the pool replaces one it finds broken), so a
+        # few replacements are allowed.
+        assert opened() <= BOUND + REPLACED
 
 
 # httpcore's pool checks whether an idle connection was closed by the server by reading
@@ -413,7 +418,7 @@ def test_many_tasks_keep_their_connections(own_daemon: Callable[..., Daemon]) ->
                     await c.complete(key, cl.token, idemd.Response(204))
 
             await asyncio.gather(*(worker(n) for n in range(CALLERS)))
-            assert 20 < opened() <= BOUND
-            assert _established_to(d.url) == opened()
+            assert 20 < _established_to(d.url) <= BOUND
+            assert opened() <= BOUND + REPLACED
 
     asyncio.run(main())

@@ -243,7 +243,7 @@ describe("transport", () => {
           type: "about:blank",
           title: "Quota",
           status: 429,
-          code: "quota_exceeded",
+          code: "monthly_quota_exceeded",
           detail: "monthly quota",
         }),
       );
@@ -253,7 +253,7 @@ describe("transport", () => {
       assert.ok(err instanceof ProblemError, String(err));
       assert.equal(err.constructor, ProblemError);
       assert.equal(err.status, 429);
-      assert.equal(err.code, "quota_exceeded");
+      assert.equal(err.code, "monthly_quota_exceeded");
       assert.equal(err.detail, "monthly quota");
       assert.equal(err.retryAfterMs, 3000);
     } finally {
