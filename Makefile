@@ -14,8 +14,8 @@
 TOOLS ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/idemd-ci
 export PATH := $(PATH):/usr/local/go/bin:$(shell go env GOPATH 2>/dev/null)/bin:$(TOOLS)/bin
 
-# Every language's suite, which make test runs one after the other, each even when an
-# earlier one failed, and fails at the end if any did.
+# Every suite, each language's and the contract's fuzz, which make test runs one after
+# the other, each even when an earlier one failed, and fails at the end if any did.
 SUITES := test-go test-ts test-python test-java test-contract-fuzz
 
 test: export IDEMD_REQUIRE_REDIS = 1
