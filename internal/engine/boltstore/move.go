@@ -1,12 +1,8 @@
 package boltstore
 
 import (
-	"bytes"
 	"context"
-	"crypto/sha256"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 
 	"github.com/idemd/idemd/internal/engine"
 )
@@ -81,54 +77,13 @@ func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]b
 		tenant, key string
 		digest      [32]byte
 	}
-	var after []byte
 	var moved int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return moved, err
+	err := walkLive(ctx, s, func(r *stored, digest [32]byte) (found, bool, error) {
+		if r.State == engine.StateMoved {
+			moved++
+			return found{}, false, nil
 		}
-		var batch []found
-		var last []byte
-		err := s.db.View(func(tx *bolt.Tx) error {
-			now := s.now().UnixMilli()
-			c := tx.Bucket(bucketRecords).Cursor()
-			k, _ := c.First()
-			if after != nil {
-				k, _ = c.Seek(after)
-				if k != nil && bytes.Equal(k, after) {
-					k, _ = c.Next()
-				}
-			}
-			for ; k != nil && len(batch) < exportBatch; k, _ = c.Next() {
-				last = append(last[:0], k...)
-				r, err := readLive(tx, k, now)
-				if err != nil {
-					return err
-				}
-				if r == nil || len(k) < sha256.Size {
-					continue
-				}
-				if r.State == engine.StateMoved {
-					moved++
-					continue
-				}
-				f := found{tenant: r.Tenant, key: r.Key}
-				copy(f.digest[:], k[len(k)-sha256.Size:])
-				batch = append(batch, f)
-			}
-			return nil
-		})
-		if err != nil {
-			return moved, engine.Unavailable(err)
-		}
-		for _, f := range batch {
-			if err := fn(f.tenant, f.digest, f.key); err != nil {
-				return moved, err
-			}
-		}
-		if last == nil {
-			return moved, nil
-		}
-		after = last
-	}
+		return found{tenant: r.Tenant, key: r.Key, digest: digest}, true, nil
+	}, func(f found) error { return fn(f.tenant, f.digest, f.key) })
+	return moved, err
 }

@@ -19,12 +19,27 @@ const exportBatch = 500
 // Export implements engine.Porter: it walks the records in the order of their keys, a
 // batch per read transaction, and hands each to fn outside the transaction.
 func (s *Store) Export(ctx context.Context, fn func(engine.Exported) error) error {
+	return walkLive(ctx, s, func(r *stored, digest [32]byte) (engine.Exported, bool, error) {
+		if !r.State.Known() {
+			// A marker: its record has moved, and a stream that left it out would say
+			// the key is free.
+			return engine.Exported{}, false, engine.ErrStoreMoved
+		}
+		return engine.Exported{Entry: *r.entry(), KeyDigest: digest}, true, nil
+	}, fn)
+}
+
+// walkLive walks the live records in the order of their keys, at most exportBatch of
+// them kept per read transaction: pick reads each record inside the transaction and
+// says what to keep of it, and fn gets what was kept outside the transaction. An error
+// of pick's ends the walk: engine.ErrStoreMoved as it is, any other as unavailable.
+func walkLive[T any](ctx context.Context, s *Store, pick func(r *stored, digest [32]byte) (T, bool, error), fn func(T) error) error {
 	var after []byte
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		batch := make([]engine.Exported, 0, exportBatch)
+		batch := make([]T, 0, exportBatch)
 		var last []byte
 		err := s.db.View(func(tx *bolt.Tx) error {
 			now := s.now().UnixMilli()
@@ -45,14 +60,15 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Exported) error) erro
 				if r == nil || len(k) < sha256.Size {
 					continue
 				}
-				if !r.State.Known() {
-					// A marker: its record has moved, and a stream that left it out
-					// would say the key is free.
-					return engine.ErrStoreMoved
+				var digest [32]byte
+				copy(digest[:], k[len(k)-sha256.Size:])
+				item, keep, err := pick(r, digest)
+				if err != nil {
+					return err
 				}
-				e := engine.Exported{Entry: *r.entry()}
-				copy(e.KeyDigest[:], k[len(k)-sha256.Size:])
-				batch = append(batch, e)
+				if keep {
+					batch = append(batch, item)
+				}
 			}
 			return nil
 		})
@@ -62,8 +78,8 @@ func (s *Store) Export(ctx context.Context, fn func(engine.Exported) error) erro
 		if err != nil {
 			return engine.Unavailable(err)
 		}
-		for _, e := range batch {
-			if err := fn(e); err != nil {
+		for _, item := range batch {
+			if err := fn(item); err != nil {
 				return err
 			}
 		}
