@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -32,10 +33,13 @@ type FillReader interface {
 const DefaultGuardThreshold = 0.9
 
 // fillRefresh is how old the store's fill may be while it is well under the guard's
-// threshold; within guardWatch of it, the fill is read at every acquisition.
+// threshold; within guardWatch of it, every acquisition starts a read. fillStale is how
+// old a fill may be and still count: past it (the store has not answered a read for
+// that long), the guard refuses nothing.
 const (
 	fillRefresh = 500 * time.Millisecond
 	guardWatch  = 0.1
+	fillStale   = 10 * time.Second
 )
 
 // WithStoreGuard sets the store guard: past threshold (a fraction of the store's
@@ -48,21 +52,26 @@ func WithStoreGuard(threshold float64, tenants func() []string) Option {
 	}
 }
 
-// storeGuard is the state of the guard: the fill last read.
+// storeGuard is the state of the guard: the fill last read, when that read began, and
+// the read under way (closed when it ends), if any.
 type storeGuard struct {
 	threshold float64
 	tenants   func() []string
 	mu        sync.Mutex
 	fill      Fill
 	read      time.Time
+	reading   chan struct{}
 }
 
 // fairShare is the Field of the guard's *QuotaError: the store is nearly full, and
 // the tenant keeps more than its share of what the tenants keep.
 const fairShare = "fair_share"
 
-// StoreFill returns the store's fill, read at most fillRefresh ago, or within guardWatch of
-// the guard's threshold, now.
+// StoreFill returns the store's fill as last read. A fill read more than fillRefresh
+// ago, or within guardWatch of the guard's threshold, has a new read started in the
+// background, one at a time; only a daemon's first read is waited for. So a store part
+// that stops answering (one Cluster master of many) holds up no claim: the guard goes
+// on with the last fill until it is fillStale, and then refuses nothing.
 func (s *Service) StoreFill(ctx context.Context) (Fill, error) {
 	reader, ok := s.store.(FillReader)
 	if !ok {
@@ -70,19 +79,45 @@ func (s *Service) StoreFill(ctx context.Context) (Fill, error) {
 	}
 	g := &s.guard
 	g.mu.Lock()
-	fill, read := g.fill, g.read
-	g.mu.Unlock()
-	if !read.IsZero() && time.Since(read) < fillRefresh && (g.threshold <= 0 || fill.Ratio() < g.threshold-guardWatch) {
-		return fill, nil
+	fresh := !g.read.IsZero() && time.Since(g.read) < fillRefresh && (g.threshold <= 0 || g.fill.Ratio() < g.threshold-guardWatch)
+	if !fresh && g.reading == nil {
+		g.reading = make(chan struct{})
+		go s.readFill(reader, g.reading)
 	}
-	fill, err := bounded(s, ctx, reader.Fill)
-	if err != nil {
-		return Fill{}, err
-	}
-	g.mu.Lock()
-	g.fill, g.read = fill, time.Now()
+	fill, read, reading := g.fill, g.read, g.reading
 	g.mu.Unlock()
+	if read.IsZero() {
+		select {
+		case <-reading:
+		case <-ctx.Done():
+			return Fill{}, ctx.Err()
+		}
+		g.mu.Lock()
+		fill, read = g.fill, g.read
+		g.mu.Unlock()
+		if read.IsZero() {
+			return Fill{}, Unavailable(errors.New("the store's fill could not be read"))
+		}
+	}
+	if age := time.Since(read); age > fillStale {
+		return Fill{}, Unavailable(fmt.Errorf("the store's fill was last read %s ago", age.Round(time.Second)))
+	}
 	return fill, nil
+}
+
+// readFill reads the store's fill under the store deadline, keeps it if the read
+// succeeds, and closes done.
+func (s *Service) readFill(reader FillReader, done chan struct{}) {
+	began := time.Now()
+	fill, err := bounded(s, context.Background(), reader.Fill)
+	g := &s.guard
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err == nil {
+		g.fill, g.read = fill, began
+	}
+	g.reading = nil
+	close(done)
 }
 
 // guarded returns the refusal of the store guard for a claim of tenant that would

@@ -221,10 +221,24 @@ func TestLinearizabilityDuringFailover(t *testing.T) {
 // TestClusterMasterStopsAnswering: on a Cluster each master has its own pipelines, so
 // a master that stops answering (a hung machine) holds up only the calls for its own
 // slots; a call for another master is answered while one for the stopped master
-// still waits, even with one pipeline a master.
+// still waits, even with one pipeline a master. The stopped master is the one that
+// holds the tenant's set of slots with usage, which a write on another master must not
+// wait for either; and so is a claim through the service with the store guard and a
+// quota, whose reads of the store's fill and the tenant's usage reach every master.
 func TestClusterMasterStopsAnswering(t *testing.T) {
 	t.Parallel()
-	cluster := testredis.StartCluster(t)
+	for _, through := range []string{"store", "service"} {
+		t.Run(through, func(t *testing.T) {
+			t.Parallel()
+			masterStopsAnswering(t, through == "service")
+		})
+	}
+}
+
+func masterStopsAnswering(t *testing.T, service bool) {
+	// The masters that answer keep serving their slots while one is down for longer
+	// than the node timeout, rather than the whole Cluster refusing (CLUSTERDOWN).
+	cluster := testredis.StartCluster(t, "--cluster-require-full-coverage", "no")
 	universal, err := redisstore.NewClient(cluster.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -242,36 +256,66 @@ func TestClusterMasterStopsAnswering(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer client.Close()
-	masterOf := func(id engine.ID) string {
-		m, err := client.(*redis.ClusterClient).MasterForKey(t.Context(), redisstore.RecordKey(id))
+	masterOf := func(key string) string {
+		m, err := client.(*redis.ClusterClient).MasterForKey(t.Context(), key)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return m.Options().Addr
 	}
+	hungAddr := masterOf(redisstore.UsageSlotsKey(engine.DefaultTenant))
 	prefix := fmt.Sprintf("hung-%d", time.Now().UnixNano())
-	stuck := engine.ID{Tenant: engine.DefaultTenant, Key: prefix + "-stuck"}
-	var other engine.ID
-	for i := range 100 {
-		other = engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("%s-%d", prefix, i)}
-		if masterOf(other) != masterOf(stuck) {
-			break
+	var stuck, other engine.ID
+	for i := 0; i < 1000 && (stuck.Key == "" || other.Key == ""); i++ {
+		id := engine.ID{Tenant: engine.DefaultTenant, Key: fmt.Sprintf("%s-%d", prefix, i)}
+		if masterOf(redisstore.RecordKey(id)) == hungAddr {
+			stuck = id
+		} else {
+			other = id
 		}
 	}
-	if masterOf(other) == masterOf(stuck) {
-		t.Fatal("100 keys all on one master")
+	if stuck.Key == "" || other.Key == "" {
+		t.Fatal("1000 keys all on one master, or none on the master of the set of slots")
 	}
-	// Load the store's slot map first, as every daemon has by the time a master hangs.
+	// A call for the other master, as every daemon has made by the time a master hangs:
+	// it loads the store's slot map and, through the service, reads the store's fill
+	// and the tenant's usage once.
+	claimOther := func(ctx context.Context) error {
+		_, err := s.Claim(ctx, claim(other.Key))
+		return err
+	}
+	if service {
+		svc := engine.NewService(s, 0, engine.WithStoreTimeout(wait.Scale(5*time.Minute)),
+			engine.WithStoreGuard(engine.DefaultGuardThreshold, func() []string { return []string{engine.DefaultTenant, "another"} }))
+		claimOther = func(ctx context.Context) error {
+			_, err := svc.Claim(ctx, engine.ClaimRequest{ID: other, Caps: engine.Caps{MaxRecords: 1000}})
+			return err
+		}
+		if _, err := svc.Claim(t.Context(), engine.ClaimRequest{ID: engine.ID{Tenant: engine.DefaultTenant, Key: prefix + "-first"},
+			Caps: engine.Caps{MaxRecords: 1000}}); err != nil {
+			t.Fatalf("a claim before the pause: %v", err)
+		}
+		// A daemon trusts the fill it read for half a second: let that pass, so that the
+		// claim below is one that needs the fill read again. A wait for a clock, not for
+		// another goroutine.
+		time.Sleep(time.Second)
+	}
 	if _, err := s.Lookup(t.Context(), other); !errors.Is(err, engine.ErrNotFound) {
 		t.Fatalf("lookup before the pause: %v", err)
 	}
 
-	hung := cluster.Node(masterOf(stuck))
-	hung.Pause()
+	// Its replicas stop too, so that no failover ends the wait: a call that went to the
+	// stopped master stays unanswered until the end.
+	hung := append([]*testredis.Server{cluster.Node(hungAddr)}, cluster.ReplicasOf(cluster.Node(hungAddr))...)
+	for _, n := range hung {
+		n.Pause()
+	}
 	resumed := false
 	resume := func() {
 		if !resumed {
-			hung.Resume()
+			for _, n := range hung {
+				n.Resume()
+			}
 			resumed = true
 		}
 	}
@@ -284,7 +328,7 @@ func TestClusterMasterStopsAnswering(t *testing.T) {
 		stuckDone <- err
 	}()
 	wait.For(t, 30*time.Second, "the lookup on the stopped master to be sent", func() bool { return sending.n.Load() == 1 })
-	_, err = s.Claim(t.Context(), claim(other.Key))
+	err = claimOther(t.Context())
 	select {
 	case err := <-stuckDone:
 		t.Fatalf("the call for the stopped master answered (%v) before the call for another master", err)

@@ -73,3 +73,6 @@ func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
 
 // InfoField is infoField, for tests that read INFO.
 var InfoField = infoField
+
+// UsageSlotsKey is the key of a tenant's set of slots with usage on a Cluster.
+func UsageSlotsKey(tenant string) string { return usageSlotsKey(tenant) }

@@ -157,9 +157,11 @@ type Store struct {
 	closing context.Context
 	stop    context.CancelFunc
 	// usagePlace is where the store keeps usage (soleUsage), once decided; usageSlots
-	// holds, on a Cluster, each tenant's *slotNotes (noteSlot).
+	// holds, on a Cluster, each tenant's *slotNotes, and slotsToAdd what noteSlot has
+	// still to add.
 	usagePlace atomic.Int32
 	usageSlots sync.Map
+	slotsToAdd slotsToAdd
 }
 
 // New returns a Store over client. The store owns the client and closes it.

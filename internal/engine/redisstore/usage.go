@@ -53,6 +53,9 @@ const (
 // deleted by hand) can leave out a slot written since.
 const usageSlotsFresh = 5 * time.Minute
 
+// usageSlotsTimeout bounds one attempt to add slots to the sets of slots with usage.
+const usageSlotsTimeout = 5 * time.Second
+
 // slotNotes are the slots a daemon has added to one tenant's set of slots with usage
 // since when.
 type slotNotes struct {
@@ -91,10 +94,9 @@ func (s *Store) soleUsage(ctx context.Context) (bool, error) {
 }
 
 // scriptKeys are the keys of a script on a record of tenant whose key's SHA-256 is
-// sum, with the tenant's usage where the store keeps it. On a Cluster, before a script
-// that writes, the record's slot is added to the tenant's set of slots with usage, if
-// this daemon has not added it lately: so the set holds every slot a script may have
-// counted in before the script runs.
+// sum, with the tenant's usage where the store keeps it. On a Cluster, a script that
+// writes has its record's slot added to the tenant's set of slots with usage, if this
+// daemon has not added it lately (noteSlot): sent beside the script, never waited for.
 func (s *Store) scriptKeys(ctx context.Context, tenant string, sum [32]byte, writes bool) ([]string, error) {
 	keys := digestKeys(tenant, sum)
 	sole, err := s.soleUsage(ctx)
@@ -106,16 +108,14 @@ func (s *Store) scriptKeys(ctx context.Context, tenant string, sum [32]byte, wri
 		return keys, nil
 	}
 	if writes {
-		if err := s.noteSlot(ctx, tenant, slot(keys[0])); err != nil {
-			return nil, err
-		}
+		s.noteSlot(tenant, slot(keys[0]))
 	}
 	return keys, nil
 }
 
-// noteSlot adds slot to the tenant's set of slots with usage, unless this daemon did
-// so within usageSlotsFresh.
-func (s *Store) noteSlot(ctx context.Context, tenant string, slot uint16) error {
+// notes returns the slots this daemon has added to tenant's set of slots with usage
+// within usageSlotsFresh, starting afresh when they are older.
+func (s *Store) notes(tenant string) *slotNotes {
 	v, _ := s.usageSlots.Load(tenant)
 	n, _ := v.(*slotNotes)
 	if n == nil || time.Since(n.since) > usageSlotsFresh {
@@ -129,17 +129,134 @@ func (s *Store) noteSlot(ctx context.Context, tenant string, slot uint16) error 
 		}
 		n = v.(*slotNotes)
 	}
-	if n.has(slot) {
-		return nil
+	return n
+}
+
+// noteSlot has slot added to tenant's set of slots with usage, unless this daemon did
+// so within usageSlotsFresh. The SETBIT goes out from a goroutine of its own (addSlots),
+// beside the write that needs it, and the write does not wait for it: the set lives on
+// one master, and a write on any other must not stop when that one does. Until Redis
+// takes it, the slot stays in slotsToAdd: addSlots tries again, and this daemon's own
+// usage reads send it first.
+func (s *Store) noteSlot(tenant string, slot uint16) {
+	if s.notes(tenant).has(slot) {
+		return
 	}
-	// SETBIT to 1 is idempotent: daemons adding the same slot at once leave it set.
-	p := s.client.Pipeline()
-	p.SetBit(ctx, usageSlotsKey(tenant), int64(slot), 1)
-	if _, err := p.Exec(ctx); err != nil {
-		return s.failed(ctx, err)
+	a := &s.slotsToAdd
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.tenants == nil {
+		a.tenants = make(map[string]map[uint16]bool)
 	}
-	n.add(slot)
-	return nil
+	if a.tenants[tenant] == nil {
+		a.tenants[tenant] = make(map[uint16]bool)
+	}
+	a.tenants[tenant][slot] = true
+	if a.running {
+		select {
+		case a.wake <- struct{}{}:
+		default:
+		}
+		return
+	}
+	s.agreeMu.Lock()
+	defer s.agreeMu.Unlock()
+	if s.closing.Err() != nil {
+		return
+	}
+	a.running = true
+	if a.wake == nil {
+		a.wake = make(chan struct{}, 1)
+	}
+	s.agreeWG.Add(1)
+	go s.addSlots()
+}
+
+// slotsToAdd are the slots noteSlot was asked to add to tenants' sets of slots with
+// usage that Redis has not yet taken.
+type slotsToAdd struct {
+	mu      sync.Mutex
+	tenants map[string]map[uint16]bool
+	running bool
+	wake    chan struct{}
+}
+
+// take returns the slots still to add, every tenant's or only tenant's when it is set.
+func (a *slotsToAdd) take(tenant string) map[string][]uint16 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string][]uint16)
+	for name, slots := range a.tenants {
+		if tenant != "" && name != tenant {
+			continue
+		}
+		for slot := range slots {
+			out[name] = append(out[name], slot)
+		}
+	}
+	return out
+}
+
+// added records that Redis took the slots: they leave slotsToAdd for the daemon's notes.
+func (s *Store) added(slots map[string][]uint16) {
+	a := &s.slotsToAdd
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for tenant, list := range slots {
+		n := s.notes(tenant)
+		for _, slot := range list {
+			n.add(slot)
+			delete(a.tenants[tenant], slot)
+		}
+		if len(a.tenants[tenant]) == 0 {
+			delete(a.tenants, tenant)
+		}
+	}
+}
+
+// addSlots sends the slots still to add, in one pipeline, until none is left or the
+// store closes; after a failure it tries again, waiting longer each time up to a
+// second. SETBIT to 1 is idempotent: daemons adding the same slot at once, or a
+// usage read adding it too, leave it set.
+func (s *Store) addSlots() {
+	defer s.agreeWG.Done()
+	a := &s.slotsToAdd
+	backoff := 10 * time.Millisecond
+	for {
+		slots := a.take("")
+		if len(slots) == 0 {
+			a.mu.Lock()
+			if len(a.tenants) == 0 {
+				a.running = false
+				a.mu.Unlock()
+				return
+			}
+			a.mu.Unlock()
+			continue
+		}
+		ctx, cancel := context.WithTimeout(s.closing, usageSlotsTimeout)
+		p := s.client.Pipeline()
+		for tenant, list := range slots {
+			for _, slot := range list {
+				p.SetBit(ctx, usageSlotsKey(tenant), int64(slot), 1)
+			}
+		}
+		_, err := p.Exec(ctx)
+		cancel()
+		if err == nil {
+			s.added(slots)
+			backoff = 10 * time.Millisecond
+			continue
+		}
+		s.reloadOnNetworkError(err)
+		select {
+		case <-s.closing.Done():
+			return
+		case <-time.After(backoff):
+		case <-a.wake:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // Usage implements engine.UsageReader. On one master it reads the tenant's one usage
@@ -163,11 +280,19 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 	if sole {
 		keys = []string{soleUsageKey(tenant)}
 	} else {
+		// The slots this daemon's writes have counted in and the set may not hold yet
+		// go first, on the set's own master: a read here counts every write this
+		// daemon answered.
+		toAdd := s.slotsToAdd.take(tenant)
 		p := s.client.Pipeline()
+		for _, slot := range toAdd[tenant] {
+			p.SetBit(ctx, usageSlotsKey(tenant), int64(slot), 1)
+		}
 		cmd := p.Get(ctx, usageSlotsKey(tenant))
 		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 			return engine.Usage{}, s.failed(ctx, err)
 		}
+		s.added(toAdd)
 		// SETBIT's offset 0 is the highest bit of the first byte.
 		for i, b := range []byte(cmd.Val()) {
 			for bit := range 8 {
