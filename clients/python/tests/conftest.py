@@ -4,6 +4,8 @@ when one is on the PATH (required when IDEMD_REQUIRE_REDIS is set, as in CI)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import itertools
 import os
 import shutil
@@ -102,16 +104,36 @@ def daemon(idemd_binary: Path, tmp_root: Path) -> Iterator[Daemon]:
     d.kill()
 
 
-@pytest.fixture(scope="session")
-def redis_url(tmp_root: Path) -> Iterator[str]:
-    """A real redis-server on a free loopback port, without persistence."""
+def redis_command(port: int, *args: str, timeout: float | None = None) -> bytes:
+    """Send one command to the Redis on port and return its answer's first line (RESP),
+    e.g. b"+PONG" or b":1"; timeout bounds each wait, scale(10) s unless given."""
+    request = f"*{len(args)}\r\n".encode()
+    for arg in args:
+        data = arg.encode()
+        request += f"${len(data)}\r\n".encode() + data + b"\r\n"
+    wait = scale(10) if timeout is None else timeout
+    with socket.create_connection(("127.0.0.1", port), timeout=wait) as s:
+        s.sendall(request)
+        answer = b""
+        while not answer.endswith(b"\r\n"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+@contextlib.contextmanager
+def redis_server(directory: Path) -> Iterator[int]:
+    """A real redis-server on a free loopback port, without persistence, its files in
+    directory; yields its port, and stops it by its PID. Without redis-server the test
+    skips, or fails when IDEMD_REQUIRE_REDIS is set."""
     binary = shutil.which("redis-server")
     if binary is None:
         if os.environ.get("IDEMD_REQUIRE_REDIS"):
             pytest.fail("redis-server is required (IDEMD_REQUIRE_REDIS is set) but not found")
         pytest.skip("redis-server not found; install it (apt-get install -y redis-server) to run this test")
     port = free_port()
-    directory = tmp_root / "redis"
     directory.mkdir()
     process = subprocess.Popen(
         [
@@ -135,18 +157,23 @@ def redis_url(tmp_root: Path) -> Iterator[str]:
 
     def pong() -> bool:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+            return redis_command(port, "PING", timeout=1) == b"+PONG"
         except OSError:
             return False
 
     try:
         wait_until("redis-server to answer", pong)
-        yield f"redis://127.0.0.1:{port}/0"
+        yield port
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_root: Path) -> Iterator[str]:
+    """A real redis-server on a free loopback port, without persistence."""
+    with redis_server(tmp_root / "redis") as port:
+        yield f"redis://127.0.0.1:{port}/0"
 
 
 @pytest.fixture(scope="session")
@@ -178,6 +205,48 @@ def own_daemon(idemd_binary: Path, tmp_path: Path) -> Iterator[Callable[..., Dae
     yield start
     for d in started:
         d.kill()
+
+
+#: Turns the record of KEYS[1] (the strings layout) into the marker a live move leaves
+#: while it hands the record over: the record's fields kept, its state m.
+MARK_MOVED = """local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local l, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa = cmsgpack.unpack(v)
+redis.call('SET', KEYS[1], cmsgpack.pack(l, k, t, 'm', fp, ow, at, tok, lx, rec, ca, ua, xa), 'KEEPTTL')
+return 1"""
+
+
+@dataclass
+class Moving:
+    """An idemd over a Redis of its own, with the strings layout, whose records a test
+    can mark as being moved to another store (docs/operations.md, "Moving to another
+    store while serving")."""
+
+    daemon: Daemon
+    port: int
+
+    def mark(self, key: str) -> None:
+        """Mark the record of key (tenant default) as being moved."""
+        stored = "idem:default:" + hashlib.sha256(key.encode()).hexdigest()
+        answer = redis_command(self.port, "EVAL", MARK_MOVED, "1", stored)
+        assert answer == b":1", f"no record of {key!r} to mark: {answer!r}"
+
+
+@pytest.fixture
+def moving(idemd_binary: Path, tmp_path: Path) -> Iterator[Moving]:
+    with redis_server(tmp_path / "redis") as port:
+        d = start_daemon(
+            idemd_binary,
+            tmp_path / "over-redis",
+            "--store",
+            f"redis://127.0.0.1:{port}/0",
+            "--redis-record-layout",
+            "strings",
+        )
+        try:
+            yield Moving(d, port)
+        finally:
+            d.kill()
 
 
 _seq = itertools.count()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon, fresh_key
+from conftest import Daemon, Moving, fresh_key
 from slowdown import scale
 
 import idemd
@@ -202,6 +202,59 @@ def test_token_and_unknown_codes(own_daemon: Callable[..., Daemon], tmp_path: Pa
         c.purge("k")
     assert type(forbidden.value) is idemd.Problem
     assert (forbidden.value.status, forbidden.value.code) == (403, "forbidden")
+
+
+def _moved(what: str, err: BaseException) -> None:
+    """err is a 503 store_moved problem with the daemon's wait, and none of the classes
+    it is not: the key is not free, so nothing may run on it as if idemd were down."""
+    assert isinstance(err, idemd.Problem), f"{what}: {err!r}"
+    assert (err.status, err.code) == (503, "store_moved"), f"{what}: {err}"
+    assert err.retry_after is not None, f"{what}: no wait in {err}"
+    assert err.retry_after > 0, f"{what}: no wait in {err}"
+    assert not isinstance(err, idemd.Unavailable | idemd.LeaseLost | idemd.NotFound), f"{what}: {err!r}"
+
+
+def test_store_moved(moving: Moving) -> None:
+    """A key whose record is being moved to another store answers 503 store_moved: a
+    Problem with a wait, not Unavailable, from the calls of Client and AsyncClient."""
+    with idemd.Client(moving.daemon.url, retries=0) as c:
+        key = fresh_key("moved-held")
+        cl = c.claim(key, lease=60)
+        assert cl.token
+        moving.mark(key)
+        with pytest.raises(idemd.Problem) as claim:
+            c.claim(key)
+        _moved("claim", claim.value)
+        with pytest.raises(idemd.Problem) as extend:
+            c.extend(key, cl.token, 60)
+        _moved("extend", extend.value)
+        with pytest.raises(idemd.Problem) as complete:
+            c.complete(key, cl.token, idemd.Response(200))
+        _moved("complete", complete.value)
+        with pytest.raises(idemd.Problem) as lookup:
+            c.lookup(key)
+        _moved("lookup", lookup.value)
+
+    async def main() -> None:
+        async with idemd.AsyncClient(moving.daemon.url, retries=0) as c:
+            key = fresh_key("moved-held-async")
+            cl = await c.claim(key, lease=60)
+            assert cl.token
+            moving.mark(key)
+            with pytest.raises(idemd.Problem) as claim:
+                await c.claim(key)
+            _moved("async claim", claim.value)
+            with pytest.raises(idemd.Problem) as extend:
+                await c.extend(key, cl.token, 60)
+            _moved("async extend", extend.value)
+            with pytest.raises(idemd.Problem) as complete:
+                await c.complete(key, cl.token, idemd.Response(200))
+            _moved("async complete", complete.value)
+            with pytest.raises(idemd.Problem) as lookup:
+                await c.lookup(key)
+            _moved("async lookup", lookup.value)
+
+    asyncio.run(main())
 
 
 def test_bad_input_names_the_field(daemon: Daemon) -> None:

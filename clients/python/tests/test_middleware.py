@@ -21,14 +21,14 @@ import httpx
 import pytest
 import uvicorn
 from apps import BIG, Orders, django_app, flask_app, starlette_app
-from conftest import Daemon, fresh_key, wait_until
+from conftest import Daemon, Moving, fresh_key, wait_until
 from proxy import GateProxy
 from slowdown import scale
 from werkzeug.serving import make_server
 
 import idemd
 from idemd import asgi, wsgi
-from idemd._middleware import Incident, fingerprint
+from idemd._middleware import Incident, fingerprint, idemd_key
 
 FRAMEWORKS = ["starlette", "flask", "django"]
 
@@ -380,6 +380,28 @@ def test_when_idemd_refuses(serve: ServeFn, own_daemon: Callable[..., Daemon], t
     assert (r.status_code, r.json()["code"]) == (503, "idempotency_unavailable")
     assert s.state.runs["orders"] == 0
     s.expect_incidents(["idemd_refused"])
+
+
+def test_when_the_key_is_moving(serve: ServeFn, moving: Moving) -> None:
+    """C6: a key whose record is being moved to another store (503 store_moved) is not
+    free: a retry is 503 with Retry-After and does not run the handler, even with
+    fail_open, which would run a finished operation again."""
+    s = serve(idemd_url=moving.daemon.url, retries=0, fail_open=True)
+    key = fresh_key("moved-order")
+    assert s.post(key=key, user="alice", body='{"amount":1}').status_code == 201
+    assert s.state.runs["orders"] == 1
+    moving.mark(idemd_key("alice", key))
+    for _ in range(3):
+        r = s.post(key=key, user="alice", body='{"amount":1}')
+        assert r.status_code == 503, r.text
+        assert r.json()["code"] == "idempotency_unavailable"
+        assert int(r.headers["retry-after"]) >= 1
+        assert "idempotent-replayed" not in r.headers
+    assert s.state.runs["orders"] == 1
+    s.expect_incidents(["idemd_refused"] * 3)
+    assert [(type(e).__name__, getattr(e, "code", None)) for e in s.errors] == [
+        ("Problem", "store_moved")
+    ] * 3
 
 
 def test_at_the_tenants_quota(serve: ServeFn, own_daemon: Callable[..., Daemon], tmp_path: Path) -> None:
