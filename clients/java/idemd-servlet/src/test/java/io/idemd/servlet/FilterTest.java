@@ -8,12 +8,14 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.idemd.Claim;
 import io.idemd.IdemClient;
+import io.idemd.IdemProblemException;
 import io.idemd.KeyRecord;
 import io.idemd.Lease;
 import io.idemd.LeaseExpiredException;
 import io.idemd.QuotaExceededException;
 import io.idemd.StoredResponse;
 import io.idemd.testing.Daemon;
+import io.idemd.testing.Moving;
 import io.idemd.testing.Relay;
 import io.idemd.testing.Wait;
 import jakarta.servlet.Filter;
@@ -659,6 +661,39 @@ class FilterTest {
       assertEquals(Incident.Kind.IDEMD_REFUSED, firstIncident(s).kind());
     } finally {
       Files.deleteIfExists(auth);
+    }
+  }
+
+  @Test
+  void aMovingKeyIsRefusedEvenFailingOpen() throws Exception {
+    // C6: a key whose record is being moved to another store (503 store_moved) is not free;
+    // failing open on it would run a finished operation again.
+    try (Moving moving = Moving.start();
+        IdemClient c = IdemClient.builder(moving.daemon.url).retries(0).build();
+        Server s = new Server(b -> b.failOpen(true), c)) {
+      String key = key();
+      HttpResponse<String> first = post(s.url + "/orders", "alice", key, "{\"amount\":1}");
+      assertEquals(201, first.statusCode());
+      assertEquals(1, s.app.runs.get());
+      String derived = io.idemd.Idempotency.idemdKey("alice", key);
+      moving.mark(derived);
+      for (int i = 0; i < 3; i++) {
+        HttpResponse<String> retry = post(s.url + "/orders", "alice", key, "{\"amount\":1}");
+        assertEquals(503, retry.statusCode(), retry.body());
+        assertEquals("idempotency_unavailable", code(retry));
+        assertTrue(Integer.parseInt(retry.headers().firstValue("Retry-After").orElse("0")) >= 1);
+        assertTrue(retry.headers().firstValue("Idempotent-Replayed").isEmpty());
+      }
+      assertEquals(1, s.app.runs.get(), "the handler ran again");
+      Wait.until("three incidents are reported", () -> s.incidents.size() >= 3);
+      assertEquals(3, s.incidents.size(), s.incidents.toString());
+      for (Incident incident : s.incidents) {
+        assertEquals(Incident.Kind.IDEMD_REFUSED, incident.kind(), incident.toString());
+        assertEquals(derived, incident.idemdKey());
+        IdemProblemException e =
+            assertInstanceOf(IdemProblemException.class, incident.error().orElseThrow());
+        assertEquals("store_moved", e.code());
+      }
     }
   }
 
