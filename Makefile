@@ -56,7 +56,8 @@ test-go: payments-api $(PYVENV)/installed
 	go test -race ./... ./clients/go/...
 
 # The TypeScript client: its linter, the strict compile of all its code, and its tests,
-# which build idemd from this repository and run real Express and Fastify apps.
+# which build idemd from this repository and run real Express and Fastify apps (and a
+# redis-server of their own for a daemon over Redis).
 # npm ci runs whenever node_modules is missing or older than package-lock.json.
 test-ts: clients/ts/node_modules/.package-lock.json
 	cd clients/ts && npm run lint && npm test
@@ -121,7 +122,8 @@ test-python: $(PYVENV)/installed
 
 # The Java client: the system's Maven (3.8 or later) and JDK (17 or later) build every
 # module of clients/java and run its tests, which start idemd built here (IDEMD_BIN) and
-# real Tomcat and Spring Boot servers. MAVEN_OPTS=-Dmaven.repo.local=… moves Maven's cache.
+# real Tomcat and Spring Boot servers (and a redis-server of their own for a daemon over
+# Redis). MAVEN_OPTS=-Dmaven.repo.local=… moves Maven's cache.
 JAVA := clients/java
 MVN ?= mvn -B -q
 test-java:
