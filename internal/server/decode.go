@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -37,13 +38,19 @@ type Limits struct {
 // body valid UTF-8, one JSON value with no unknown fields and nothing after it.
 func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) error {
 	ct := r.Header.Get("Content-Type")
-	media, _, err := mime.ParseMediaType(ct)
-	if err != nil || (media != "application/json" && !strings.HasSuffix(media, "+json")) {
+	if !jsonMedia(ct) {
 		return &problem{status: http.StatusUnsupportedMediaType, code: codeUnsupportedMediaType,
 			detail: fmt.Sprintf("Content-Type %q: send application/json", ct)}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
+	buf := bodyBuffers.Get().(*bytes.Buffer)
+	defer putBodyBuffer(buf)
+	buf.Reset()
+	// Room for the body the client announces, up to what the pool keeps: a client
+	// announcing a large body does not get it allocated before it sends it.
+	if n := r.ContentLength; n > 0 {
+		buf.Grow(int(min(n+bytes.MinRead, maxPooledBody)))
+	}
+	if _, err := buf.ReadFrom(http.MaxBytesReader(w, r.Body, limit)); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
@@ -57,7 +64,34 @@ func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) erro
 	}
 	// The body is in; see Server.deadlines.
 	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
-	return decodeBody(body, v)
+	return decodeBody(buf.Bytes(), v)
+}
+
+// jsonMedia says whether a Content-Type names JSON: application/json or a +json type,
+// with any parameters. The usual spellings are taken without parsing.
+func jsonMedia(ct string) bool {
+	switch ct {
+	case "application/json", "application/json; charset=utf-8":
+		return true
+	}
+	media, _, err := mime.ParseMediaType(ct)
+	return err == nil && (media == "application/json" || strings.HasSuffix(media, "+json"))
+}
+
+// bodyBuffers hold request bodies while they are decoded; nothing decoded from a body
+// refers to its bytes (encoding/json and quickDecode copy what they keep), so a
+// buffer is reused once its body is decoded.
+var bodyBuffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// maxPooledBody is the largest buffer kept for reuse: a body larger than most is read
+// into a buffer that is then left to the garbage collector, so that a few large bodies
+// do not keep their memory in the pool.
+const maxPooledBody = 64 << 10
+
+func putBodyBuffer(b *bytes.Buffer) {
+	if b.Cap() <= maxPooledBody {
+		bodyBuffers.Put(b)
+	}
 }
 
 // decodeBody is decodeJSON without the HTTP; it is what the fuzz tests drive.
@@ -66,6 +100,15 @@ func decodeBody(body []byte, v any) error {
 	if !utf8.Valid(body) {
 		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "request body is not valid UTF-8"}
 	}
+	if quickDecode(body, v) {
+		return nil
+	}
+	return decodeStrict(body, v)
+}
+
+// decodeStrict decodes a valid UTF-8 body with encoding/json, held to the contract by
+// checkStrict, and explains what is wrong with a body it refuses.
+func decodeStrict(body []byte, v any) error {
 	// The strict walk goes first, so that a member misnamed by its case or by a lone
 	// surrogate is explained as such; malformed JSON it leaves to encoding/json's
 	// messages below.
@@ -216,23 +259,27 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 	}
 	resp := engine.Response{Status: r.Status}
 	if r.Headers != nil {
-		names := slices.Sorted(maps.Keys(*r.Headers))
+		// The names in order, so that of several bad ones the same is named every
+		// time; a response's few fit in an array that needs no allocation.
+		var few [8]string
+		names := slices.AppendSeq(few[:0], maps.Keys(*r.Headers))
+		slices.Sort(names)
 		for _, name := range names {
-			at := fmt.Sprintf("%s.headers[%q]", field, name)
+			at := func() string { return fmt.Sprintf("%s.headers[%q]", field, name) }
 			lower := strings.ToLower(name)
 			switch {
 			case name == "":
 				return engine.Response{}, invalid("%s.headers has an empty header name", field)
 			case !httpguts.ValidHeaderFieldName(name):
-				return engine.Response{}, invalid("%s: not a valid header name (an RFC 9110 token)", at)
+				return engine.Response{}, invalid("%s: not a valid header name (an RFC 9110 token)", at())
 			case unreplayable[lower] || strings.HasPrefix(lower, "proxy-"):
-				return engine.Response{}, invalid("%s: a hop-by-hop or framing header, which the server replaying the response sets itself", at)
+				return engine.Response{}, invalid("%s: a hop-by-hop or framing header, which the server replaying the response sets itself", at())
 			case strings.EqualFold(name, engine.SealedHeader):
-				return engine.Response{}, invalid("%s: the name is reserved for the mark of a sealed response; send the envelope as %s.sealed", at, field)
+				return engine.Response{}, invalid("%s: the name is reserved for the mark of a sealed response; send the envelope as %s.sealed", at(), field)
 			}
 			for i, v := range (*r.Headers)[name] {
 				if !httpguts.ValidHeaderFieldValue(v) {
-					return engine.Response{}, invalid("%s[%d]: a header value may not hold CR, LF, NUL or other control characters", at, i)
+					return engine.Response{}, invalid("%s[%d]: a header value may not hold CR, LF, NUL or other control characters", at(), i)
 				}
 			}
 		}
