@@ -48,36 +48,34 @@ var routeScopes = map[string]auth.Scope{
 // resolves the bearer token to a principal, checks the route's scope, and takes the
 // request from the tenant's rate budget (a batch takes each of its items instead). Without an Authenticator every request is the
 // open principal of the default tenant.
-func (s *Server) authenticate(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if openPaths[c.Path()] || consolePaths[c.Path()] {
-			return next(c)
-		}
-		p, err := s.principal(c)
-		if err != nil {
+func (s *Server) authenticate(c echo.Context, endpoint string) error {
+	if openPaths[c.Path()] || consolePaths[c.Path()] {
+		return nil
+	}
+	p, err := s.principal(c, endpoint)
+	if err != nil {
+		return err
+	}
+	c.Set(principalKey, p)
+	if scope, ok := routeScopes[endpoint]; ok {
+		if err := p.Authorize(scope); err != nil {
+			s.metrics.authFailures.WithLabelValues("forbidden").Inc()
+			s.log.Warn("request refused: missing scope", "reason", "forbidden", "tenant", p.Tenant.Name,
+				"token", p.Name, "scope", scope, "endpoint", endpoint, "remote", c.Request().RemoteAddr)
 			return err
 		}
-		c.Set(principalKey, p)
-		if scope, ok := routeScopes[s.endpointOf(c)]; ok {
-			if err := p.Authorize(scope); err != nil {
-				s.metrics.authFailures.WithLabelValues("forbidden").Inc()
-				s.log.Warn("request refused: missing scope", "reason", "forbidden", "tenant", p.Tenant.Name,
-					"token", p.Name, "scope", scope, "endpoint", s.endpointOf(c), "remote", c.Request().RemoteAddr)
-				return err
-			}
-		}
-		if s.endpointOf(c) != batchEndpoint {
-			if err := p.Tenant.Allow(); err != nil {
-				return err
-			}
-		}
-		return next(c)
 	}
+	if endpoint != batchEndpoint {
+		if err := p.Tenant.Allow(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // principal resolves the request's bearer token. Failures are counted and logged here,
 // by reason, and never with the token.
-func (s *Server) principal(c echo.Context) (*auth.Principal, error) {
+func (s *Server) principal(c echo.Context, endpoint string) (*auth.Principal, error) {
 	if s.auth == nil {
 		return s.open, nil
 	}
@@ -95,7 +93,7 @@ func (s *Server) principal(c echo.Context) (*auth.Principal, error) {
 	if err != nil {
 		s.metrics.authFailures.WithLabelValues(reason).Inc()
 		s.log.Warn("request refused: not authenticated", "reason", reason,
-			"endpoint", s.endpointOf(c), "remote", r.RemoteAddr)
+			"endpoint", endpoint, "remote", r.RemoteAddr)
 		return nil, err
 	}
 	return p, nil

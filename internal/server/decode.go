@@ -63,7 +63,7 @@ func decodeJSON(r *http.Request, w http.ResponseWriter, limit int64, v any) erro
 		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "reading the request body: " + err.Error()}
 	}
 	// The body is in; see Server.deadlines.
-	_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+	_ = setReadDeadline(w, time.Time{})
 	return decodeBody(buf.Bytes(), v)
 }
 

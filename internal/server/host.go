@@ -55,14 +55,12 @@ func (h hosts) allows(hostport string) bool {
 // reaching the daemon by rebinding does not hold, so any Host is answered. The paths
 // that answer without a token answer any Host too: they reveal nothing about records,
 // and probes and scrapers call the daemon by whatever name their platform gives it.
-func (s *Server) checkHost(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		if s.auth != nil || openPaths[c.Path()] || s.hosts.allows(c.Request().Host) {
-			return next(c)
-		}
-		s.log.Warn("request refused: a Host an open daemon does not answer to", "reason", "host",
-			"host", c.Request().Host, "endpoint", s.endpointOf(c), "remote", c.Request().RemoteAddr)
-		return &problem{status: http.StatusForbidden, code: codeForbidden, detail: fmt.Sprintf(
-			"Host %q: without an auth file idemd answers only an IP literal, localhost, or a name given to --allowed-hosts", c.Request().Host)}
+func (s *Server) checkHost(c echo.Context, endpoint string) error {
+	if s.auth != nil || openPaths[c.Path()] || s.hosts.allows(c.Request().Host) {
+		return nil
 	}
+	s.log.Warn("request refused: a Host an open daemon does not answer to", "reason", "host",
+		"host", c.Request().Host, "endpoint", endpoint, "remote", c.Request().RemoteAddr)
+	return &problem{status: http.StatusForbidden, code: codeForbidden, detail: fmt.Sprintf(
+		"Host %q: without an auth file idemd answers only an IP literal, localhost, or a name given to --allowed-hosts", c.Request().Host)}
 }

@@ -65,43 +65,63 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // become label values of their own.
 const otherEndpoint = "other"
 
-// endpoints lists the routes of e as "METHOD /path", the only values the endpoint
-// label takes besides otherEndpoint.
-func endpoints(e *echo.Echo) map[string]bool {
-	known := make(map[string]bool)
+// endpoints lists the routes of e by method and path, each named "METHOD /path": the
+// only values the endpoint label takes besides otherEndpoint. Looking a request's
+// name up by its method and route builds no string.
+func endpoints(e *echo.Echo) map[string]map[string]string {
+	known := make(map[string]map[string]string)
 	for _, r := range e.Routes() {
-		known[r.Method+" "+r.Path] = true
+		if known[r.Method] == nil {
+			known[r.Method] = make(map[string]string)
+		}
+		known[r.Method][r.Path] = r.Method + " " + r.Path
 	}
 	return known
 }
 
 // endpointOf names the request's route, or otherEndpoint.
 func (s *Server) endpointOf(c echo.Context) string {
-	if e := c.Request().Method + " " + c.Path(); s.endpoints[e] {
+	if e, ok := s.endpoints[c.Request().Method][c.Path()]; ok {
 		return e
 	}
 	return otherEndpoint
 }
 
-// instrument counts and times every request. It renders errors itself so that the
-// status and outcome are known when it records them.
-func (s *Server) instrument(next echo.HandlerFunc) echo.HandlerFunc {
+// front is what every request passes before its handler, in this order: instrument,
+// deadlines, checkHost, authenticate. It is one middleware rather than four because
+// echo chains a request's middleware anew for each request; and the steps share the
+// request's route and its start.
+func (s *Server) front(next echo.HandlerFunc) echo.HandlerFunc {
 	return func(c echo.Context) error {
 		start := time.Now()
-		if err := next(c); err != nil {
-			c.Error(err)
-		}
 		endpoint := s.endpointOf(c)
-		outcome, _ := c.Get(outcomeKey).(string)
-		if outcome == "" {
-			outcome = "ok"
+		s.deadlines(c, start)
+		err := s.checkHost(c, endpoint)
+		if err == nil {
+			err = s.authenticate(c, endpoint)
 		}
-		end := time.Now()
-		s.metrics.requests.WithLabelValues(endpoint, outcome, tenantLabel(c)).Inc()
-		s.metrics.duration.WithLabelValues(endpoint).Observe(end.Sub(start).Seconds())
-		if endpoint == claimEndpoint {
-			s.traffic.record(tenantLabel(c), outcome, end, end.Sub(start))
+		if err == nil {
+			err = next(c)
 		}
+		s.instrument(c, endpoint, start, err)
 		return nil
+	}
+}
+
+// instrument counts and times every request. It renders errors itself so that the
+// status and outcome are known when it records them.
+func (s *Server) instrument(c echo.Context, endpoint string, start time.Time, err error) {
+	if err != nil {
+		c.Error(err)
+	}
+	outcome, _ := c.Get(outcomeKey).(string)
+	if outcome == "" {
+		outcome = "ok"
+	}
+	end := time.Now()
+	s.metrics.requests.WithLabelValues(endpoint, outcome, tenantLabel(c)).Inc()
+	s.metrics.duration.WithLabelValues(endpoint).Observe(end.Sub(start).Seconds())
+	if endpoint == claimEndpoint {
+		s.traffic.record(tenantLabel(c), outcome, end, end.Sub(start))
 	}
 }

@@ -85,7 +85,7 @@ type Server struct {
 	open  *auth.Principal
 	hosts hosts
 	// endpoints are the routes, the values of the endpoint label.
-	endpoints    map[string]bool
+	endpoints    map[string]map[string]string
 	bodyTimeout  time.Duration
 	writeTimeout time.Duration
 	// bodyLimit bounds request bodies: a base64 response of the largest allowed size
@@ -128,7 +128,7 @@ func New(eng Engine, cfg Config) *Server {
 	e := echo.New()
 	e.HideBanner, e.HidePort = true, true
 	e.HTTPErrorHandler = s.handleError
-	e.Use(tracing(cfg.Tracing, s.endpointOf), s.instrument, s.deadlines, s.checkHost, s.authenticate)
+	e.Use(tracing(cfg.Tracing, s.endpointOf), s.front)
 	api.RegisterHandlers(e, s)
 	tenants := func() []string { return []string{engine.DefaultTenant} }
 	if t, ok := cfg.Auth.(interface{ Tenants() []string }); ok {
@@ -157,25 +157,50 @@ func New(eng Engine, cfg Config) *Server {
 	return s
 }
 
-// deadlines bounds the connection's reads while the request body arrives, and its
-// writes once the answer starts. The read deadline also bounds net/http's discarding
-// of a body nobody read, as after a 401. decodeJSON lifts it once the body is in:
-// net/http's background read, which notices a client hanging up, would otherwise end
-// a claim still waiting at the deadline.
-func (s *Server) deadlines(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
-		rc := http.NewResponseController(c.Response().Writer)
-		var bodyDeadline time.Time
-		if c.Request().Body != http.NoBody {
-			bodyDeadline = time.Now().Add(s.bodyTimeout)
-			_ = rc.SetReadDeadline(bodyDeadline)
+// deadlines bounds the connection's reads while the request body arrives, from the
+// request's start, and its writes once the answer starts. The read deadline also
+// bounds net/http's discarding of a body nobody read, as after a 401. decodeJSON lifts
+// it once the body is in: net/http's background read, which notices a client hanging
+// up, would otherwise end a claim still waiting at the deadline.
+func (s *Server) deadlines(c echo.Context, start time.Time) {
+	w := c.Response().Writer
+	var bodyDeadline time.Time
+	if c.Request().Body != http.NoBody {
+		bodyDeadline = start.Add(s.bodyTimeout)
+		_ = setReadDeadline(w, bodyDeadline)
+	}
+	c.Response().Before(func() {
+		// net/http discards an unread body before it sends the answer's header, for
+		// up to the body deadline; the write deadline starts after that.
+		_ = setWriteDeadline(w, later(time.Now(), bodyDeadline).Add(s.writeTimeout))
+	})
+}
+
+// setReadDeadline and setWriteDeadline are http.ResponseController's, without making
+// a controller for each call.
+func setReadDeadline(w http.ResponseWriter, t time.Time) error {
+	for {
+		switch u := w.(type) {
+		case interface{ SetReadDeadline(time.Time) error }:
+			return u.SetReadDeadline(t)
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = u.Unwrap()
+		default:
+			return http.ErrNotSupported
 		}
-		c.Response().Before(func() {
-			// net/http discards an unread body before it sends the answer's header, for
-			// up to the body deadline; the write deadline starts after that.
-			_ = rc.SetWriteDeadline(later(time.Now(), bodyDeadline).Add(s.writeTimeout))
-		})
-		return next(c)
+	}
+}
+
+func setWriteDeadline(w http.ResponseWriter, t time.Time) error {
+	for {
+		switch u := w.(type) {
+		case interface{ SetWriteDeadline(time.Time) error }:
+			return u.SetWriteDeadline(t)
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = u.Unwrap()
+		default:
+			return http.ErrNotSupported
+		}
 	}
 }
 
