@@ -9,7 +9,7 @@ import (
 )
 
 // quickDecode decodes the bodies of the operations every caller makes (claim,
-// complete, release, extend) without reflection, which is most of what the strict
+// complete, release, extend, and a batch of them) without reflection, which is most of what the strict
 // decoder costs a request. It takes only a body that the strict path (checkStrict and
 // encoding/json, in decodeStrict) would take, into the same value; at anything else
 // (an unknown, misnamed or repeated member, a null, a type other than the contract's,
@@ -40,6 +40,12 @@ func quickDecode(body []byte, v any) bool {
 	case *api.ExtendRequest:
 		var r api.ExtendRequest
 		if d.extend(&r) && d.end() {
+			*v = r
+			return true
+		}
+	case *api.BatchRequest:
+		var r api.BatchRequest
+		if d.batch(&r) && d.end() {
 			*v = r
 			return true
 		}
@@ -527,4 +533,65 @@ func (d *quick) headers() (*map[string][]string, bool) {
 		return nil, false
 	}
 	return &h, true
+}
+
+func (d *quick) batch(r *api.BatchRequest) bool {
+	members, ok := d.open()
+	var seen uint32
+	for ok && members {
+		name, named := d.name()
+		if !named || string(name) != "items" || !once(&seen, 1<<0) || !d.byte('[') {
+			return false
+		}
+		// encoding/json makes an empty array an empty slice, not nil.
+		r.Items = []api.BatchItem{}
+		if !d.byte(']') {
+			for more := true; more; {
+				var item api.BatchItem
+				if !d.batchItem(&item) {
+					return false
+				}
+				r.Items = append(r.Items, item)
+				if !d.byte(',') {
+					more = false
+					if !d.byte(']') {
+						return false
+					}
+				}
+			}
+		}
+		members, ok = d.more()
+	}
+	return ok
+}
+
+func (d *quick) batchItem(r *api.BatchItem) bool {
+	members, ok := d.open()
+	var seen uint32
+	for ok && members {
+		name, named := d.name()
+		if !named {
+			return false
+		}
+		switch string(name) {
+		case "claim":
+			r.Claim = new(api.ClaimRequest)
+			ok = once(&seen, 1<<0) && d.claim(r.Claim)
+		case "complete":
+			r.Complete = new(api.CompleteRequest)
+			ok = once(&seen, 1<<1) && d.complete(r.Complete)
+		case "extend":
+			r.Extend = new(api.ExtendRequest)
+			ok = once(&seen, 1<<2) && d.extend(r.Extend)
+		case "release":
+			r.Release = new(api.ReleaseRequest)
+			ok = once(&seen, 1<<3) && d.release(r.Release)
+		default:
+			return false
+		}
+		if ok {
+			members, ok = d.more()
+		}
+	}
+	return ok
 }

@@ -42,6 +42,10 @@ var quickBodies = []struct {
 	{"release fail", func() any { return new(api.ReleaseRequest) },
 		`{"key":"k","lease_token":"t","mode":"fail","response":{"status":500,"body":"QQ=="},"retention_ms":60000}`},
 	{"extend", func() any { return new(api.ExtendRequest) }, `{"key":"k","lease_token":"t","lease_ms":30000}`},
+	{"batch", func() any { return new(api.BatchRequest) },
+		`{"items":[{"claim":{"key":"a","fingerprint":"f","lease_ms":30000}},{"complete":{"key":"b","lease_token":"t","response":{"status":201,"headers":{"Content-Type":["application/json"]},"body":"eyJvcmRlciI6NDJ9"}}},` +
+			`{"release":{"key":"c","lease_token":"t","mode":"retry"}},{"extend":{"key":"d","lease_token":"t","lease_ms":100}},{}]}`},
+	{"batch empty", func() any { return new(api.BatchRequest) }, `{"items":[]}`},
 }
 
 func TestQuickDecodeTakesTheUsualBodies(t *testing.T) {
@@ -82,6 +86,9 @@ func FuzzQuickDecode(f *testing.F) {
 		`{"key":"k","lease_token":"t","response":{"status":9223372036854775807}}`,
 		`{"key":"k","lease_token":"t","mode":"fail","response":null}`,
 		`{"key":"k","lease_token":"t","lease_ms":1.5}`,
+		`{"items":[{"claim":{"key":"a"},"claim":{"key":"b"}}]}`, `{"items":[{"claim":{"key":"a"},"extend":{"key":"a"}}]}`,
+		`{"items":null}`, `{"items":[null]}`, `{"items":[{"claim":null}]}`, `{"items":[{"lookup":{"key":"a"}}]}`, `{"Items":[]}`,
+		`{"items":[],"items":[]}`, `{"items":[{"claim":{"key":"a"}},]}`, `{}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -90,6 +97,7 @@ func FuzzQuickDecode(f *testing.F) {
 		func() any { return new(api.CompleteRequest) },
 		func() any { return new(api.ReleaseRequest) },
 		func() any { return new(api.ExtendRequest) },
+		func() any { return new(api.BatchRequest) },
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, newValue := range types {
