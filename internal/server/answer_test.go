@@ -58,6 +58,18 @@ func TestAppendAnswer(t *testing.T) {
 		{"year -1", api.KeyRecord{CreatedAt: time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)}, false},
 		{"zone of 24 hours", api.ClaimAcquired{ExpiresAt: time.Date(2026, 1, 1, 0, 0, 0, 0, time.FixedZone("", 24*3600))}, false},
 		{"another type", api.Health{Status: "up"}, false},
+		{"batch", api.BatchResults{Results: []api.BatchItemResult{
+			{Status: 201, Acquired: &api.ClaimAcquired{Attempt: 1, ExpiresAt: now, LeaseExpiresAt: now, LeaseToken: "t", Outcome: "acquired"}},
+			{Status: 200, Record: &api.KeyRecord{Attempt: 1, CreatedAt: now, ExpiresAt: now, UpdatedAt: now, Key: odd, State: "completed"}},
+			{Status: 200, Extended: &api.LeaseExtended{ExpiresAt: now, LeaseExpiresAt: zone}},
+			{Status: 204},
+		}}, true},
+		{"batch of none", api.BatchResults{Results: []api.BatchItemResult{}}, true},
+		{"batch without results", api.BatchResults{}, false},
+		{"batch with a replay", api.BatchResults{Results: []api.BatchItemResult{{Status: 200, Finished: &api.ClaimFinished{Outcome: "completed"}}}}, false},
+		{"batch with a problem", api.BatchResults{Results: []api.BatchItemResult{{Status: 409, Problem: &api.Problem{Code: "in_progress"}}}}, false},
+		{"batch with a bad time", api.BatchResults{Results: []api.BatchItemResult{{Status: 200,
+			Extended: &api.LeaseExtended{ExpiresAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) { checkAnswer(t, tc.v, tc.mustTake) })
 	}
@@ -80,5 +92,9 @@ func FuzzAppendAnswer(f *testing.F) {
 		}
 		checkAnswer(t, rec, false)
 		checkAnswer(t, api.LeaseExtended{ExpiresAt: at, LeaseExpiresAt: at.Local()}, false)
+		checkAnswer(t, api.BatchResults{Results: []api.BatchItemResult{
+			{Status: int(n), Acquired: &api.ClaimAcquired{Attempt: n, ExpiresAt: at, LeaseToken: s1, Outcome: api.ClaimAcquiredOutcome(s2)}},
+			{Status: int(offset), Record: &rec, Extended: &api.LeaseExtended{ExpiresAt: at}},
+		}}, false)
 	})
 }
