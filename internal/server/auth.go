@@ -15,8 +15,8 @@ type Authenticator interface {
 	Authenticate(token string) (*auth.Principal, error)
 }
 
-// principalKey is the echo context key under which the middleware leaves the
-// authenticated principal for the handlers and the metrics.
+// principalKey is the echo context key under which the authenticated principal is
+// left where the request is not a *request (see setPrincipal), and for the tracing span.
 const principalKey = "idemd.principal"
 
 // noTenant is the tenant label of requests that have none: unauthenticated ones and
@@ -56,7 +56,7 @@ func (s *Server) authenticate(c echo.Context, endpoint string) error {
 	if err != nil {
 		return err
 	}
-	c.Set(principalKey, p)
+	setPrincipal(c, p)
 	if scope, ok := routeScopes[endpoint]; ok {
 		if err := p.Authorize(scope); err != nil {
 			s.metrics.authFailures.WithLabelValues("forbidden").Inc()
@@ -118,11 +118,29 @@ func bearer(header string) (token, reason string) {
 // ones passes the middleware, so a handler without one is a wiring bug, not a request
 // to serve in some default key space.
 func principalOf(c echo.Context) *auth.Principal {
-	p, ok := c.Get(principalKey).(*auth.Principal)
+	p, ok := authenticated(c)
 	if !ok {
 		panic("server: " + c.Request().Method + " " + c.Path() + " reached its handler without authentication")
 	}
 	return p
+}
+
+// setPrincipal leaves the authenticated principal for the handlers and the metrics.
+func setPrincipal(c echo.Context, p *auth.Principal) {
+	if r, ok := c.(*request); ok {
+		r.principal = p
+		return
+	}
+	c.Set(principalKey, p)
+}
+
+// authenticated is the principal setPrincipal left, if any.
+func authenticated(c echo.Context) (*auth.Principal, bool) {
+	if r, ok := c.(*request); ok {
+		return r.principal, r.principal != nil
+	}
+	p, ok := c.Get(principalKey).(*auth.Principal)
+	return p, ok
 }
 
 // tenant is the key space a request works in: its principal's tenant, never anything
@@ -131,7 +149,7 @@ func tenant(c echo.Context) string { return principalOf(c).Tenant.Name }
 
 // tenantLabel is the tenant as a metric label: bounded by the tenants of the auth file.
 func tenantLabel(c echo.Context) string {
-	if p, ok := c.Get(principalKey).(*auth.Principal); ok {
+	if p, ok := authenticated(c); ok {
 		return p.Tenant.Name
 	}
 	return noTenant

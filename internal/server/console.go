@@ -209,7 +209,7 @@ func (s *Server) registerConsole(e *echo.Echo, cfg Console, tenants func() []str
 	}
 	e.Pre(consoleHeaders)
 	e.GET("/console", func(c echo.Context) error {
-		c.Set(outcomeKey, "ok")
+		setOutcome(c, "ok")
 		return c.Redirect(http.StatusMovedPermanently, "/console/")
 	})
 	e.GET("/console/*", s.consoleAsset)
@@ -252,7 +252,7 @@ func (s *Server) consoleAsset(c echo.Context) error {
 	if !ok {
 		return echo.ErrNotFound
 	}
-	c.Set(outcomeKey, "ok")
+	setOutcome(c, "ok")
 	return c.Blob(http.StatusOK, a.contentType, a.body)
 }
 
@@ -441,7 +441,7 @@ func (s *Server) consolePurge(c echo.Context) error {
 		return err
 	}
 	s.logPurge(c, id.Tenant, id.Key, "console")
-	c.Set(outcomeKey, "ok")
+	setOutcome(c, "ok")
 	return c.NoContent(http.StatusNoContent)
 }
 

@@ -1,14 +1,17 @@
 package server
 
 import (
+	"sync"
 	"time"
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/auth"
 )
 
-// outcomeKey is the echo context key under which a handler or the error handler leaves
-// the request's outcome for the metrics.
+// outcomeKey is the echo context key under which a request's outcome is left where
+// the request is not a *request (see setOutcome), and for the tracing span.
 const outcomeKey = "idemd.outcome"
 
 type metrics struct {
@@ -90,10 +93,17 @@ func (s *Server) endpointOf(c echo.Context) string {
 // front is what every request passes before its handler, in this order: instrument,
 // deadlines, checkHost, authenticate. It is one middleware rather than four because
 // echo chains a request's middleware anew for each request; and the steps share the
-// request's route and its start.
+// request's route and its start. The handlers get the request as a *request, which
+// carries what the steps and the handlers leave for each other.
 func (s *Server) front(next echo.HandlerFunc) echo.HandlerFunc {
-	return func(c echo.Context) error {
+	return func(ec echo.Context) error {
 		start := time.Now()
+		c := requests.Get().(*request)
+		*c = request{Context: ec}
+		defer func() {
+			*c = request{}
+			requests.Put(c)
+		}()
 		endpoint := s.endpointOf(c)
 		s.deadlines(c, start)
 		err := s.checkHost(c, endpoint)
@@ -104,17 +114,57 @@ func (s *Server) front(next echo.HandlerFunc) echo.HandlerFunc {
 			err = next(c)
 		}
 		s.instrument(c, endpoint, start, err)
+		if s.tracing {
+			// The span, made before front, reads them from echo's context.
+			ec.Set(outcomeKey, c.outcome)
+			if c.principal != nil {
+				ec.Set(principalKey, c.principal)
+			}
+		}
 		return nil
 	}
+}
+
+// request is the echo.Context of a request past front: echo's own, and what front's
+// steps and the handlers leave for each other (the principal, the outcome), kept in
+// fields instead of echo's map of values, which it would make anew for each request.
+// front reuses requests: nothing may keep one after its handler returns, as nothing
+// may keep echo's own context.
+type request struct {
+	echo.Context
+	principal *auth.Principal
+	outcome   string
+}
+
+var requests = sync.Pool{New: func() any { return new(request) }}
+
+// setOutcome leaves the request's outcome for the metrics: a success's outcome or a
+// problem's code.
+func setOutcome(c echo.Context, outcome string) {
+	if r, ok := c.(*request); ok {
+		r.outcome = outcome
+		return
+	}
+	setOutcome(c, outcome)
+}
+
+// outcomeOf is the outcome setOutcome left, or "".
+func outcomeOf(c echo.Context) string {
+	if r, ok := c.(*request); ok {
+		return r.outcome
+	}
+	outcome, _ := c.Get(outcomeKey).(string)
+	return outcome
 }
 
 // instrument counts and times every request. It renders errors itself so that the
 // status and outcome are known when it records them.
 func (s *Server) instrument(c echo.Context, endpoint string, start time.Time, err error) {
 	if err != nil {
-		c.Error(err)
+		// What c.Error does, with the *request, where the outcome is left.
+		s.handleError(err, c)
 	}
-	outcome, _ := c.Get(outcomeKey).(string)
+	outcome := outcomeOf(c)
 	if outcome == "" {
 		outcome = "ok"
 	}

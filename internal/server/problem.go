@@ -165,7 +165,7 @@ func toProblem(err error) *problem {
 
 func (s *Server) handleError(err error, c echo.Context) {
 	p := toProblem(err)
-	c.Set(outcomeKey, string(p.code))
+	setOutcome(c, string(p.code))
 	s.noteProblem(s.endpointOf(c), p, err)
 	if c.Response().Committed {
 		return

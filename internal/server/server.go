@@ -95,6 +95,8 @@ type Server struct {
 	// endpoints read; both nil without the console.
 	traffic *traffic
 	console *consoleState
+	// tracing is whether requests are traced (tracing.go).
+	tracing bool
 }
 
 // New returns a Server over eng.
@@ -121,6 +123,8 @@ func New(eng Engine, cfg Config) *Server {
 		auth:      cfg.Auth,
 		open:      auth.Open(engine.DefaultTenant),
 		hosts:     newHosts(cfg.AllowedHosts),
+
+		tracing: cfg.Tracing != nil,
 
 		bodyTimeout:  cmp.Or(cfg.BodyTimeout, DefaultTimeout),
 		writeTimeout: cmp.Or(cfg.WriteTimeout, DefaultTimeout),
@@ -244,7 +248,7 @@ type answer struct {
 }
 
 func (s *Server) reply(c echo.Context, a answer) error {
-	c.Set(outcomeKey, a.outcome)
+	setOutcome(c, a.outcome)
 	c.Response().Header().Set(echo.HeaderContentType, echo.MIMEApplicationJSON)
 	c.Response().WriteHeader(a.status)
 	return s.encode(c, a.body)
@@ -447,13 +451,13 @@ func (s *Server) Purge(c echo.Context, key string) error {
 		return err
 	}
 	s.logPurge(c, tenant(c), key, "api")
-	c.Set(outcomeKey, "ok")
+	setOutcome(c, "ok")
 	return c.NoContent(http.StatusNoContent)
 }
 
 // Openapi implements GET /openapi.yaml: the contract this daemon serves.
 func (s *Server) Openapi(c echo.Context) error {
-	c.Set(outcomeKey, "ok")
+	setOutcome(c, "ok")
 	return c.Blob(http.StatusOK, "application/yaml", contract.OpenAPI)
 }
 

@@ -33,7 +33,7 @@ func (s *Server) ExportRecords(c echo.Context) error {
 	all, own := s.everyTenant(c), tenant(c)
 	w := &renewingWriter{w: c.Response(), rc: http.NewResponseController(c.Response().Writer), timeout: s.writeTimeout}
 	c.Response().Header().Set(echo.HeaderContentType, "application/x-ndjson")
-	c.Set(outcomeKey, "ok")
+	setOutcome(c, "ok")
 	c.Response().WriteHeader(http.StatusOK)
 	sw, err := engine.NewStreamWriter(w, "", time.Now())
 	if err != nil {
@@ -52,7 +52,7 @@ func (s *Server) ExportRecords(c echo.Context) error {
 		// The answer has begun: the stream ends without its trailer, which its reader
 		// takes as cut short.
 		s.log.Error("export ended early", "err", err, "tenant", own)
-		c.Set(outcomeKey, string(toProblem(err).code))
+		setOutcome(c, string(toProblem(err).code))
 	}
 	return nil
 }
@@ -174,7 +174,7 @@ func (s *Server) Backup(c echo.Context) error {
 		header.Set(echo.HeaderContentType, "application/octet-stream")
 		header.Set("Idemd-Backup-Bytes", strconv.FormatInt(size, 10))
 		header.Set("Trailer", BackupTrailer)
-		c.Set(outcomeKey, "ok")
+		setOutcome(c, "ok")
 		c.Response().WriteHeader(http.StatusOK)
 	})
 	if err != nil && !c.Response().Committed {
@@ -183,7 +183,7 @@ func (s *Server) Backup(c echo.Context) error {
 	if err != nil {
 		// Without the trailer its reader knows the copy for cut short.
 		s.log.Error("backup ended early", "err", err)
-		c.Set(outcomeKey, string(toProblem(err).code))
+		setOutcome(c, string(toProblem(err).code))
 		return nil
 	}
 	c.Response().Header().Set(BackupTrailer, hex.EncodeToString(h.Sum(nil)))
