@@ -66,6 +66,12 @@ type Store struct {
 	stop     chan struct{}
 	stopOnce sync.Once
 	swept    sync.WaitGroup
+
+	// path is the database's file; closeMu and closed keep Fill, which reads the file
+	// and bbolt's statistics outside any transaction, off a store that Close closed.
+	path    string
+	closeMu sync.RWMutex
+	closed  bool
 }
 
 // Open opens or creates the database at path, creating its directory, and starts the
@@ -97,7 +103,7 @@ func Open(path string, opts Options) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database %s: %w", path, err)
 	}
-	s := &Store{db: db, now: opts.Now, opts: opts, stop: make(chan struct{})}
+	s := &Store{db: db, now: opts.Now, opts: opts, stop: make(chan struct{}), path: path}
 	s.watches.init()
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketRecords, bucketExpiry, bucketMeta} {
@@ -562,6 +568,9 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close stops the sweeper, commits the transitions already waiting for a commit,
 // refuses later ones as unavailable, and closes the database.
 func (s *Store) Close() error {
+	s.closeMu.Lock()
+	s.closed = true
+	s.closeMu.Unlock()
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.swept.Wait()
 	s.commits.close()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -112,7 +113,12 @@ func (s *Store) Fill(ctx context.Context) (engine.Fill, error) {
 	if err := ctx.Err(); err != nil {
 		return engine.Fill{}, err
 	}
-	info, err := os.Stat(s.db.Path())
+	s.closeMu.RLock()
+	defer s.closeMu.RUnlock()
+	if s.closed {
+		return engine.Fill{}, engine.Unavailable(errors.New("the store is closed"))
+	}
+	info, err := os.Stat(s.path)
 	if err != nil {
 		return engine.Fill{}, engine.Unavailable(err)
 	}
@@ -120,7 +126,7 @@ func (s *Store) Fill(ctx context.Context) (engine.Fill, error) {
 	limit := s.opts.MaxSize
 	if limit <= 0 {
 		var fs syscall.Statfs_t
-		if err := syscall.Statfs(filepath.Dir(s.db.Path()), &fs); err != nil {
+		if err := syscall.Statfs(filepath.Dir(s.path), &fs); err != nil {
 			return engine.Fill{}, engine.Unavailable(err)
 		}
 		limit = info.Size() + int64(fs.Bavail)*int64(fs.Bsize)

@@ -2,6 +2,7 @@ package boltstore_test
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -65,5 +66,40 @@ func TestFill(t *testing.T) {
 	}
 	if f.Limit <= f.Used || f.Used <= 0 {
 		t.Fatalf("fill %+v against the disk, want a limit over what is used", f)
+	}
+}
+
+// TestFillWhileClosing: the store guard reads the fill in the background, so a read
+// may run while the daemon closes the store; it answers an error after the close and
+// races with nothing (go test -race).
+func TestFillWhileClosing(t *testing.T) {
+	s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if f, err := s.Fill(ctx); err != nil || f.Limit <= 0 {
+		t.Fatalf("fill of an open store: %+v %v", f, err)
+	}
+	reading := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; i < 100000; i++ {
+			if i == 1 {
+				close(reading)
+			}
+			if _, err := s.Fill(ctx); err != nil {
+				return
+			}
+		}
+	}()
+	<-reading
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if f, err := s.Fill(ctx); !errors.Is(err, engine.ErrUnavailable) {
+		t.Fatalf("fill of a closed store: %+v %v, want unavailable", f, err)
 	}
 }
