@@ -29,21 +29,41 @@ func recordKeys(id engine.ID) []string {
 	return digestKeys(id.Tenant, sha256.Sum256([]byte(id.Key)))
 }
 
-// digestKeys are recordKeys of the key whose SHA-256 is sum.
+// digestKeys are recordKeys of the key whose SHA-256 is sum. Every call of a script
+// makes them, so they are written into one string, of which each key is a part.
 func digestKeys(tenant string, sum [32]byte) []string {
-	id := engine.ID{Tenant: tenant}
-	legacy := "idem:" + id.Tenant + ":" + hex.EncodeToString(sum[:])
-	s := slot(legacy)
-	tag := slotTags[s]
+	const pending, usage = "}\x00pending:", "}\x00usage:"
 	var b strings.Builder
-	b.Grow(5 + len(id.Tenant) + len(sum))
+	b.Grow(len("idem:") + len(tenant) + 1 + 2*len(sum) + // the legacy key
+		4 + len(tenant) + 1 + len(sum) + // the lean key
+		3 + len(pending) + len(tenant) + 3 + len(usage) + len(tenant))
+	b.WriteString("idem:")
+	b.WriteString(tenant)
+	b.WriteByte(':')
+	var hexSum [2 * len(sum)]byte
+	hex.Encode(hexSum[:], sum[:])
+	b.Write(hexSum[:])
+	legacyEnd := b.Len()
+	// The slot is the legacy key's, computed from what was just written.
+	tag := slotTags[slot(b.String())]
 	b.WriteByte('{')
 	b.Write(tag[:])
 	b.WriteByte('}')
-	b.WriteString(id.Tenant)
+	b.WriteString(tenant)
 	b.WriteByte(':')
 	b.Write(sum[:])
-	return []string{legacy, b.String(), indexKey(id.Tenant, s), usageKey(id.Tenant, s)}
+	leanEnd := b.Len()
+	b.WriteByte('{')
+	b.Write(tag[:])
+	b.WriteString(pending)
+	b.WriteString(tenant)
+	indexEnd := b.Len()
+	b.WriteByte('{')
+	b.Write(tag[:])
+	b.WriteString(usage)
+	b.WriteString(tenant)
+	all := b.String()
+	return []string{all[:legacyEnd], all[legacyEnd:leanEnd], all[leanEnd:indexEnd], all[indexEnd:]}
 }
 
 // indexKey is the pending index of a tenant's records in one Cluster slot (see
@@ -68,7 +88,7 @@ var slotTags = func() [16384][2]byte {
 		if b[0] == '}' || b[1] == '}' {
 			continue
 		}
-		s := crc16(b[:]) % 16384
+		s := crc16(string(b[:])) % 16384
 		if !found[s] {
 			tags[s], found[s] = b, true
 		}
@@ -89,15 +109,24 @@ func slot(key string) uint16 {
 			key = key[open+1 : open+1+end]
 		}
 	}
-	return crc16([]byte(key)) % 16384
+	return crc16(key) % 16384
 }
 
 // crc16 is CRC-16/XMODEM (polynomial 0x1021, initial 0), the CRC Redis Cluster hashes
-// keys with.
-func crc16(b []byte) uint16 {
+// keys with, a byte at a time through crcTable.
+func crc16(b string) uint16 {
 	var crc uint16
-	for _, c := range b {
-		crc ^= uint16(c) << 8
+	for i := range len(b) {
+		c := b[i]
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^c]
+	}
+	return crc
+}
+
+// crcTable is the CRC of each byte's value shifted into the top of the register.
+var crcTable = func() (t [256]uint16) {
+	for v := range t {
+		crc := uint16(v) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -105,9 +134,10 @@ func crc16(b []byte) uint16 {
 				crc <<= 1
 			}
 		}
+		t[v] = crc
 	}
-	return crc
-}
+	return t
+}()
 
 // compact is how the lean layout keeps a token, a fingerprint or a digest: lowercase hex
 // as its bytes after 0x01, "sha256:" and lowercase hex (the middleware's fingerprints)
