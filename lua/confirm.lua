@@ -3,7 +3,7 @@
 -- record. Anything else is left as it is.
 -- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- Answers 1 when it confirmed, 0 otherwise.
-MARKERS.read = true
+READ_MARKERS = true
 local r = load()
 if r.st ~= 'm' then
   return 0

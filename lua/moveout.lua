@@ -7,7 +7,7 @@
 -- answers it; a moving marker answers the record it keeps. A moved marker stays, and a
 -- key with no live record becomes one when ARGV[4] is '1' (is left as it is
 -- otherwise): answers {'moved', now_ms}.
-MARKERS.read = true
+READ_MARKERS = true
 local now = now_ms()
 local r = load()
 local until_ms = tonumber(ARGV[1])
@@ -34,7 +34,7 @@ if r.st == 'm' then
   r.st, r.xa = r.ms, r.mx
   return copy(r)
 end
-if not RECORD_STATES[r.st] then
+if r.st ~= 'p' and r.st ~= 'c' and r.st ~= 'r' and r.st ~= 'f' then
   error({err = 'STOREMOVED the record of ' .. LEGACY .. ' is in a state this release does not know'})
 end
 local answer_now = copy(r)

@@ -3,6 +3,6 @@
 -- client's key where the record keeps it.
 -- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- Answers {st, k} ('' for none).
-MARKERS.read = true
+READ_MARKERS = true
 local r = load()
 return {r.st or '', r.k or ''}

@@ -65,12 +65,19 @@
 -- (answer): each redis.call inside a script costs about as much as a small command.
 -- Fields are named one by one rather than looped over, and numbers stay numbers: on a
 -- fresh key the loops and the formatting cost Redis as much as the commands.
+-- Redis runs this prelude again at every call, so it builds no table and holds few
+-- functions: each costs an allocation a call. A number handed to redis.call is
+-- written as an integer while it is one.
 local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
-local FIELDS = {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
-  'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt', 'ms', 'mx'}
 local LEGACY, LEAN, INDEX, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local USAGE_SPAN_MS, USAGE_BYTE = 10000, 16777216
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
+
+-- The fields of a hash record (layout 1), in the order of the string layouts.
+local function hash_fields()
+  return {'k', 't', 'st', 'fp', 'ow', 'at', 'tok', 'lx', 'rec', 'ca', 'ua', 'xa',
+    'rs', 'rh', 'rb', 'cs', 'w', 'pn', 'pd', 'pa', 'pt', 'ms', 'mx'}
+end
 
 -- Time comes from Redis, never from a daemon, so that daemons with skewed clocks agree.
 local function now_ms()
@@ -91,15 +98,15 @@ local function same(stored, raw, compact)
   return stored == raw or stored == compact
 end
 
-local RECORD_STATES = {p = true, r = true, c = true, f = true}
--- MARKERS.read is set by the scripts of a live move (moveout, confirm, peek), which
+-- READ_MARKERS is set by the scripts of a live move (moveout, confirm, peek), which
 -- read markers: a moving marker keeps the record whole, its state in ms and its expiry
 -- (ms since the epoch, in every layout) in mx, after every other field.
-local MARKERS = {read = false}
+local READ_MARKERS = false
 
--- moved stops the script, having changed nothing, when st is not a record's state.
+-- moved stops the script, having changed nothing, when st is not a record's state
+-- (p, r, c or f).
 local function moved(st, key)
-  if st and not RECORD_STATES[st] and not MARKERS.read then
+  if st and st ~= 'p' and st ~= 'c' and st ~= 'r' and st ~= 'f' and not READ_MARKERS then
     error({err = 'STOREMOVED the record of ' .. key .. ' has moved to another store'})
   end
 end
@@ -114,6 +121,7 @@ local function unpack_legacy()
       error(v.err or 'GET failed')
     end
     -- A hash, as earlier releases write: an empty field is an absent one.
+    local FIELDS = hash_fields()
     local vals = redis.call('HMGET', LEGACY, unpack(FIELDS))
     local r = {legacy = true, hash = true}
     local size = #LEGACY
@@ -175,40 +183,30 @@ local function load()
   return other()
 end
 
--- usage_span is the span of USAGE_SPAN_MS that an expiry at xa ms falls in.
-local function usage_span(xa)
-  return string.format('%d', math.ceil(tonumber(xa) / USAGE_SPAN_MS))
-end
-
--- usage_add adds delta to a span's count, deleting the span once it counts nothing.
-local function usage_add(span, delta)
-  if redis.call('HINCRBY', USAGE, span, string.format('%d', delta)) == 0 then
-    redis.call('HDEL', USAGE, span)
-  end
-end
-
 -- account moves the record's count in the usage hash from what load read of it (size0
 -- bytes to expire at xa0, or nothing for an absent record) to size bytes to expire at
 -- r.xa, or to nothing when size is nil (purge): one HINCRBY where the span stays, as
--- it does for most transitions, two where it moves.
+-- it does for most transitions, two where it moves. A span's field is the span of
+-- USAGE_SPAN_MS its expiry falls in, in decimal; a span that counts nothing is
+-- deleted.
 local function account(r, size)
   local from, to = nil, nil
   if r.size0 then
-    from = usage_span(r.xa0)
+    from = math.ceil(tonumber(r.xa0) / USAGE_SPAN_MS)
   end
   if size then
-    to = usage_span(r.xa)
+    to = math.ceil(tonumber(r.xa) / USAGE_SPAN_MS)
   end
   if from and from == to then
-    if size ~= r.size0 then
-      usage_add(to, (size - r.size0) * USAGE_BYTE)
+    if size ~= r.size0 and redis.call('HINCRBY', USAGE, to, (size - r.size0) * USAGE_BYTE) == 0 then
+      redis.call('HDEL', USAGE, to)
     end
   else
-    if from then
-      usage_add(from, -(r.size0 * USAGE_BYTE + 1))
+    if from and redis.call('HINCRBY', USAGE, from, -(r.size0 * USAGE_BYTE + 1)) == 0 then
+      redis.call('HDEL', USAGE, from)
     end
-    if to then
-      usage_add(to, size * USAGE_BYTE + 1)
+    if to and redis.call('HINCRBY', USAGE, to, size * USAGE_BYTE + 1) == 0 then
+      redis.call('HDEL', USAGE, to)
     end
   end
   -- A second save in the same script moves the count from here.
@@ -260,6 +258,7 @@ local function save(r)
     if not r.hash then
       redis.call('DEL', LEGACY)
     end
+    local FIELDS = hash_fields()
     local kv = {}
     local size = #LEGACY
     for i = 1, #FIELDS do
