@@ -60,7 +60,8 @@
 -- Every script answers {status, now_ms, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa
 -- [, rs, rh, rb [, pn, pd, pa, pt]]}, each a string or an integer ('' for none): the
 -- response when it is replayed or looked up, and the recovery point whenever there is
--- one. A script reads the record
+-- one. k and t are always '': the daemon asked for the record and knows both, and the
+-- lean layout does not keep them. A script reads the record
 -- once (load), writes it at most once (save) and answers from what it read and wrote
 -- (answer): each redis.call inside a script costs about as much as a small command.
 -- Fields are named one by one rather than looped over, and numbers stay numbers: on a
@@ -310,16 +311,16 @@ local function answer(status, now, r, with_response)
     if with_response then
       rs, rh, rb = r.rs or '', r.rh or '', r.rb or ''
     end
-    return {status, now, r.k or '', r.t or '', r.st or '', r.fp or '', r.ow or '',
+    return {status, now, '', '', r.st or '', r.fp or '', r.ow or '',
       r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or '',
       rs, rh, rb, r.pn or '', r.pd or '', r.pa or '', r.pt}
   end
   if with_response then
-    return {status, now, r.k or '', r.t or '', r.st or '', r.fp or '', r.ow or '',
+    return {status, now, '', '', r.st or '', r.fp or '', r.ow or '',
       r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or '',
       r.rs or '', r.rh or '', r.rb or ''}
   end
-  return {status, now, r.k or '', r.t or '', r.st or '', r.fp or '', r.ow or '',
+  return {status, now, '', '', r.st or '', r.fp or '', r.ow or '',
     r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or ''}
 end
 

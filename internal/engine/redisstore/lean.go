@@ -145,17 +145,35 @@ var crcTable = func() (t [256]uint16) {
 // begins with a byte below 0x03. Different values stay different.
 func compact(s string) string {
 	if h, ok := strings.CutPrefix(s, "sha256:"); ok && lowerHex(h) {
-		b, _ := hex.DecodeString(h)
-		return "\x00" + string(b)
+		return decodeHex(0, h)
 	}
 	if lowerHex(s) {
-		b, _ := hex.DecodeString(s)
-		return "\x01" + string(b)
+		return decodeHex(1, s)
 	}
 	if s != "" && s[0] < 3 {
 		return "\x02" + s
 	}
 	return s
+}
+
+// decodeHex is prefix then the bytes of h, lowercase hex of an even length, in one
+// allocation.
+func decodeHex(prefix byte, h string) string {
+	var b strings.Builder
+	b.Grow(1 + len(h)/2)
+	b.WriteByte(prefix)
+	for i := 0; i < len(h); i += 2 {
+		b.WriteByte(unhex(h[i])<<4 | unhex(h[i+1]))
+	}
+	return b.String()
+}
+
+// unhex is the value of a lowercase hex digit.
+func unhex(c byte) byte {
+	if c <= '9' {
+		return c - '0'
+	}
+	return c - 'a' + 10
 }
 
 // expand undoes compact. A value of an earlier layout, kept as it came, begins with no

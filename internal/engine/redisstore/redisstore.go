@@ -455,6 +455,9 @@ func (s *Store) runKeys(ctx context.Context, script script, keys []string, id en
 // isMoved says whether err is a script's refusal of a marker (lua/prelude.lua's
 // moved): Redis's answer, not a failure of it.
 func isMoved(err error) bool {
+	if err == nil {
+		return false
+	}
 	var answered redis.Error
 	return errors.As(err, &answered) && strings.HasPrefix(answered.Error(), "STOREMOVED ")
 }
@@ -483,8 +486,8 @@ func (r reply) unexpected() error {
 }
 
 // The positions of the fields in a script's answer, after status and time, as
-// lua/prelude.lua's answer gives them. The key and the tenant are not read: the lean
-// layout does not keep them, and the record is the one asked for.
+// lua/prelude.lua's answer gives them. The key and the tenant are always empty: the
+// lean layout does not keep them, and the record is the one asked for.
 const (
 	fKey = iota
 	fTenant
