@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -158,5 +159,16 @@ func TestCRC16AgainstBitwise(t *testing.T) {
 		if got, want := crc16(string(b)), bitwise(b); got != want {
 			t.Fatalf("crc16(%x) = %#x, want %#x", b, got, want)
 		}
+	}
+}
+
+// BenchmarkDigestKeys measures what every script call spends on its keys: the four keys
+// and the slot of their hash tag.
+// go test -run XXX -bench DigestKeys ./internal/engine/redisstore/
+func BenchmarkDigestKeys(b *testing.B) {
+	sum := sha256.Sum256([]byte("order-1"))
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = digestKeys(engine.DefaultTenant, sum)
 	}
 }
