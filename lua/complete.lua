@@ -1,6 +1,7 @@
 -- complete: store the result of a held key.
 -- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
--- ARGV[1] lease token   ARGV[2] response status   ARGV[3] response headers, JSON
+-- ARGV[1] lease token   ARGV[2] response status   ARGV[3] response headers, JSON (''
+-- from a daemon that writes lean records, which keep ARGV[7] only)
 -- ARGV[4] response body   ARGV[5] retention, ms
 -- ARGV[6], ARGV[7] the token and the headers as the lean layout keeps them
 -- ARGV[8] the client's key

@@ -1,7 +1,8 @@
 -- release: give a held key back for a retry, or record a terminal failure.
 -- KEYS[1], KEYS[2] the record's keys (see prelude.lua)
 -- ARGV[1] lease token   ARGV[2] mode: retry or fail
--- ARGV[3] response status ('' for none)   ARGV[4] response headers, JSON
+-- ARGV[3] response status ('' for none)   ARGV[4] response headers, JSON ('' from a
+-- daemon that writes lean records, which keep ARGV[8] only)
 -- ARGV[5] response body   ARGV[6] retention, ms
 -- ARGV[7], ARGV[8] the token and the headers as the lean layout keeps them
 -- ARGV[9] the client's key

@@ -149,10 +149,15 @@ type layoutState struct {
 	// lean says whether the scripts may meet lean records (LeanReady, LeanRecords) and
 	// so need the values in the lean layout's form too.
 	lean bool
+	// writesLean says whether the scripts write lean records (LeanRecords), which keep
+	// headers only as packHeaders packs them: such scripts never read the headers as
+	// JSON.
+	writesLean bool
 }
 
 func newLayoutState(opts Options) *layoutState {
-	l := &layoutState{layout: layoutOf(opts), scripts: stringScripts, lean: opts.LeanReady || opts.LeanRecords}
+	l := &layoutState{layout: layoutOf(opts), scripts: stringScripts, lean: opts.LeanReady || opts.LeanRecords,
+		writesLean: opts.LeanRecords && !opts.HashRecords}
 	switch {
 	case opts.HashRecords:
 		l.scripts = hashScripts

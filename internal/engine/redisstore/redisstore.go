@@ -215,6 +215,15 @@ func (l *layoutState) packHeaders(h map[string][]string) (string, error) {
 	return packHeaders(h)
 }
 
+// encodeHeaders is h as the string and hash layouts keep headers (JSON), and "" where
+// the scripts write lean records: they keep packHeaders's form only.
+func (l *layoutState) encodeHeaders(h map[string][]string) (string, error) {
+	if l.writesLean {
+		return "", nil
+	}
+	return encodeHeaders(h)
+}
+
 // Claim implements engine.Store.
 func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, error) {
 	l, err := s.current(ctx)
@@ -249,7 +258,7 @@ func (s *Store) Complete(ctx context.Context, c engine.Completion) (engine.Recor
 	if err != nil {
 		return engine.Record{}, err
 	}
-	headers, err := encodeHeaders(c.Response.Headers)
+	headers, err := l.encodeHeaders(c.Response.Headers)
 	if err != nil {
 		return engine.Record{}, err
 	}
@@ -274,7 +283,7 @@ func (s *Store) Release(ctx context.Context, r engine.Release) (engine.Record, e
 	}
 	status, headers, packed, body := "", "", "", []byte(nil)
 	if r.Response != nil {
-		if headers, err = encodeHeaders(r.Response.Headers); err != nil {
+		if headers, err = l.encodeHeaders(r.Response.Headers); err != nil {
 			return engine.Record{}, err
 		}
 		if packed, err = l.packHeaders(r.Response.Headers); err != nil {
