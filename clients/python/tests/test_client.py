@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import Daemon, Moving, fresh_key
+from conftest import Daemon, Moving, fresh_key, wait_until
 from slowdown import scale
 
 import idemd
@@ -394,6 +394,10 @@ REPLACED = 4
 @needs_proc_net
 def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) -> None:
     d = own_daemon()
+    # Every caller first waits on a key another client holds, so that the pool opens
+    # every connection it may, however fast the daemon answers; the key completes once
+    # they are all open.
+    gate = fresh_key("conns-gate")
     with idemd.Client(d.url, batching=False, retries=0) as c:
         opened = _count_connections(c._api.get_httpx_client())
         failures: list[BaseException] = []
@@ -402,6 +406,7 @@ def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) 
         def worker(n: int) -> None:
             try:
                 start.wait(timeout=scale(60))
+                c.claim(gate, wait=30)
                 for i in range(CYCLES):
                     key = fresh_key(f"conns-{n}-{i}")
                     cl = c.claim(key)
@@ -409,9 +414,18 @@ def test_many_threads_keep_their_connections(own_daemon: Callable[..., Daemon]) 
             except BaseException as err:
                 failures.append(err)
 
-        pool = [threading.Thread(target=worker, args=(n,)) for n in range(CALLERS)]
-        for t in pool:
-            t.start()
+        with idemd.Client(d.url, batching=False, retries=0) as gatekeeper:
+            held = gatekeeper.claim(gate)
+            pool = [threading.Thread(target=worker, args=(n,)) for n in range(CALLERS)]
+            for t in pool:
+                t.start()
+            # The gatekeeper's own connection and every one the callers' pool may open.
+            wait_until(
+                "every connection of the pool to be open",
+                lambda: _established_to(d.url) >= BOUND + 1,
+                deadline=20,
+            )
+            gatekeeper.complete(gate, held.token, idemd.Response(204))
         for t in pool:
             t.join()
         assert failures == []
