@@ -119,7 +119,7 @@ func decodeStrict(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return jsonProblem(err)
+		return jsonProblem(err, v)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return &problem{status: http.StatusBadRequest, code: codeInvalidJson, detail: "request body has data after the JSON object"}
@@ -127,7 +127,7 @@ func decodeStrict(body []byte, v any) error {
 	return nil
 }
 
-func jsonProblem(err error) *problem {
+func jsonProblem(err error, v any) *problem {
 	var syntax *json.SyntaxError
 	var typ *json.UnmarshalTypeError
 	var b64 base64.CorruptInputError
@@ -144,8 +144,13 @@ func jsonProblem(err error) *problem {
 		}
 		return invalid("%s: expected %s, got %s", typ.Field, jsonType(typ.Type.Kind().String()), typ.Value)
 	case errors.As(err, &b64):
-		// response.body is the only base64 field of the API.
-		return invalid("response.body: not valid base64 (standard alphabet, padded): %v", err)
+		// The API's base64 members: a recovery point's data, and a stored response's
+		// body everywhere else (a complete, a release, a batch's items).
+		member := "response.body"
+		if _, ok := v.(*api.RecoveryPointRequest); ok {
+			member = "data"
+		}
+		return invalid("%s: not valid base64 (standard alphabet, padded): %v", member, err)
 	}
 	if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		return invalid("unknown field %s", field)

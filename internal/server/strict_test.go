@@ -48,6 +48,8 @@ func TestDecodingIsAsStrictAsTheContract(t *testing.T) {
 		{"a null in a header's values", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"headers":{"A":["1",null]}}}`, `"response.headers.A[1]"`, nil},
 		{"a null recovery point", "/v1/recovery-point", `{"key":"held","lease_token":"` + token + `","name":"charged","data":null}`, `"data"`, nil},
 		{"a null body", "/v1/claim", `null`, `null`, nil},
+		{"a recovery point's data not in base64", "/v1/recovery-point", `{"key":"held","lease_token":"` + token + `","name":"charged","data":"&x"}`, `data: not valid base64`, nil},
+		{"a response's body not in base64", "/v1/complete", `{"key":"held","lease_token":"` + token + `","response":{"status":200,"body":"&x"}}`, `response.body: not valid base64`, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := d.do(http.MethodPost, tc.path, "application/json", []byte(tc.body))
