@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 var (

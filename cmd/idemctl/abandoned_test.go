@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // TestAbandoned lists the keys whose holders left them pending, as text and as JSON,

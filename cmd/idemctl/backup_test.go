@@ -11,7 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // TestBackupRestore backs up a daemon while one client completes keys one after the

@@ -18,9 +18,9 @@ import (
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/boltstore"
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // ownDaemon runs idemd until stop is called (or the test ends), and returns its URL.

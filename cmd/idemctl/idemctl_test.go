@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // binaries are the idemd and idemctl commands built from this repository, once per

@@ -12,8 +12,8 @@ import (
 
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/internal/engine/boltstore"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // TestLiveMoveEmbeddedToRedis moves a daemon's embedded store into Redis live: the

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // TestExportImport moves the records of an embedded store into a Redis through the

@@ -23,7 +23,7 @@ import (
 	"time"
 
 	idem "github.com/idemd/idemd/clients/go"
-	"github.com/idemd/idemd/internal/appbench"
+	"github.com/idemd/idemd/internal/loadtest/appbench"
 )
 
 func main() {

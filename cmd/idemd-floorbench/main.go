@@ -21,7 +21,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemd/idemd/internal/floorbench"
+	"github.com/idemd/idemd/internal/loadtest/floorbench"
 )
 
 func main() {

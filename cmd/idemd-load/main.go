@@ -14,7 +14,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemd/idemd/internal/loadgen"
+	"github.com/idemd/idemd/internal/loadtest/loadgen"
 )
 
 func main() {

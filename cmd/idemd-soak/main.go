@@ -12,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/idemd/idemd/internal/soak"
+	"github.com/idemd/idemd/internal/loadtest/soak"
 )
 
 func main() {

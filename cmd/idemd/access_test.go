@@ -28,8 +28,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // syncBuffer collects the daemon's logs, written from many goroutines.

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 func get(t *testing.T, url string) (int, http.Header, []byte) {

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // buildDaemon compiles this command into a temporary binary.

@@ -14,8 +14,8 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 func startMain(t *testing.T, args ...string) (*Main, context.CancelFunc, chan error) {

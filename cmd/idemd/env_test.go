@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testdaemon"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
 
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // buildStamped compiles the daemon with a version and commit stamped as a release

@@ -14,7 +14,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // TestStoreGuardKeepsOtherTenantsServed is a tenant with no quota filling a Redis of

@@ -17,9 +17,9 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // startWith runs the binary with flags, as startBinary does.

@@ -17,9 +17,9 @@ import (
 
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/examples/effects"
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/testpg"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/testpg"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // The tests below prove on a real PostgreSQL and a real idemd what docs/effects.md

@@ -17,7 +17,7 @@ import (
 
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/examples/payments"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 const (

@@ -22,10 +22,10 @@ import (
 
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/examples/payments"
-	"github.com/idemd/idemd/internal/testdaemon"
-	"github.com/idemd/idemd/internal/testpg"
-	"github.com/idemd/idemd/internal/testrabbit"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
+	"github.com/idemd/idemd/internal/testing/testpg"
+	"github.com/idemd/idemd/internal/testing/testrabbit"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 const (

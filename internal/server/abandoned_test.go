@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 func TestAbandonedFeed(t *testing.T) { forEachStore(t, testAbandonedFeed) }

@@ -27,8 +27,8 @@ import (
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // The browser tests drive Debian's chromium, headless, through the DevTools protocol

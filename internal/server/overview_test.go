@@ -8,8 +8,8 @@ import (
 
 	"github.com/idemd/idemd/internal/engine/redisstore"
 	"github.com/idemd/idemd/internal/server"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // TestConsoleOverview: the tenants' overview shows a token its own tenant's usage

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // twoDaemons starts two daemons, each with its own connections, over one Redis: the

@@ -32,7 +32,7 @@ import (
 
 	idem "github.com/idemd/idemd/clients/go"
 	"github.com/idemd/idemd/examples/effects"
-	"github.com/idemd/idemd/internal/testpg"
+	"github.com/idemd/idemd/internal/testing/testpg"
 )
 
 const (

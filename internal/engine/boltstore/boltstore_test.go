@@ -20,7 +20,7 @@ import (
 	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/enginetest"
 	"github.com/idemd/idemd/internal/engine/lintest"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 func open(t testing.TB, path string, opts boltstore.Options) *boltstore.Store {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/boltstore"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // gate holds the store's first write transaction of transitions until released, so

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // testAbandoned: the feed lists the pending keys under a prefix whose leases ran out,

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // FeedBenchRecords is how many completed records BenchAbandoned puts beside the

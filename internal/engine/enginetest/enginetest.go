@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // NewStore returns a fresh, empty store for one test; the suite closes it.

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // Markers is how a test reaches into a store below engine.Store, to write the markers

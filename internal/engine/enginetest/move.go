@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // RunMove holds a live move to its promises, from a store made by newOld (an

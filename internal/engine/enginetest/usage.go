@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 const usageTest = "usage follows records in and out: claim, complete, release, purge, expiry"

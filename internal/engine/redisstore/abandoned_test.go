@@ -6,7 +6,7 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/enginetest"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // BenchmarkAbandoned reads the abandoned-keys feed on a standalone Redis and on a

@@ -17,8 +17,8 @@ import (
 	"github.com/idemd/idemd/internal/engine/enginetest"
 	"github.com/idemd/idemd/internal/engine/lintest"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // TestCluster runs the conformance suite, unchanged, on a real Redis Cluster, and

@@ -14,8 +14,8 @@ import (
 	"github.com/idemd/idemd/internal/engine/enginetest"
 	"github.com/idemd/idemd/internal/engine/lintest"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // earlierScripts are the scripts of the release before records became strings: they

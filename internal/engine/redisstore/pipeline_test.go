@@ -16,9 +16,9 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/netsplit"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/netsplit"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // gate is a go-redis hook that holds every pipeline of scripts until it is opened, so

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // BenchmarkScriptCost measures what the scripts cost inside Redis: the microseconds

@@ -3,7 +3,7 @@
 // embedded store in a temporary directory.
 //
 // Every deadline a test gives for a condition is multiplied by the slowdown factor
-// IDEMD_TEST_SLOWDOWN (3 unless set), as the daemon's internal/wait does.
+// IDEMD_TEST_SLOWDOWN (3 unless set), as the daemon's internal/testing/wait does.
 package testenv
 
 import (
@@ -150,7 +150,7 @@ func Scale(d time.Duration) time.Duration {
 
 // Until calls check until it returns nil, pausing a little longer each time (up to
 // 50 ms), and returns check's last error once Scale(timeout) has passed. It is the
-// daemon's internal/wait, which this module cannot import.
+// daemon's internal/testing/wait, which this module cannot import.
 func Until(timeout time.Duration, check func() error) error {
 	timeout = Scale(timeout)
 	deadline := time.Now().Add(timeout)

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemd/idemd/internal/floorbench"
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/loadtest/floorbench"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // floorDir is the floor's source: IDEMD_FLOOR_DIR, or shared/bench/floor beside the
@@ -17,7 +17,7 @@ import (
 func floorDir(t *testing.T) string {
 	dir := os.Getenv("IDEMD_FLOOR_DIR")
 	if dir == "" {
-		dir = filepath.Join("..", "..", "..", "shared", "bench", "floor")
+		dir = filepath.Join("..", "..", "..", "..", "shared", "bench", "floor")
 	}
 	if _, err := os.Stat(filepath.Join(dir, "main.go")); err != nil {
 		if os.Getenv("IDEMD_REQUIRE_FLOOR") != "" {
@@ -36,7 +36,7 @@ func TestFloorbenchSmoke(t *testing.T) {
 	dir := floorDir(t)
 	var out bytes.Buffer
 	err := floorbench.Run(context.Background(), floorbench.Config{
-		FloorDir: dir, ModuleDir: filepath.Join("..", ".."), RedisServer: redisBin,
+		FloorDir: dir, ModuleDir: filepath.Join("..", "..", ".."), RedisServer: redisBin,
 		Targets: []string{"floor", "redis", "embedded"}, Clients: []int{2}, Rounds: 1, Cycles: 40, Out: &out,
 	})
 	t.Logf("output:\n%s", out.String())
@@ -71,7 +71,7 @@ func TestFloorbenchClusterSmoke(t *testing.T) {
 	redisBin := testredis.Binary(t)
 	var out bytes.Buffer
 	err := floorbench.Run(context.Background(), floorbench.Config{
-		ModuleDir: filepath.Join("..", ".."), RedisServer: redisBin,
+		ModuleDir: filepath.Join("..", "..", ".."), RedisServer: redisBin,
 		Clients: []int{4}, Rounds: 1, Cycles: 60, Masters: []int{1, 2}, Out: &out,
 	})
 	t.Logf("output:\n%s", out.String())

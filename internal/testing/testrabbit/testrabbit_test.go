@@ -5,7 +5,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemd/idemd/internal/testrabbit"
+	"github.com/idemd/idemd/internal/testing/testrabbit"
 )
 
 func TestBrokerRedeliversAnUnacknowledgedMessage(t *testing.T) {

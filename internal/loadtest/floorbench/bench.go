@@ -26,7 +26,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/idemd/idemd/internal/loadgen"
+	"github.com/idemd/idemd/internal/loadtest/loadgen"
 )
 
 // Config says what to run and how much.

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // Server is one redis-server process started by a test.

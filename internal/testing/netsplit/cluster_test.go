@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/netsplit"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/netsplit"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // clusterLab is a Redis Cluster of three masters with a replica each, every node on a

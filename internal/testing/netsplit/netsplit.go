@@ -28,7 +28,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testdaemon"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
 )
 
 // Lab is a set of nodes on one switch.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/testredis"
+	"github.com/idemd/idemd/internal/testing/testredis"
 )
 
 // TestSoak runs the whole soak for a minute, samples every 5 s, with a fault every

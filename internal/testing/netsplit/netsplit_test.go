@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/netsplit"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/netsplit"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // ping asks the Redis on to for PING from from, giving up after 2 s.

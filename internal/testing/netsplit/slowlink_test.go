@@ -16,11 +16,11 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/idemd/idemd/internal/appbench"
 	"github.com/idemd/idemd/internal/engine/lintest"
-	"github.com/idemd/idemd/internal/netsplit"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/loadtest/appbench"
+	"github.com/idemd/idemd/internal/testing/netsplit"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // relay is the helper that slows a node's Redis down: it listens on NETSPLIT_LISTEN and
@@ -230,7 +230,7 @@ func TestSlowLossyLink(t *testing.T) {
 // the first (the relay with no delay), in one run. Each link runs for
 // IDEMD_SLOWLINK_SECONDS (15 by default), whatever b.N is:
 //
-//	go test -run XXX -bench SlowLink -benchtime 1x ./internal/netsplit/
+//	go test -run XXX -bench SlowLink -benchtime 1x ./internal/testing/netsplit/
 func BenchmarkSlowLink(b *testing.B) {
 	seconds := 15
 	if v, err := strconv.Atoi(os.Getenv("IDEMD_SLOWLINK_SECONDS")); err == nil && v > 0 {

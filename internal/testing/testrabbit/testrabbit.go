@@ -19,7 +19,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // ErrNotInstalled is Start's error when rabbitmq-server or epmd cannot be found.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemd/idemd/internal/testpg"
+	"github.com/idemd/idemd/internal/testing/testpg"
 )
 
 // TestServer: the server answers queries, and is gone once stopped (Stop may be

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // Logs is a buffer a process writes while the test reads it.

@@ -22,9 +22,9 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/idemd/idemd/internal/engine/lintest"
-	"github.com/idemd/idemd/internal/netsplit"
-	"github.com/idemd/idemd/internal/testredis"
-	"github.com/idemd/idemd/internal/wait"
+	"github.com/idemd/idemd/internal/testing/netsplit"
+	"github.com/idemd/idemd/internal/testing/testredis"
+	"github.com/idemd/idemd/internal/testing/wait"
 	"golang.org/x/sys/unix"
 )
 
