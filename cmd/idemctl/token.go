@@ -3,11 +3,11 @@ package main
 import (
 	"fmt"
 	"runtime"
-	"runtime/debug"
 	"slices"
 	"strings"
 
 	"github.com/idemd/idemd/internal/auth"
+	release "github.com/idemd/idemd/internal/version"
 )
 
 // tokenCmd is `token new`: a fresh token, printed once, and the auth-file entry that
@@ -85,17 +85,14 @@ func (a *app) authCmd(args []string) int {
 	return exitOK
 }
 
-// version is stamped by release builds with -ldflags "-X main.version=v1.4.0";
-// otherwise the module version Go records is used.
+// version may be stamped by a build with -ldflags "-X main.version=0.5.1-rc.1";
+// otherwise it is the release the tree is (internal/version).
 var version string
 
 func buildVersion() string {
 	v := version
-	if info, ok := debug.ReadBuildInfo(); ok && v == "" {
-		v = info.Main.Version
-	}
 	if v == "" {
-		v = "unknown"
+		v = release.Release
 	}
 	return v + " (" + runtime.Version() + ")"
 }

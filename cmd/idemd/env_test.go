@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/testing/testdaemon"
+	release "github.com/idemd/idemd/internal/version"
 
 	"github.com/idemd/idemd/internal/testing/wait"
 )
@@ -31,6 +32,20 @@ func buildStamped(t *testing.T, version, commit string) string {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// TestPlainBuildNamesTheRelease builds idemd as a newcomer would, with go build and no
+// flags, and expects --version to name the release the tree is, not "(devel)".
+func TestPlainBuildNamesTheRelease(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "idemd")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	code, out := runToExit(t, bin, daemonEnv(), "--version")
+	want := "idemd " + release.Release + " (contract " + release.Contract + ", commit "
+	if code != 0 || !strings.HasPrefix(out, want) {
+		t.Fatalf("--version of a plain build: exit %d, %q; want it to start %q", code, out, want)
+	}
 }
 
 // daemonEnv is the test process's environment without any IDEMD_ or OTEL_ variable,
@@ -83,7 +98,7 @@ func scrape(t *testing.T, base string) string {
 // idemd_build_info report the stamped build.
 func TestBinaryConfiguration(t *testing.T) {
 	bin := buildStamped(t, "v9.8.7-test", "0123456789ab")
-	wantBuild := fmt.Sprintf("idemd v9.8.7-test (commit 0123456789ab, %s)", runtime.Version())
+	wantBuild := fmt.Sprintf("idemd v9.8.7-test (contract %s, commit 0123456789ab, %s)", release.Contract, runtime.Version())
 
 	t.Run("version", func(t *testing.T) {
 		code, out := runToExit(t, bin, daemonEnv(), "--version")
@@ -126,7 +141,7 @@ func TestBinaryConfiguration(t *testing.T) {
 		}
 
 		metrics := scrape(t, p.base)
-		want := fmt.Sprintf(`idemd_build_info{commit="0123456789ab",goversion=%q,version="v9.8.7-test"} 1`, runtime.Version())
+		want := fmt.Sprintf(`idemd_build_info{commit="0123456789ab",contract=%q,goversion=%q,version="v9.8.7-test"} 1`, release.Contract, runtime.Version())
 		if !strings.Contains(metrics, want+"\n") {
 			t.Fatalf("/metrics lacks %s", want)
 		}

@@ -6,14 +6,16 @@ import (
 	"runtime/debug"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	release "github.com/idemd/idemd/internal/version"
 )
 
-// version and commit are stamped by the release build:
+// version and commit may be stamped by a build, which overrides what the tree says:
 //
-//	go build -ldflags "-X main.version=v1.4.0 -X main.commit=$(git rev-parse HEAD)" ./cmd/idemd
+//	go build -ldflags "-X main.version=0.5.1-rc.1 -X main.commit=$(git rev-parse HEAD)" ./cmd/idemd
 //
-// Left empty, they come from the build information Go records: the module version
-// (or "(devel)") and the VCS revision of a build made in a git checkout.
+// Left empty, the version is the release the tree is (internal/version), and the commit
+// is the VCS revision Go records for a build made in a git checkout.
 var version, commit string
 
 // build is what `idemd --version` prints and idemd_build_info exports.
@@ -23,12 +25,12 @@ type build struct {
 
 func buildOf() build {
 	b := build{Version: version, Commit: commit, GoVersion: runtime.Version()}
+	if b.Version == "" {
+		b.Version = release.Release
+	}
 	info, ok := debug.ReadBuildInfo()
 	if !ok {
 		return b.orUnknown()
-	}
-	if b.Version == "" {
-		b.Version = info.Main.Version
 	}
 	if b.Commit == "" {
 		var modified bool
@@ -58,7 +60,7 @@ func (b build) orUnknown() build {
 }
 
 func (b build) String() string {
-	return fmt.Sprintf("idemd %s (commit %s, %s)", b.Version, b.Commit, b.GoVersion)
+	return fmt.Sprintf("idemd %s (contract %s, commit %s, %s)", b.Version, release.Contract, b.Commit, b.GoVersion)
 }
 
 // buildInfoGauge is idemd_build_info: always 1, with the build in its labels, so that a
@@ -68,7 +70,7 @@ func buildInfoGauge() prometheus.Collector {
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "idemd_build_info",
 		Help:        "Always 1; the labels say which build of idemd runs.",
-		ConstLabels: prometheus.Labels{"version": b.Version, "commit": b.Commit, "goversion": b.GoVersion},
+		ConstLabels: prometheus.Labels{"version": b.Version, "contract": release.Contract, "commit": b.Commit, "goversion": b.GoVersion},
 	})
 	g.Set(1)
 	return g
