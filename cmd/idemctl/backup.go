@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -65,47 +66,83 @@ func (a *app) backupCmd(args []string) int {
 	return exitOK
 }
 
-// verifyBackup checks a copy: its digest against FILE.sha256 when there is one, and
-// bbolt's check of every page.
+// verifyBackup checks a copy: its digest against FILE.sha256 (or --sha256), and bbolt's
+// check of every page. Without a digest only the pages can be checked, which misses a
+// changed byte of a record's data, so it refuses unless told --pages-only.
 func (a *app) verifyBackup(args []string) int {
 	fs := a.flags("backup verify")
+	check := digestFlags(fs)
 	pos, err := a.parse(fs, args, 1, "one FILE")
 	if err != nil {
 		return a.usageError(err)
 	}
-	stats, err := verifyCopy(pos[0])
+	stats, err := check.verify(pos[0])
 	if err != nil {
 		fmt.Fprintln(a.stderr, "idemctl:", err)
 		return exitRefused
 	}
+	checked := "whole"
+	if !stats.digest {
+		checked = "pages only, data not checked (no digest)"
+	}
 	if a.json {
-		a.printJSON(map[string]any{"file": pos[0], "records": stats.Records, "bytes": stats.Bytes, "sha256": stats.SHA256})
+		a.printJSON(map[string]any{"file": pos[0], "records": stats.Records, "bytes": stats.Bytes, "sha256": stats.SHA256, "digest_checked": stats.digest})
 	} else {
-		fmt.Fprintf(a.stdout, "%s: whole, %d records (%d bytes), sha256 %s\n", pos[0], stats.Records, stats.Bytes, stats.SHA256)
+		fmt.Fprintf(a.stdout, "%s: %s, %d records (%d bytes), sha256 %s\n", pos[0], checked, stats.Records, stats.Bytes, stats.SHA256)
 	}
 	return exitOK
 }
 
-// verifyCopy is boltstore.Verify, and the digest of FILE.sha256 when it is there.
-func verifyCopy(path string) (boltstore.BackupStats, error) {
+// digestCheck is how a copy's digest is known: from FILE.sha256 beside it, from
+// --sha256, or not at all, which --pages-only accepts.
+type digestCheck struct {
+	sha256    *string
+	pagesOnly *bool
+}
+
+func digestFlags(fs *flag.FlagSet) digestCheck {
+	return digestCheck{
+		sha256:    fs.String("sha256", "", "the copy's SHA-256, as backup printed it, when FILE.sha256 is not beside it"),
+		pagesOnly: fs.Bool("pages-only", false, "without a digest, accept bbolt's check of the pages alone, which misses a changed byte of data"),
+	}
+}
+
+// checkedCopy is what a check of a copy found, and whether its digest was compared.
+type checkedCopy struct {
+	boltstore.BackupStats
+	digest bool
+}
+
+// verify is boltstore.Verify, and the digest given or in FILE.sha256 compared.
+func (c digestCheck) verify(path string) (checkedCopy, error) {
 	stats, err := boltstore.Verify(path)
+	out := checkedCopy{BackupStats: stats}
 	if err != nil {
-		return stats, err
+		return out, err
 	}
-	f, err := os.Open(path + ".sha256")
-	if errors.Is(err, os.ErrNotExist) {
-		return stats, nil
+	want, source := strings.ToLower(strings.TrimSpace(*c.sha256)), "--sha256"
+	if want == "" {
+		f, err := os.Open(path + ".sha256")
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			if *c.pagesOnly {
+				return out, nil
+			}
+			return out, fmt.Errorf("%s: its pages are whole, but without %s.sha256 beside it (or --sha256) its data could not be checked, "+
+				"and a page check misses a changed byte of a record; give the digest, or --pages-only to accept the pages alone", path, path)
+		case err != nil:
+			return out, err
+		}
+		defer f.Close()
+		line, _ := bufio.NewReader(f).ReadString('\n')
+		want, _, _ = strings.Cut(strings.TrimSpace(line), " ")
+		source = path + ".sha256"
 	}
-	if err != nil {
-		return stats, err
-	}
-	defer f.Close()
-	line, _ := bufio.NewReader(f).ReadString('\n')
-	want, _, _ := strings.Cut(strings.TrimSpace(line), " ")
 	if want != stats.SHA256 {
-		return stats, fmt.Errorf("%s has SHA-256 %s, where %s.sha256 says %s: it changed since the backup", path, stats.SHA256, path, want)
+		return out, fmt.Errorf("%s has SHA-256 %s, where %s says %s: it changed since the backup", path, stats.SHA256, source, want)
 	}
-	return stats, nil
+	out.digest = true
+	return out, nil
 }
 
 // restore puts a checked copy in a data directory, for an idemd started on it after.
@@ -113,6 +150,7 @@ func (a *app) restore(args []string) int {
 	fs := a.flags("restore")
 	dataDir := fs.String("data-dir", "", "the data directory of the idemd to start on the copy")
 	replace := fs.Bool("replace", false, "replace a database there (kept beside it, renamed with the time)")
+	check := digestFlags(fs)
 	pos, err := a.parse(fs, args, 1, "one FILE")
 	if err != nil {
 		return a.usageError(err)
@@ -120,7 +158,7 @@ func (a *app) restore(args []string) int {
 	if *dataDir == "" {
 		return a.usageError(errors.New("restore needs --data-dir DIR"))
 	}
-	if _, err := verifyCopy(pos[0]); err != nil {
+	if _, err := check.verify(pos[0]); err != nil {
 		fmt.Fprintf(a.stderr, "idemctl: %v; nothing was restored\n", err)
 		return exitRefused
 	}

@@ -60,9 +60,11 @@ Operations:
   backup --out FILE               copy a running idemd's embedded store, consistent as of one
                                   moment, checked, with FILE.sha256 beside it (admin and
                                   platform scopes)
-  backup verify FILE              check a copy: FILE.sha256, and every page of the database
-  restore FILE --data-dir DIR     check a copy and make it DIR's database, for an idemd started
-                                  after; --replace keeps a database there beside it
+  backup verify FILE              check a copy: its digest (FILE.sha256, or --sha256 HEX) and
+                                  every page; without a digest it refuses, since pages alone
+                                  miss a changed byte of data, unless told --pages-only
+  restore FILE --data-dir DIR     check a copy as verify does and make it DIR's database, for
+                                  an idemd started after; --replace keeps a database there
   copy --from STORE --to STORE    copy every record, lease tokens and all, into another store
                                   while no idemd serves either (bolt:///abs/path/idemd.db or
                                   a Redis URL); run again after an interruption to finish
