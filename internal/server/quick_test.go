@@ -142,6 +142,7 @@ func FuzzQuickDecode(f *testing.F) {
 		`{"items":[{"claim":{"key":"a"},"claim":{"key":"b"}}]}`, `{"items":[{"claim":{"key":"a"},"extend":{"key":"a"}}]}`,
 		`{"items":null}`, `{"items":[null]}`, `{"items":[{"claim":null}]}`, `{"items":[{"lookup":{"key":"a"}}]}`, `{"Items":[]}`,
 		`{"items":[],"items":[]}`, `{"items":[{"claim":{"key":"a"}},]}`, `{}`,
+		`{"key":nullx}`, `{"lease_ms":null`, `{"key":nul,"key":"k1"}`, `{"key":"a","owner":null x}`, "null\n", `nullx`,
 	} {
 		f.Add([]byte(seed))
 	}

@@ -150,26 +150,39 @@ func (w *strictWalker) value(t reflect.Type, depth int) error {
 			return invalid("%q holds a \\u escape that is half of a UTF-16 surrogate pair; strings must be Unicode text", w.where())
 		}
 		return nil
-	case 'n':
-		// encoding/json reads a null as if the member were absent, but the contract
-		// allows null nowhere: a null member is a mistake to point out, not a default.
-		if !bytes.HasPrefix(w.body[w.at:], []byte("null")) {
-			return errMalformed
-		}
-		if len(w.path) == 0 {
-			return invalid("request body is null; send a JSON object")
-		}
-		return invalid("%q is null; the contract allows no null: leave the member out to take its default", w.where())
 	}
-	// A number, true or false: its bytes run to the next delimiter.
+	// A number, true, false or null: its bytes run to the next delimiter. Whether
+	// they spell a valid literal is left to encoding/json; the walk goes on past a
+	// malformed one, as it would past a malformed number.
+	start := w.at
 	for w.at < len(w.body) {
 		switch w.body[w.at] {
 		case ',', ']', '}', ' ', '\t', '\r', '\n':
-			return nil
+			return w.null(w.body[start:w.at], depth)
 		}
 		w.at++
 	}
-	return nil
+	return w.null(w.body[start:w.at], depth)
+}
+
+// null refuses word, a literal just walked, if it is a null: encoding/json reads a null
+// as if the member were absent, but the contract allows null nowhere, so a null member is
+// a mistake to point out, not a default. A word is a null only when it is the four
+// letters and what follows them (past any space) may follow a value: a comma or a
+// bracket inside an object or an array, the body's end where the null is the whole body.
+// Anything else, "nullx" or a body cut short after a null, is malformed JSON, which
+// encoding/json explains.
+func (w *strictWalker) null(word []byte, depth int) error {
+	if string(word) != "null" {
+		return nil
+	}
+	switch next := w.next(); {
+	case depth == 0 && next == 0:
+		return invalid("request body is null; send a JSON object")
+	case depth > 0 && (next == ',' || next == ']' || next == '}'):
+		return invalid("%q is null; the contract allows no null: leave the member out to take its default", w.where())
+	}
+	return errMalformed
 }
 
 // object walks an object's members. Each may appear once: a struct's are told apart

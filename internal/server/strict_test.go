@@ -82,3 +82,43 @@ func TestDecodingIsAsStrictAsTheContract(t *testing.T) {
 		}
 	}
 }
+
+// TestNullIsANullOnlyWhenDelimited: a null is the four letters followed by a delimiter,
+// or by the body's end where the null is the whole body. A word that merely begins with
+// null is malformed JSON, and a body cut short after a null is too; neither is explained
+// as a null member. A malformed word does not hide what the walk finds after it.
+func TestNullIsANullOnlyWhenDelimited(t *testing.T) {
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	d := newDaemon(t, store)
+	for _, tc := range []struct {
+		name, body, code, detail string
+	}{
+		{"a word that begins with null", `{"key":nullx}`, "invalid_json", ""},
+		{"a word that begins with null, twice over", `{"key":"n-3","owner":nullnull}`, "invalid_json", ""},
+		{"a null before something other than a delimiter", `{"key":"n-4","owner":null x}`, "invalid_json", ""},
+		{"a body cut short after a null", `{"lease_ms":null`, "invalid_json", ""},
+		{"a body cut short after a null and a space", `{"lease_ms":null `, "invalid_json", ""},
+		{"a whole body that begins with null", `nullx`, "invalid_json", ""},
+		{"a half null before a member twice", `{"key":nul,"key":"k1"}`, "invalid_request", `"key" appears twice`},
+		{"a null before a space", `{"key":"n-1","wait_ms":null }`, "invalid_request", `"wait_ms" is null`},
+		{"a null before a member", `{"wait_ms":null,"key":"n-2"}`, "invalid_request", `"wait_ms" is null`},
+		{"a whole null body before a space", "null\n", "invalid_request", "body is null"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := d.do(http.MethodPost, "/v1/claim", "application/json", []byte(tc.body))
+			wantProblem(t, a, http.StatusBadRequest, tc.code)
+			if !strings.Contains(a.str("detail"), tc.detail) {
+				t.Errorf("detail %q does not say %s", a.str("detail"), tc.detail)
+			}
+		})
+	}
+	for _, key := range []string{"k1", "n-1", "n-2", "n-3", "n-4"} {
+		if l := d.lookup(key); l.status != http.StatusNotFound {
+			t.Errorf("%q was stored: %s", key, l.raw)
+		}
+	}
+}
