@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,9 +16,9 @@ import (
 
 // The abandoned-keys feed reads the pending indexes (indexKey) of a tenant slot by
 // slot, each in the order of its lease expiries, and looks up the records whose lease
-// ran out. Slots whose index is absent cost one empty ZRANGE each, sent in pipelines of
-// indexBatch: a page costs that constant, plus what it reads of pending keys, never
-// what the other records would.
+// ran out. It reads only the slots the tenant's due index (due.go) says may hold such
+// a lease, in pipelines of indexBatch: a page costs what it reads of pending keys,
+// never what the other records, the live leases or the empty slots would.
 const (
 	slots      = 16384
 	indexBatch = 2048
@@ -72,21 +73,46 @@ type candidate struct {
 	pos feedPos
 }
 
-// Abandoned implements engine.Store.
+// Abandoned implements engine.Store. It reads only the slots that the tenant's due index
+// (due.go) scores up to q.Before, in the order of their numbers, as the cursor says.
 func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error) {
 	pos, err := parseFeedPos(q.Cursor)
 	if err != nil {
 		return engine.AbandonedPage{}, err
 	}
 	before := q.Before.UnixMilli()
+	due, err := s.dueSlots(ctx, q.Tenant, before)
+	if err != nil {
+		return engine.AbandonedPage{}, err
+	}
+	slices.Sort(due)
+	var stale []uint16
+	page, err := s.readDueSlots(ctx, q, pos, before, due, &stale)
+	// Raised whether the page ends or fails: what the page read holds.
+	s.raiseDue(ctx, q.Tenant, stale)
+	return page, err
+}
+
+// readDueSlots reads the page from pos on, in the slots of due, and adds to stale the
+// slots it found holding no entry up to before.
+func (s *Store) readDueSlots(ctx context.Context, q engine.AbandonedQuery, pos feedPos, before int64, due []uint16, stale *[]uint16) (engine.AbandonedPage, error) {
 	var page engine.AbandonedPage
 	scanned := 0
-	for pos.slot < slots {
+	for {
+		i, _ := slices.BinarySearch(due, uint16(min(pos.slot, slots-1)))
+		if pos.slot >= slots || i == len(due) {
+			return page, nil
+		}
+		if int(due[i]) != pos.slot {
+			// The slot of the cursor no longer holds a lease that ran out.
+			pos = feedPos{slot: int(due[i])}
+		}
 		if scanned >= maxPendingScan {
 			page.Next = pos.cursor()
 			return page, nil
 		}
-		cands, next, n, err := s.readIndexes(ctx, q, pos, before)
+		cands, next, n, empty, err := s.readIndexes(ctx, q, pos, due[i:min(i+indexBatch, len(due))], before)
+		*stale = append(*stale, empty...)
 		if err != nil {
 			return engine.AbandonedPage{}, err
 		}
@@ -113,37 +139,39 @@ func (s *Store) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.
 		}
 		pos = next
 	}
-	return page, nil
 }
 
-// readIndexes reads the indexes from pos on, in one pipeline, and returns the entries
-// under the query's prefix whose lease ran out, in feed order; where the next read
-// starts; and how many entries it read. It stops after a slot whose index may hold
-// more than it read, so that the next read goes on inside that slot.
-func (s *Store) readIndexes(ctx context.Context, q engine.AbandonedQuery, pos feedPos, before int64) ([]candidate, feedPos, int, error) {
+// readIndexes reads the indexes of batch (slots in order, the first pos's), in one
+// pipeline, and returns the entries under the query's prefix whose lease ran out, in
+// feed order; where the next read starts; how many entries it read; and the slots it
+// read whole that hold no entry up to before. It stops after a slot whose index may
+// hold more than it read, so that the next read goes on inside that slot.
+func (s *Store) readIndexes(ctx context.Context, q engine.AbandonedQuery, pos feedPos, batch []uint16, before int64) ([]candidate, feedPos, int, []uint16, error) {
 	fetch := int64(q.Limit) + 64
-	n := min(indexBatch, slots-pos.slot)
 	p := s.client.Pipeline()
-	cmds := make([]*redis.ZSliceCmd, n)
-	for i := range n {
+	cmds := make([]*redis.ZSliceCmd, len(batch))
+	for i, slot := range batch {
 		start := "-inf"
 		if i == 0 && pos.after {
 			start = strconv.FormatInt(pos.score, 10)
 		}
-		cmds[i] = p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: indexKey(q.Tenant, uint16(pos.slot+i)),
+		cmds[i] = p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: indexKey(q.Tenant, slot),
 			Start: start, Stop: strconv.FormatInt(before, 10), ByScore: true, Count: fetch})
 	}
 	if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-		return nil, pos, 0, s.failed(ctx, err)
+		return nil, pos, 0, nil, s.failed(ctx, err)
 	}
 	var cands []candidate
+	var empty []uint16
 	read := 0
 	for i, cmd := range cmds {
-		slot := pos.slot + i
+		slot := int(batch[i])
 		entries := cmd.Val()
 		last := feedPos{slot: slot}
 		if i == 0 && pos.after {
 			last = pos
+		} else if len(entries) == 0 {
+			empty = append(empty, batch[i])
 		}
 		for _, z := range entries {
 			member, _ := z.Member.(string)
@@ -162,12 +190,12 @@ func (s *Store) readIndexes(ctx context.Context, q engine.AbandonedQuery, pos fe
 			// fetch entries that all tie with the cursor cannot be read past this way;
 			// the next read then moves on to the next slot rather than loop.
 			if last == pos {
-				return cands, feedPos{slot: slot + 1}, read, nil
+				return cands, feedPos{slot: slot + 1}, read, empty, nil
 			}
-			return cands, last, read, nil
+			return cands, last, read, empty, nil
 		}
 	}
-	return cands, feedPos{slot: pos.slot + n}, read, nil
+	return cands, feedPos{slot: int(batch[len(batch)-1]) + 1}, read, empty, nil
 }
 
 // confirm looks up the candidates' records, all at once through the pipelines, and

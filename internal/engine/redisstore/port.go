@@ -245,6 +245,9 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 	}
 	switch rep.status {
 	case "ok":
+		if e.State == engine.StatePending && !e.LeaseExpiresAt.IsZero() {
+			s.noteDue(e.ID.Tenant, slot(keys[0]), e.LeaseExpiresAt)
+		}
 		return engine.ImportWritten, nil
 	case "expired":
 		return engine.ImportExpired, nil

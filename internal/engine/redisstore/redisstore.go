@@ -162,6 +162,9 @@ type Store struct {
 	usagePlace atomic.Int32
 	usageSlots sync.Map
 	slotsToAdd slotsToAdd
+	// dueNotes are the slots and lease expiries still to add to the tenants' due
+	// indexes (due.go).
+	dueNotes dueNotes
 }
 
 // New returns a Store over client. The store owns the client and closes it.
@@ -230,7 +233,11 @@ func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, 
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
-	rep, err := s.run(ctx, l.scripts.claim, c.ID,
+	keys, err := s.scriptKeys(ctx, c.ID.Tenant, sha256.Sum256([]byte(c.ID.Key)), l.scripts.claim.writes)
+	if err != nil {
+		return engine.ClaimResult{}, err
+	}
+	rep, err := s.runKeys(ctx, l.scripts.claim, keys, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
 		l.compact(c.Token), l.compact(c.Fingerprint), l.compact(c.Secret))
 	if err != nil {
@@ -238,6 +245,7 @@ func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, 
 	}
 	switch rep.status {
 	case "acquired":
+		s.noteDue(c.ID.Tenant, slot(keys[0]), rep.record.LeaseExpiresAt)
 		return engine.ClaimResult{Outcome: engine.OutcomeAcquired, Record: rep.record}, nil
 	case "completed":
 		return engine.ClaimResult{Outcome: engine.OutcomeCompleted, Record: rep.record}, nil
@@ -416,6 +424,12 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close ends an attempt to agree the layout, answers unavailable to the calls still
 // queued, waits for the pipelines in flight, stops notifications and closes the client.
 func (s *Store) Close() error {
+	// The leases handed out last are in the due indexes now rather than at the next sweep.
+	flush, cancel := context.WithTimeout(context.Background(), time.Second)
+	if notes := s.dueNotes.take(""); len(notes) > 0 {
+		_ = s.addDue(flush, notes)
+	}
+	cancel()
 	s.agreeMu.Lock()
 	s.stop()
 	s.agreeMu.Unlock()
