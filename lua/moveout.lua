@@ -6,7 +6,9 @@
 -- mx), its pending entry goes and its waiters are woken, and it is answered as export
 -- answers it; a moving marker answers the record it keeps. A moved marker stays, and a
 -- key with no live record becomes one when ARGV[4] is '1' (is left as it is
--- otherwise): answers {'moved', now_ms}.
+-- otherwise): answers {'moved', now_ms}. Where it wrote, the answer ends with what it
+-- moved in the usage (ACCT, see prelude.lua): {'moved', now_ms, ACCT}, or the export's
+-- 22 fields and ACCT.
 READ_MARKERS = true
 local now = now_ms()
 local r = load()
@@ -25,7 +27,7 @@ if not r.st then
     k = ARGV[2]
   end
   save({k = k, t = ARGV[3], st = 'x', at = 0, ca = now, ua = now, xa = until_ms})
-  return {'moved', now}
+  return {'moved', now, ACCT}
 end
 if r.st == 'x' then
   return {'moved', now}
@@ -46,4 +48,5 @@ notify(r, 'm')
 r.ms, r.mx = r.st, tonumber(r.xa)
 r.st, r.xa = 'm', until_ms
 save(r)
+answer_now[23] = ACCT
 return answer_now

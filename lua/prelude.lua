@@ -13,16 +13,16 @@
 -- which the abandoned-keys feed reads: a record is in it while it is pending (index
 -- keeps it so), and until the feed meets the entry of a record that expired pending,
 -- which it removes.
--- KEYS[4] is the tenant's usage of that slot (on a Redis with one master and no slots,
--- its one usage hash, which every script reaches): a hash that counts the records of
--- the tenant, and their bytes, by the span of USAGE_SPAN_MS their expiry falls in:
--- field k (in decimal) counts the records expiring in ((k-1)*USAGE_SPAN_MS,
--- k*USAGE_SPAN_MS], as bytes * USAGE_BYTE + records, so that one HINCRBY moves both. A
--- record's bytes are its key and its stored value as Redis keeps
--- them. save moves a record's count from what load read to what it writes, and purge
--- takes it away; a record that expires leaves its count in a span that has passed,
--- which the daemon's reader (usage.go) no longer counts and deletes. So the count is
--- exact for every live record, and a record that expired counts until its span ends.
+-- Usage: a script counts what it changes of the tenant's usage in ACCT, and answers it
+-- (see answer): the daemon adds it up and folds it into the tenant's totals, apart from
+-- the script (internal/engine/redisstore/usage.go), because those live in one slot of
+-- their own and a script reaches only its record's. ACCT is a flat list of triples
+-- {span, records, bytes}, a span being the USAGE_SPAN_MS its record's expiry falls in:
+-- span k holds the expiries in ((k-1)*USAGE_SPAN_MS, k*USAGE_SPAN_MS]. A record's bytes
+-- are its key and its stored value as Redis keeps them. save moves a record's count
+-- from what load read (size0 bytes to expire at xa0) to what it writes, and purge takes
+-- it away; expiry, which no script sees, is the reader's to count (it drops the spans
+-- that have ended). ACCT is nil for a script that changed nothing.
 -- load reads the key WRITE_LAYOUT writes, then (when READ_OTHER is set) the other one;
 -- save writes the record in WRITE_LAYOUT at that layout's key and deletes it at the
 -- other, so a record is in one place. lua.go sets both globals.
@@ -60,7 +60,8 @@
 -- Every script answers {status, now_ms, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa
 -- [, rs, rh, rb [, pn, pd, pa, pt]]}, each a string or an integer ('' for none): the
 -- response when it is replayed or looked up, and the recovery point whenever there is
--- one. k and t are always '': the daemon asked for the record and knows both, and the
+-- one. In place of k the answer carries what the script moved in the usage (ACCT, or
+-- ''), and t is always '': the daemon asked for the record and knows both, and the
 -- lean layout does not keep them. A script reads the record
 -- once (load), writes it at most once (save) and answers from what it read and wrote
 -- (answer): each redis.call inside a script costs about as much as a small command.
@@ -70,8 +71,9 @@
 -- functions: each costs an allocation a call. A number handed to redis.call is
 -- written as an integer while it is one.
 local LAYOUT_STRING, LAYOUT_LEAN = 2, 3
-local LEGACY, LEAN, INDEX, USAGE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local USAGE_SPAN_MS, USAGE_BYTE = 10000, 16777216
+local LEGACY, LEAN, INDEX = KEYS[1], KEYS[2], KEYS[3]
+local USAGE_SPAN_MS = 10000
+local ACCT = nil
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
 
 -- The fields of a hash record (layout 1), in the order of the string layouts.
@@ -184,12 +186,11 @@ local function load()
   return other()
 end
 
--- account moves the record's count in the usage hash from what load read of it (size0
--- bytes to expire at xa0, or nothing for an absent record) to size bytes to expire at
--- r.xa, or to nothing when size is nil (purge): one HINCRBY where the span stays, as
--- it does for most transitions, two where it moves. A span's field is the span of
--- USAGE_SPAN_MS its expiry falls in, in decimal; a span that counts nothing is
--- deleted.
+-- account moves the record's count from what load read of it (size0 bytes to expire at
+-- xa0, or nothing for an absent record) to size bytes to expire at r.xa, or to nothing
+-- when size is nil (purge), in ACCT: one triple where the span stays, as it does for
+-- most transitions, two where it moves. It writes nothing to Redis: the daemon does,
+-- for many calls at once.
 local function account(r, size)
   local from, to = nil, nil
   if r.size0 then
@@ -198,16 +199,21 @@ local function account(r, size)
   if size then
     to = math.ceil(tonumber(r.xa) / USAGE_SPAN_MS)
   end
+  if not ACCT then
+    ACCT = {}
+  end
+  local n = #ACCT
   if from and from == to then
-    if size ~= r.size0 and redis.call('HINCRBY', USAGE, to, (size - r.size0) * USAGE_BYTE) == 0 then
-      redis.call('HDEL', USAGE, to)
+    if size ~= r.size0 then
+      ACCT[n + 1], ACCT[n + 2], ACCT[n + 3] = to, 0, size - r.size0
     end
   else
-    if from and redis.call('HINCRBY', USAGE, from, -(r.size0 * USAGE_BYTE + 1)) == 0 then
-      redis.call('HDEL', USAGE, from)
+    if from then
+      ACCT[n + 1], ACCT[n + 2], ACCT[n + 3] = from, -1, -r.size0
+      n = n + 3
     end
-    if to and redis.call('HINCRBY', USAGE, to, size * USAGE_BYTE + 1) == 0 then
-      redis.call('HDEL', USAGE, to)
+    if to then
+      ACCT[n + 1], ACCT[n + 2], ACCT[n + 3] = to, 1, size
     end
   end
   -- A second save in the same script moves the count from here.
@@ -305,22 +311,25 @@ local function index(r, key)
   end
 end
 
+-- answer's third field, where earlier releases answered the client's key, is what the
+-- script moved in the usage (ACCT), or '' when nothing.
 local function answer(status, now, r, with_response)
+  local acct = ACCT or ''
   if r.pt then
     local rs, rh, rb = '', '', ''
     if with_response then
       rs, rh, rb = r.rs or '', r.rh or '', r.rb or ''
     end
-    return {status, now, '', '', r.st or '', r.fp or '', r.ow or '',
+    return {status, now, acct, '', r.st or '', r.fp or '', r.ow or '',
       r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or '',
       rs, rh, rb, r.pn or '', r.pd or '', r.pa or '', r.pt}
   end
   if with_response then
-    return {status, now, '', '', r.st or '', r.fp or '', r.ow or '',
+    return {status, now, acct, '', r.st or '', r.fp or '', r.ow or '',
       r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or '',
       r.rs or '', r.rh or '', r.rb or ''}
   end
-  return {status, now, '', '', r.st or '', r.fp or '', r.ow or '',
+  return {status, now, acct, '', r.st or '', r.fp or '', r.ow or '',
     r.at or '', r.tok or '', r.lx or '', r.rec or '', r.ca or '', r.ua or '', r.xa or ''}
 end
 

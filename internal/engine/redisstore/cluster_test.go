@@ -222,7 +222,7 @@ func TestLinearizabilityDuringFailover(t *testing.T) {
 // a master that stops answering (a hung machine) holds up only the calls for its own
 // slots; a call for another master is answered while one for the stopped master
 // still waits, even with one pipeline a master. The stopped master is the one that
-// holds the tenant's set of slots with usage, which a write on another master must not
+// holds the tenant's usage totals, which a write on another master must not
 // wait for either; and so is a claim through the service with the store guard and a
 // quota, whose reads of the store's fill and the tenant's usage reach every master.
 func TestClusterMasterStopsAnswering(t *testing.T) {
@@ -263,7 +263,7 @@ func masterStopsAnswering(t *testing.T, service bool) {
 		}
 		return m.Options().Addr
 	}
-	hungAddr := masterOf(redisstore.UsageSlotsKey(engine.DefaultTenant))
+	hungAddr := masterOf(redisstore.UsageTotalsKey(engine.DefaultTenant))
 	prefix := fmt.Sprintf("hung-%d", time.Now().UnixNano())
 	var stuck, other engine.ID
 	for i := 0; i < 1000 && (stuck.Key == "" || other.Key == ""); i++ {

@@ -1,6 +1,7 @@
 package redisstore
 
 import (
+	"context"
 	"errors"
 	"io/fs"
 	"os"
@@ -74,5 +75,34 @@ func OpenWithScripts(rawURL string, opts Options, dir string) (*Store, error) {
 // InfoField is infoField, for tests that read INFO.
 var InfoField = infoField
 
-// UsageSlotsKey is the key of a tenant's set of slots with usage on a Cluster.
+// UsageSlotsKey is the key of the bitmap of slots where the release before this one
+// counted a tenant's usage on a Cluster.
 func UsageSlotsKey(tenant string) string { return usageSlotsKey(tenant) }
+
+// UsageTotalsKey is the key of a tenant's usage totals.
+func UsageTotalsKey(tenant string) string { return usageTotalsKey(tenant) }
+
+// UsageKey is the usage hash the release before this one kept of a tenant in a slot.
+func UsageKey(tenant string, slot uint16) string { return usageKey(tenant, slot) }
+
+// SendUsage sends what the store's scripts counted to the tenants' totals now, as it
+// does by itself within usageFlushEvery.
+func (s *Store) SendUsage(ctx context.Context) error {
+	if s.sendUsage(ctx, s.usage.take("")) {
+		return errors.New("some counts could not be sent")
+	}
+	return nil
+}
+
+// CountUsage counts records and bytes expiring at expires in tenant's usage, as a
+// script's answer would, to be sent with the store's other counts.
+func (s *Store) CountUsage(tenant string, expires time.Time, records, bytes int64) {
+	span := (expires.UnixMilli() + usageSpan.Milliseconds() - 1) / usageSpan.Milliseconds()
+	s.count(tenant, []any{span, records, bytes})
+}
+
+// UsageSpan is the span of usage.lua, and UsageByte its BYTE.
+const (
+	UsageSpan = usageSpan
+	UsageByte = usageByte
+)

@@ -217,8 +217,14 @@ func (r *rotating) Abandoned(ctx context.Context, q engine.AbandonedQuery) (engi
 }
 
 // Usage is read through the daemons in turn, as the transitions are: each counts what
-// the other wrote.
+// the other wrote, once the other has sent its counts, as a daemon does within
+// usageFlushEvery; here each sends them before the read.
 func (r *rotating) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
+	for _, s := range r.stores {
+		if err := s.(*redisstore.Store).SendUsage(ctx); err != nil {
+			return engine.Usage{}, err
+		}
+	}
 	return r.next().(engine.UsageReader).Usage(ctx, tenant)
 }
 

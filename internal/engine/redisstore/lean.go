@@ -22,9 +22,10 @@ import (
 // as 32 bytes: 44 bytes for the default tenant, where RecordKey takes 77.
 func LeanKey(id engine.ID) string { return recordKeys(id)[1] }
 
-// recordKeys are a record's keys as the scripts take them: RecordKey, then LeanKey, from
-// one digest of the client's key, then the pending index of its slot (indexKey) and
-// the tenant's usage there (usageKey).
+// recordKeys are a record's keys: RecordKey, then LeanKey, from one digest of the
+// client's key, then the pending index of its slot (indexKey), which the scripts take
+// (scriptKeys), and the usage hash the release before this one kept of the tenant there
+// (usageKey), which they do not.
 func recordKeys(id engine.ID) []string {
 	return digestKeys(id.Tenant, sha256.Sum256([]byte(id.Key)))
 }
@@ -68,8 +69,8 @@ func digestKeys(tenant string, sum [32]byte) []string {
 
 // indexKey is the pending index of a tenant's records in one Cluster slot (see
 // lua/prelude.lua). Every deployment has one per slot, a Cluster's scripts being
-// unable to reach another slot: a standalone Redis could do with one, as it does with
-// one usage hash (soleUsage), but the feed that reads the indexes is read seldom. The NUL after the tag keeps it apart from every record key, whose tenant
+// unable to reach another slot: a standalone Redis could do with one, but the feed that
+// reads the indexes is read seldom. The NUL after the tag keeps it apart from every record key, whose tenant
 // names never hold one.
 func indexKey(tenant string, slot uint16) string {
 	tag := slotTags[slot]

@@ -35,7 +35,7 @@ func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key
 	if err != nil {
 		return "", nil, err
 	}
-	v, err := s.doMove(ctx, l.scripts.moveOut, digestKeys(tenant, digest), strconv.FormatInt(until.UnixMilli(), 10), key, tenant, flag(seal))
+	v, err := s.doMove(ctx, l.scripts.moveOut, scriptKeys(tenant, digest), strconv.FormatInt(until.UnixMilli(), 10), key, tenant, flag(seal))
 	if err != nil {
 		return "", nil, err
 	}
@@ -43,8 +43,17 @@ func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key
 	if !ok || len(a) < 2 {
 		return "", nil, engine.Unavailable(fmt.Errorf("malformed moveout answer %v", v))
 	}
+	// Where the script wrote, what it moved in the usage comes last: after the status
+	// and time of a sealed key, after the export's fields of one handed over.
 	if status, _ := a[0].(string); status == "moved" {
+		if len(a) == 3 {
+			s.count(tenant, a[2])
+		}
 		return engine.MoveSealed, nil, nil
+	}
+	if len(a) == 23 {
+		s.count(tenant, a[22])
+		a = a[:22]
 	}
 	e, ok, err := exportedOf(a, engine.ID{Tenant: tenant}, digest)
 	if err != nil || !ok {
@@ -59,7 +68,10 @@ func (s *Store) ConfirmMoved(ctx context.Context, tenant string, digest [32]byte
 	if err != nil {
 		return err
 	}
-	_, err = s.doMove(ctx, l.scripts.confirmMoved, digestKeys(tenant, digest), strconv.FormatInt(until.UnixMilli(), 10))
+	v, err := s.doMove(ctx, l.scripts.confirmMoved, scriptKeys(tenant, digest), strconv.FormatInt(until.UnixMilli(), 10))
+	if confirmed, ok := v.([]any); ok && len(confirmed) == 2 {
+		s.count(tenant, confirmed[1])
+	}
 	return err
 }
 

@@ -229,10 +229,7 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 	} else {
 		rec = "0"
 	}
-	keys, err := s.scriptKeys(ctx, e.ID.Tenant, e.KeyDigest, l.scripts.importRecord.writes)
-	if err != nil {
-		return "", err
-	}
+	keys := scriptKeys(e.ID.Tenant, e.KeyDigest)
 	rep, err := s.runKeys(ctx, l.scripts.importRecord, keys, e.ID,
 		e.ID.Key, e.ID.Tenant, st, e.Owner, strconv.FormatInt(e.Attempt, 10),
 		msOf(e.LeaseExpiresAt, e.State != engine.StatePending || e.LeaseExpiresAt.IsZero()), rec,

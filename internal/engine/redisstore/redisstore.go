@@ -156,12 +156,10 @@ type Store struct {
 	agreeWG sync.WaitGroup
 	closing context.Context
 	stop    context.CancelFunc
-	// usagePlace is where the store keeps usage (soleUsage), once decided; usageSlots
-	// holds, on a Cluster, each tenant's *slotNotes, and slotsToAdd what noteSlot has
-	// still to add.
+	// usagePlace is where the release before this one kept usage (soleUsage), once
+	// decided; usage holds what the scripts counted and the store has yet to send.
 	usagePlace atomic.Int32
-	usageSlots sync.Map
-	slotsToAdd slotsToAdd
+	usage      usageCounts
 	// dueNotes are the slots and lease expiries still to add to the tenants' due
 	// indexes (due.go).
 	dueNotes dueNotes
@@ -233,10 +231,7 @@ func (s *Store) Claim(ctx context.Context, c engine.Claim) (engine.ClaimResult, 
 	if err != nil {
 		return engine.ClaimResult{}, err
 	}
-	keys, err := s.scriptKeys(ctx, c.ID.Tenant, sha256.Sum256([]byte(c.ID.Key)), l.scripts.claim.writes)
-	if err != nil {
-		return engine.ClaimResult{}, err
-	}
+	keys := scriptKeys(c.ID.Tenant, sha256.Sum256([]byte(c.ID.Key)))
 	rep, err := s.runKeys(ctx, l.scripts.claim, keys, c.ID,
 		c.Token, c.Fingerprint, c.Owner, ms(c.Lease), ms(c.Retention), c.ID.Key, c.ID.Tenant, c.Secret, flag(c.Waiting),
 		l.compact(c.Token), l.compact(c.Fingerprint), l.compact(c.Secret))
@@ -375,12 +370,8 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 	if err != nil {
 		return nil, err
 	}
-	keys, err := s.scriptKeys(ctx, id.Tenant, sha256.Sum256([]byte(id.Key)), l.scripts.watch.writes)
+	v, err := l.scripts.watch.Run(ctx, s.client, scriptKeys(id.Tenant, sha256.Sum256([]byte(id.Key)))).Result()
 	if err != nil {
-		w.Close()
-		return nil, err
-	}
-	if err := l.scripts.watch.Run(ctx, s.client, keys).Err(); err != nil {
 		w.Close()
 		if isMoved(err) {
 			return nil, engine.ErrStoreMoved
@@ -390,6 +381,9 @@ func (s *Store) Watch(ctx context.Context, id engine.ID) (engine.Watch, error) {
 		}
 		s.reloadOnNetworkError(err)
 		return nil, engine.Unavailable(err)
+	}
+	if marked, ok := v.([]any); ok && len(marked) == 2 {
+		s.count(id.Tenant, marked[1])
 	}
 	return w, nil
 }
@@ -434,17 +428,17 @@ func (s *Store) Close() error {
 	s.stop()
 	s.agreeMu.Unlock()
 	s.agreeWG.Wait()
+	// What the scripts counted and the store has not sent yet goes now, once.
+	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
+	s.sendUsage(ctx, s.usage.take(""))
+	cancel()
 	s.pipe.close()
 	s.notifier.close()
 	return s.client.Close()
 }
 
 func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...any) (reply, error) {
-	keys, err := s.scriptKeys(ctx, id.Tenant, sha256.Sum256([]byte(id.Key)), script.writes)
-	if err != nil {
-		return reply{}, err
-	}
-	return s.runKeys(ctx, script, keys, id, args...)
+	return s.runKeys(ctx, script, scriptKeys(id.Tenant, sha256.Sum256([]byte(id.Key))), id, args...)
 }
 
 // runKeys is run on the keys of a record, which id names in the answer.
@@ -472,6 +466,9 @@ func (s *Store) runKeys(ctx context.Context, script script, keys []string, id en
 	if err != nil {
 		return reply{}, engine.Unavailable(err)
 	}
+	if rep.usage != nil {
+		s.count(id.Tenant, rep.usage)
+	}
 	return rep, nil
 }
 
@@ -489,6 +486,9 @@ type reply struct {
 	status string
 	now    time.Time
 	record engine.Record
+	// usage is what the script moved in the tenant's usage (lua/prelude.lua's ACCT),
+	// nil when nothing.
+	usage []any
 }
 
 // transitionErr maps the statuses every transition script can answer.
@@ -509,10 +509,11 @@ func (r reply) unexpected() error {
 }
 
 // The positions of the fields in a script's answer, after status and time, as
-// lua/prelude.lua's answer gives them. The key and the tenant are always empty: the
-// lean layout does not keep them, and the record is the one asked for.
+// lua/prelude.lua's answer gives them. In place of the key comes what the script moved
+// in the usage, and the tenant is always empty: the lean layout does not keep either,
+// and the record is the one asked for.
 const (
-	fKey = iota
+	fUsage = iota
 	fTenant
 	fState
 	fFingerprint
@@ -537,6 +538,11 @@ func parseReply(v any, id engine.ID) (reply, error) {
 	for i, x := range vals {
 		switch x.(type) {
 		case string, int64, nil:
+		case []any:
+			if i == 2+fUsage {
+				continue
+			}
+			return reply{}, fmt.Errorf("malformed script answer field %d: %T", i, x)
 		default:
 			return reply{}, fmt.Errorf("malformed script answer field %d: %T", i, x)
 		}
@@ -544,6 +550,7 @@ func parseReply(v any, id engine.ID) (reply, error) {
 	status, _ := vals[0].(string)
 	rep := reply{status: status, now: msTime(vals[1])}
 	f := vals[2:]
+	rep.usage, _ = f[fUsage].([]any)
 	if str(f[fState]) == "" {
 		rep.record = engine.Record{ID: id}
 		return rep, nil

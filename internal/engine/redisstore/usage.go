@@ -2,11 +2,12 @@ package redisstore
 
 import (
 	"context"
+	_ "embed"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,62 +15,248 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 )
 
-// usageSpan and usageByte are USAGE_SPAN_MS and USAGE_BYTE of lua/prelude.lua: the
-// usage hashes count records by the span their expiry falls in, each span as bytes *
-// usageByte + records, and a record that expired counts until its span ends.
+// usageSpan and usageByte are the SPAN and BYTE of usage.lua: a tenant's totals count
+// records by the span their expiry falls in, each span as bytes * usageByte + records,
+// and a record that expired counts until its span ends.
 const (
 	usageSpan = 10 * time.Second
 	usageByte = 1 << 24
 )
 
-// usageKey is the usage hash of a tenant's records in one Cluster slot (see
-// lua/prelude.lua), beside its pending index, kept per slot for the same reason: a
-// script reaches no other slot.
+// usageTotalsKey is the hash of a tenant's usage totals and its spans (usage.lua), and
+// usageEndsKey the sorted set of those spans, both in the slot of the tenant's name, so
+// that one script reads and writes both on a Cluster. The NUL first keeps them apart
+// from every record key.
+func usageTotalsKey(tenant string) string { return "\x00usage-totals:{" + tenant + "}" }
+func usageEndsKey(tenant string) string   { return "\x00usage-ends:{" + tenant + "}" }
+
+// usageKey is the usage hash of a tenant's records in one Cluster slot, as the
+// release before this one counted them in its scripts; only foldEarlier reads it now.
 func usageKey(tenant string, slot uint16) string {
 	tag := slotTags[slot]
 	return "{" + string(tag[:]) + "}\x00usage:" + tenant
 }
 
-// soleUsageKey is the one usage hash of a tenant where Redis has one master and no
-// slots (standalone or Sentinel): every script reaches it.
+// soleUsageKey is the one usage hash of a tenant of the release before this one where
+// Redis has one master and no slots (standalone or Sentinel); usage.lua folds it in.
 func soleUsageKey(tenant string) string { return "\x00usage:" + tenant }
 
-// usageSlotsKey is, on a Cluster, the set of the slots where a tenant may have usage:
-// every slot whose usage hash a script may have written, and perhaps more. It is a
-// bitmap of 16384 bits, bit n (SETBIT's offset) for slot n: 2 KiB at most, read whole
-// by one GET.
+// usageSlotsKey is, on a Cluster, the bitmap of the slots where the release before this
+// one may have counted a tenant's usage (bit n, SETBIT's offset, for slot n): the slots
+// foldEarlier has to read.
 func usageSlotsKey(tenant string) string { return "\x00usage-slots:" + tenant }
 
-// The places a store keeps usage, decided once from what Redis says of itself.
+// The places the release before this one kept usage, decided once from what Redis says
+// of itself.
 const (
 	usageUndecided int32 = iota
 	usagePerSlot
 	usageSole
 )
 
-// usageSlotsFresh is how long a daemon trusts its own note that a slot is in a
-// tenant's set of slots with usage, before adding it again at the next write there:
-// it bounds how long a set that lost a member (a failover that lost a write, a key
-// deleted by hand) can leave out a slot written since.
-const usageSlotsFresh = 5 * time.Minute
+// usageFlushEvery is how often a daemon sends what its scripts counted to the tenants'
+// totals (sendUsage), while it has something to send: what one daemon wrote shows in
+// another's reads this much later at most, when Redis answers. A daemon's own reads
+// send first, and so count every write it answered.
+const usageFlushEvery = 100 * time.Millisecond
 
-// usageSlotsTimeout bounds one attempt to add slots to the sets of slots with usage.
-const usageSlotsTimeout = 5 * time.Second
+// usageTimeout bounds one sending of counts, and the last one at Close.
+const usageTimeout = 5 * time.Second
 
-// slotNotes are the slots a daemon has added to one tenant's set of slots with usage
-// since when.
-type slotNotes struct {
-	since time.Time
-	bits  [slots / 64]atomic.Uint64
+//go:embed usage.lua
+var usageSource string
+
+//go:embed usagefold.lua
+var usageFoldSource string
+
+// usage.lua runs in two forms: usageScript writes, usageReadScript (READONLY) only
+// reads, for a Redis out of memory.
+var (
+	usageScript     = redis.NewScript("local READONLY = false\n" + usageSource)
+	usageReadScript = redis.NewScript("#!lua flags=no-writes\nlocal READONLY = true\n" + usageSource)
+	usageFoldScript = redis.NewScript(usageFoldSource)
+)
+
+// spanCount is what a span of a tenant's usage moved by: records and bytes.
+type spanCount [2]int64
+
+// usageCounts are the counts a daemon's scripts answered and it has not yet sent to the
+// tenants' totals, by tenant and span, and the earlier release's slots still to fold.
+type usageCounts struct {
+	mu      sync.Mutex
+	tenants map[string]map[int64]spanCount
+	// earlier holds, by tenant, slots foldEarlier took from the bitmap and could not read.
+	earlier map[string][]uint16
+	running bool
 }
 
-func (n *slotNotes) has(slot uint16) bool { return n.bits[slot/64].Load()&(1<<(slot%64)) != 0 }
-func (n *slotNotes) add(slot uint16)      { n.bits[slot/64].Or(1 << (slot % 64)) }
+// count adds what a script answered it moved in tenant's usage (lua/prelude.lua's
+// ACCT: triples of span, records, bytes) to what the daemon has to send, and has it
+// sent within usageFlushEvery.
+func (s *Store) count(tenant string, acct any) {
+	list, ok := acct.([]any)
+	if !ok || len(list) < 3 {
+		return
+	}
+	c := &s.usage
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tenants == nil {
+		c.tenants = make(map[string]map[int64]spanCount)
+	}
+	spans := c.tenants[tenant]
+	if spans == nil {
+		spans = make(map[int64]spanCount)
+		c.tenants[tenant] = spans
+	}
+	for i := 0; i+2 < len(list); i += 3 {
+		span := integer(list[i])
+		n := spans[span]
+		n[0] += integer(list[i+1])
+		n[1] += integer(list[i+2])
+		spans[span] = n
+	}
+	if c.running {
+		return
+	}
+	s.agreeMu.Lock()
+	defer s.agreeMu.Unlock()
+	if s.closing.Err() != nil {
+		// Close sends what is left.
+		return
+	}
+	c.running = true
+	s.agreeWG.Add(1)
+	go s.flushUsage()
+}
 
-// soleUsage tells whether the store keeps each tenant's usage in one hash: when Redis
-// has one master and no slots. Every daemon sharing a store asks the same Redis, so
-// all agree; a Redis with Cluster enabled counts per slot, even with one master, so
-// that the scripts never need to reach another slot. It asks INFO once per store.
+// take returns what is still to send of tenant, or of every tenant when tenant is "",
+// and forgets it.
+func (c *usageCounts) take(tenant string) map[string]map[int64]spanCount {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]map[int64]spanCount)
+	for name, spans := range c.tenants {
+		if tenant == "" || name == tenant {
+			out[name] = spans
+			delete(c.tenants, name)
+		}
+	}
+	return out
+}
+
+// putBack returns counts that could not be sent to what is to send.
+func (c *usageCounts) putBack(tenant string, spans map[int64]spanCount) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.tenants == nil {
+		c.tenants = make(map[string]map[int64]spanCount)
+	}
+	mine := c.tenants[tenant]
+	if mine == nil {
+		c.tenants[tenant] = spans
+		return
+	}
+	for span, n := range spans {
+		m := mine[span]
+		mine[span] = spanCount{m[0] + n[0], m[1] + n[1]}
+	}
+}
+
+// flushUsage sends what the daemon counted, every usageFlushEvery, until nothing is
+// left or the store closes (Close sends the rest). A sending that fails is tried again
+// at the next, waiting longer each time up to a second.
+func (s *Store) flushUsage() {
+	defer s.agreeWG.Done()
+	c := &s.usage
+	wait := usageFlushEvery
+	for {
+		select {
+		case <-s.closing.Done():
+			c.mu.Lock()
+			c.running = false
+			c.mu.Unlock()
+			return
+		case <-time.After(wait):
+		}
+		ctx, cancel := context.WithTimeout(s.closing, usageTimeout)
+		failed := s.sendUsage(ctx, c.take(""))
+		cancel()
+		if failed {
+			wait = min(2*wait, time.Second)
+		} else {
+			wait = usageFlushEvery
+		}
+		c.mu.Lock()
+		if len(c.tenants) == 0 {
+			c.running = false
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+	}
+}
+
+// sendUsage sends counts to their tenants' totals, one script a tenant, and keeps what
+// could not be sent; it says whether any could not.
+func (s *Store) sendUsage(ctx context.Context, counts map[string]map[int64]spanCount) bool {
+	failed := false
+	for tenant, spans := range counts {
+		if _, err := s.runUsage(ctx, tenant, spans, false); err != nil {
+			s.usage.putBack(tenant, spans)
+			s.reloadOnNetworkError(err)
+			failed = true
+		}
+	}
+	return failed
+}
+
+// runUsage runs usage.lua for tenant with spans to add, and answers its totals. With
+// sole, the earlier release's one usage hash of the tenant is folded in too.
+func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spanCount, sole bool) (engine.Usage, error) {
+	keys := []string{usageTotalsKey(tenant), usageEndsKey(tenant)}
+	if sole {
+		keys = append(keys, soleUsageKey(tenant))
+	}
+	args := make([]any, 0, 3*len(spans))
+	for span, n := range spans {
+		if n != (spanCount{}) {
+			args = append(args, span, n[0], n[1])
+		}
+	}
+	v, err := usageScript.Run(ctx, s.client, keys, args...).Slice()
+	if err != nil && len(args) == 0 && isOOM(err) {
+		// A Redis that refuses writes still answers a read.
+		v, err = usageReadScript.Run(ctx, s.client, keys[:2]).Slice()
+	}
+	if err != nil {
+		return engine.Usage{}, err
+	}
+	if len(v) != 3 {
+		return engine.Usage{}, fmt.Errorf("malformed usage answer %v", v)
+	}
+	// Counts lost to a daemon that died, or not yet sent by another, may take a span
+	// below nothing until it ends; the usage does not go below nothing.
+	u := engine.Usage{Records: max(integer(v[0]), 0), Bytes: max(integer(v[1]), 0)}
+	if first := integer(v[2]); first > 0 {
+		u.NextDrop = time.UnixMilli(first * usageSpan.Milliseconds()).Add(time.Millisecond)
+	}
+	return u, nil
+}
+
+// isOOM says whether err is Redis refusing a write for want of memory.
+func isOOM(err error) bool {
+	var answered redis.Error
+	return errors.As(err, &answered) && strings.HasPrefix(answered.Error(), "OOM ")
+}
+
+// scriptKeys are the keys of a script on a record of tenant whose key's SHA-256 is sum:
+// its two keys and its slot's pending index (lua/prelude.lua).
+func scriptKeys(tenant string, sum [32]byte) []string { return digestKeys(tenant, sum)[:3] }
+
+// soleUsage tells whether Redis has one master and no slots, where the release before
+// this one kept each tenant's usage in one hash (soleUsageKey), rather than in a hash
+// for each slot (usageKey). It asks INFO once per store.
 func (s *Store) soleUsage(ctx context.Context) (bool, error) {
 	switch s.usagePlace.Load() {
 	case usagePerSlot:
@@ -79,11 +266,11 @@ func (s *Store) soleUsage(ctx context.Context) (bool, error) {
 	}
 	m, err := s.client.MasterFor(ctx, usageSlotsKey(""))
 	if err != nil {
-		return false, s.failed(ctx, err)
+		return false, err
 	}
 	info, err := m.Info(ctx, "cluster").Result()
 	if err != nil {
-		return false, s.failed(ctx, err)
+		return false, err
 	}
 	if infoField(info, "cluster_enabled") == 1 {
 		s.usagePlace.Store(usagePerSlot)
@@ -93,278 +280,93 @@ func (s *Store) soleUsage(ctx context.Context) (bool, error) {
 	return true, nil
 }
 
-// scriptKeys are the keys of a script on a record of tenant whose key's SHA-256 is
-// sum, with the tenant's usage where the store keeps it. On a Cluster, a script that
-// writes has its record's slot added to the tenant's set of slots with usage, if this
-// daemon has not added it lately (noteSlot): sent beside the script, never waited for.
-func (s *Store) scriptKeys(ctx context.Context, tenant string, sum [32]byte, writes bool) ([]string, error) {
-	keys := digestKeys(tenant, sum)
-	sole, err := s.soleUsage(ctx)
+// foldEarlier takes, on a Cluster, the slots where daemons of the release before this
+// one counted tenant's usage since the last fold (their bitmap, by GETDEL), and the
+// usage hashes of those slots (usagefold.lua, which deletes each), and adds their spans
+// to spans. Where no daemon of that release runs, it is one GETDEL of a key that is not
+// there. A slot whose hash could not be read is kept for the next read.
+func (s *Store) foldEarlier(ctx context.Context, tenant string, spans map[int64]spanCount) error {
+	m, err := s.client.MasterFor(ctx, usageSlotsKey(tenant))
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if sole {
-		keys[3] = soleUsageKey(tenant)
-		return keys, nil
+	bitmap, err := m.GetDel(ctx, usageSlotsKey(tenant)).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return err
 	}
-	if writes {
-		s.noteSlot(tenant, slot(keys[0]))
-	}
-	return keys, nil
-}
-
-// notes returns the slots this daemon has added to tenant's set of slots with usage
-// within usageSlotsFresh, starting afresh when they are older.
-func (s *Store) notes(tenant string) *slotNotes {
-	v, _ := s.usageSlots.Load(tenant)
-	n, _ := v.(*slotNotes)
-	if n == nil || time.Since(n.since) > usageSlotsFresh {
-		fresh := &slotNotes{since: time.Now()}
-		if n == nil {
-			v, _ = s.usageSlots.LoadOrStore(tenant, fresh)
-		} else if s.usageSlots.CompareAndSwap(tenant, n, fresh) {
-			v = fresh
-		} else {
-			v, _ = s.usageSlots.Load(tenant)
-		}
-		n = v.(*slotNotes)
-	}
-	return n
-}
-
-// noteSlot has slot added to tenant's set of slots with usage, unless this daemon did
-// so within usageSlotsFresh. The SETBIT goes out from a goroutine of its own (addSlots),
-// beside the write that needs it, and the write does not wait for it: the set lives on
-// one master, and a write on any other must not stop when that one does. Until Redis
-// takes it, the slot stays in slotsToAdd: addSlots tries again, and this daemon's own
-// usage reads send it first.
-func (s *Store) noteSlot(tenant string, slot uint16) {
-	if s.notes(tenant).has(slot) {
-		return
-	}
-	a := &s.slotsToAdd
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.tenants == nil {
-		a.tenants = make(map[string]map[uint16]bool)
-	}
-	if a.tenants[tenant] == nil {
-		a.tenants[tenant] = make(map[uint16]bool)
-	}
-	a.tenants[tenant][slot] = true
-	if a.running {
-		select {
-		case a.wake <- struct{}{}:
-		default:
-		}
-		return
-	}
-	s.agreeMu.Lock()
-	defer s.agreeMu.Unlock()
-	if s.closing.Err() != nil {
-		return
-	}
-	a.running = true
-	if a.wake == nil {
-		a.wake = make(chan struct{}, 1)
-	}
-	s.agreeWG.Add(1)
-	go s.addSlots()
-}
-
-// slotsToAdd are the slots noteSlot was asked to add to tenants' sets of slots with
-// usage that Redis has not yet taken.
-type slotsToAdd struct {
-	mu      sync.Mutex
-	tenants map[string]map[uint16]bool
-	running bool
-	wake    chan struct{}
-}
-
-// take returns the slots still to add, every tenant's or only tenant's when it is set.
-func (a *slotsToAdd) take(tenant string) map[string][]uint16 {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make(map[string][]uint16)
-	for name, slots := range a.tenants {
-		if tenant != "" && name != tenant {
-			continue
-		}
-		for slot := range slots {
-			out[name] = append(out[name], slot)
-		}
-	}
-	return out
-}
-
-// added records that Redis took the slots: they leave slotsToAdd for the daemon's notes.
-func (s *Store) added(slots map[string][]uint16) {
-	a := &s.slotsToAdd
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for tenant, list := range slots {
-		n := s.notes(tenant)
-		for _, slot := range list {
-			n.add(slot)
-			delete(a.tenants[tenant], slot)
-		}
-		if len(a.tenants[tenant]) == 0 {
-			delete(a.tenants, tenant)
-		}
-	}
-}
-
-// addSlots sends the slots still to add, in one pipeline, until none is left or the
-// store closes; after a failure it tries again, waiting longer each time up to a
-// second. SETBIT to 1 is idempotent: daemons adding the same slot at once, or a
-// usage read adding it too, leave it set.
-func (s *Store) addSlots() {
-	defer s.agreeWG.Done()
-	a := &s.slotsToAdd
-	backoff := 10 * time.Millisecond
-	for {
-		slots := a.take("")
-		if len(slots) == 0 {
-			a.mu.Lock()
-			if len(a.tenants) == 0 {
-				a.running = false
-				a.mu.Unlock()
-				return
-			}
-			a.mu.Unlock()
-			continue
-		}
-		ctx, cancel := context.WithTimeout(s.closing, usageSlotsTimeout)
-		p := s.client.Pipeline()
-		for tenant, list := range slots {
-			for _, slot := range list {
-				p.SetBit(ctx, usageSlotsKey(tenant), int64(slot), 1)
+	c := &s.usage
+	c.mu.Lock()
+	slotList := c.earlier[tenant]
+	delete(c.earlier, tenant)
+	c.mu.Unlock()
+	// SETBIT's offset 0 is the highest bit of the first byte.
+	for i, b := range []byte(bitmap) {
+		for bit := range 8 {
+			if n := i*8 + bit; b&(0x80>>bit) != 0 && n < slots {
+				slotList = append(slotList, uint16(n))
 			}
 		}
-		_, err := p.Exec(ctx)
-		cancel()
-		if err == nil {
-			s.added(slots)
-			backoff = 10 * time.Millisecond
+	}
+	var left []uint16
+	for _, slot := range slotList {
+		v, err := usageFoldScript.Run(ctx, s.client, []string{usageKey(tenant, slot)}).StringSlice()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			left = append(left, slot)
 			continue
 		}
-		s.reloadOnNetworkError(err)
-		select {
-		case <-s.closing.Done():
-			return
-		case <-time.After(backoff):
-		case <-a.wake:
+		for i := 0; i+1 < len(v); i += 2 {
+			span, err1 := strconv.ParseInt(v[i], 10, 64)
+			x, err2 := strconv.ParseInt(v[i+1], 10, 64)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			records := ((x % usageByte) + usageByte) % usageByte
+			if records >= usageByte/2 {
+				records -= usageByte
+			}
+			n := spans[span]
+			spans[span] = spanCount{n[0] + records, n[1] + (x-records)/usageByte}
 		}
-		backoff = min(2*backoff, time.Second)
 	}
+	if len(left) > 0 {
+		c.mu.Lock()
+		if c.earlier == nil {
+			c.earlier = make(map[string][]uint16)
+		}
+		c.earlier[tenant] = append(c.earlier[tenant], left...)
+		c.mu.Unlock()
+	}
+	return nil
 }
 
-// Usage implements engine.UsageReader. On one master it reads the tenant's one usage
-// hash; on a Cluster, the hashes of the slots in the tenant's set of slots with usage
-// (one GET), in pipelines of indexBatch (a Cluster pipeline sends each node its own).
-// It counts the spans that have not ended by Redis's clock, and deletes those that
-// have: what expired records left there.
-//
-// The set is never made smaller: a slot whose hash is empty now may be written at
-// any moment by a daemon that added the slot long ago, and would then be left out.
-// So a tenant costs as many HGETALLs as the slots it has ever written, at most 16384.
+// Usage implements engine.UsageReader: one script on the tenant's totals (usage.lua),
+// which first adds what this daemon counted and has not sent yet, so that a read counts
+// every write of the daemon that reads, and drops the spans that have ended. On a
+// Cluster a GETDEL goes before it, for what daemons of the release before this one
+// counted (foldEarlier). So a read costs two commands at most, whatever the tenant
+// keeps, wherever it keeps it, and however many daemons write for it.
 func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
 	if _, err := s.current(ctx); err != nil {
 		return engine.Usage{}, err
 	}
 	sole, err := s.soleUsage(ctx)
 	if err != nil {
-		return engine.Usage{}, err
+		return engine.Usage{}, s.failed(ctx, err)
 	}
-	var keys []string
-	if sole {
-		keys = []string{soleUsageKey(tenant)}
-	} else {
-		// The slots this daemon's writes have counted in and the set may not hold yet
-		// go first, on the set's own master: a read here counts every write this
-		// daemon answered.
-		toAdd := s.slotsToAdd.take(tenant)
-		p := s.client.Pipeline()
-		for _, slot := range toAdd[tenant] {
-			p.SetBit(ctx, usageSlotsKey(tenant), int64(slot), 1)
-		}
-		cmd := p.Get(ctx, usageSlotsKey(tenant))
-		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	spans := s.usage.take(tenant)[tenant]
+	if spans == nil {
+		spans = make(map[int64]spanCount)
+	}
+	if !sole {
+		if err := s.foldEarlier(ctx, tenant, spans); err != nil {
+			s.usage.putBack(tenant, spans)
 			return engine.Usage{}, s.failed(ctx, err)
 		}
-		s.added(toAdd)
-		// SETBIT's offset 0 is the highest bit of the first byte.
-		for i, b := range []byte(cmd.Val()) {
-			for bit := range 8 {
-				if n := i*8 + bit; b&(0x80>>bit) != 0 && n < slots {
-					keys = append(keys, usageKey(tenant, uint16(n)))
-				}
-			}
-		}
 	}
-	var u engine.Usage
-	var nowSpan int64
-	var earliest int64
-	for first := 0; first == 0 || first < len(keys); first += indexBatch {
-		batch := keys[first:min(first+indexBatch, len(keys))]
-		p := s.client.Pipeline()
-		var clock *redis.TimeCmd
-		if first == 0 {
-			clock = p.Time(ctx)
-		}
-		cmds := make([]*redis.MapStringStringCmd, len(batch))
-		for i, key := range batch {
-			cmds[i] = p.HGetAll(ctx, key)
-		}
-		if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
-			return engine.Usage{}, s.failed(ctx, err)
-		}
-		if clock != nil {
-			now := clock.Val().UnixMilli()
-			// A span k holds expiries up to k*usageSpan: it still counts while that has
-			// not passed.
-			nowSpan = (now + usageSpan.Milliseconds() - 1) / usageSpan.Milliseconds()
-		}
-		stale := s.client.Pipeline()
-		dropped := 0
-		for i, cmd := range cmds {
-			var gone []string
-			for field, v := range cmd.Val() {
-				span, err1 := strconv.ParseInt(field, 10, 64)
-				x, err2 := strconv.ParseInt(v, 10, 64)
-				if err1 != nil || err2 != nil {
-					continue
-				}
-				if span < nowSpan {
-					gone = append(gone, field)
-					continue
-				}
-				// Floor division, so that a span that took away more than it was given
-				// (see the end) still reads as its bytes and records.
-				records := ((x % usageByte) + usageByte) % usageByte
-				u.Records += records
-				u.Bytes += (x - records) / usageByte
-				if records > 0 && (earliest == 0 || span < earliest) {
-					earliest = span
-				}
-			}
-			if len(gone) > 0 {
-				stale.HDel(ctx, batch[i], gone...)
-				dropped++
-			}
-		}
-		if dropped > 0 {
-			// A span that has ended never counts again, and no script writes to one (a
-			// record's span never ends before it expires), so deleting it loses
-			// nothing; one left behind costs memory until the next read.
-			_, _ = stale.Exec(ctx)
-		}
-	}
-	// Records written before a daemon counted them, then rewritten by one that does,
-	// take away what was never added; the count does not go below nothing.
-	u.Records, u.Bytes = max(u.Records, 0), max(u.Bytes, 0)
-	if earliest > 0 {
-		u.NextDrop = time.UnixMilli(earliest * usageSpan.Milliseconds()).Add(time.Millisecond)
+	u, err := s.runUsage(ctx, tenant, spans, sole)
+	if err != nil {
+		s.usage.putBack(tenant, spans)
+		return engine.Usage{}, s.failed(ctx, err)
 	}
 	return u, nil
 }

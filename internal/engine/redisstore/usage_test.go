@@ -125,3 +125,123 @@ func usageAgainstUsedMemory(t *testing.T, retention time.Duration) (time.Duratio
 	})
 	return time.Since(start), true
 }
+
+// TestUsageHealsWhatADaemonLost: counts that are wrong, as a daemon leaves them when it
+// dies between a script and sending what the script counted (a record counted and never
+// taken away, or taken away and never counted), leave the usage when the span of the
+// records concerned ends, and the usage is exact again.
+func TestUsageHealsWhatADaemonLost(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	s, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true, LeanOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	const tenant = "healed"
+	for i := range 3 {
+		c := engine.Claim{ID: engine.ID{Tenant: tenant, Key: fmt.Sprintf("k-%d", i)}, Lease: time.Minute,
+			Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := s.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exact, err := s.Usage(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exact.Records != 3 {
+		t.Fatalf("3 records counted as %+v", exact)
+	}
+	soon := time.Now().Add(2 * time.Second)
+	s.CountUsage(tenant, soon, 5, 5000)
+	s.CountUsage(tenant, soon.Add(redisstore.UsageSpan), -1, -100)
+	if u, err := s.Usage(ctx, tenant); err != nil || u.Records != exact.Records+4 || u.Bytes != exact.Bytes+4900 {
+		t.Fatalf("usage with lost counts: %+v %v, want %d records and %d bytes", u, err, exact.Records+4, exact.Bytes+4900)
+	}
+	wait.For(t, time.Minute, "the lost counts' spans to end", func() bool {
+		u, err := s.Usage(ctx, tenant)
+		return err == nil && u.Records == exact.Records && u.Bytes == exact.Bytes
+	})
+}
+
+// TestUsageFoldsTheEarlierReleasesCounts: what daemons of the release before this one
+// counted where they kept it (one hash of a tenant without Cluster; a hash a slot and
+// a bitmap of those slots on a Cluster) is counted at the next read and folded into the
+// tenant's totals, once: the earlier keys are gone, and spans that ended are not
+// counted.
+func TestUsageFoldsTheEarlierReleasesCounts(t *testing.T) {
+	t.Parallel()
+	check := func(t *testing.T, url string, cluster bool) {
+		s, err := redisstore.OpenWith(url, redisstore.Options{LeanRecords: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		client, err := redisstore.NewClient(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer client.Close()
+		ctx := t.Context()
+		tenant := fmt.Sprintf("earlier-%d", time.Now().UnixNano())
+		span := func(at time.Time) string {
+			ms := redisstore.UsageSpan.Milliseconds()
+			return fmt.Sprint((at.UnixMilli() + ms - 1) / ms)
+		}
+		later, ended := span(time.Now().Add(time.Hour)), span(time.Now().Add(-time.Hour))
+		packed := func(records, bytes int64) int64 { return bytes*redisstore.UsageByte + records }
+		var earlier []string
+		if cluster {
+			for i, slot := range []uint16{5, 9000} {
+				key := redisstore.UsageKey(tenant, slot)
+				earlier = append(earlier, key)
+				if err := client.HSet(ctx, key, later, packed(int64(i+1), 100), ended, packed(7, 700)).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := client.SetBit(ctx, redisstore.UsageSlotsKey(tenant), int64(slot), 1).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			earlier = append(earlier, redisstore.UsageSlotsKey(tenant))
+		} else {
+			key := "\x00usage:" + tenant
+			earlier = append(earlier, key)
+			if err := client.HSet(ctx, key, later, packed(3, 200), ended, packed(7, 700)).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// A record written by this release beside them.
+		if _, err := s.Claim(ctx, engine.Claim{ID: engine.ID{Tenant: tenant, Key: "new"}, Lease: time.Minute,
+			Retention: time.Hour, Token: engine.NewLeaseToken()}); err != nil {
+			t.Fatal(err)
+		}
+		first, err := s.Usage(ctx, tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.Records != 4 || first.Bytes <= 200 {
+			t.Fatalf("usage with 3 records counted by the earlier release and 1 by this one: %+v", first)
+		}
+		for _, key := range earlier {
+			if n, err := client.Exists(ctx, key).Result(); err != nil || n != 0 {
+				t.Fatalf("the earlier release's %q is still there after a read (%d, %v)", key, n, err)
+			}
+		}
+		if again, err := s.Usage(ctx, tenant); err != nil || again != first {
+			t.Fatalf("a second read: %+v %v, want %+v as the first", again, err, first)
+		}
+	}
+	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
+		check(t, testredis.Start(t).URL(), false)
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		if testing.Short() {
+			t.Skip("starts a Redis Cluster")
+		}
+		check(t, testredis.StartCluster(t).URL(), true)
+	})
+}
