@@ -141,6 +141,7 @@ var ErrBlobSize = errors.New("the blob's bytes are not as many as its size says"
 type CheckedBlob struct {
 	*HashingReader
 	size int64
+	err  error
 }
 
 // NewCheckedBlob reads r, which must yield exactly size bytes.
@@ -152,12 +153,18 @@ func (c *CheckedBlob) Read(p []byte) (int, error) {
 	n, err := c.HashingReader.Read(p)
 	switch {
 	case c.n > c.size:
-		return n, fmt.Errorf("%w: more than %d", ErrBlobSize, c.size)
+		c.err = fmt.Errorf("%w: more than %d", ErrBlobSize, c.size)
+		return n, c.err
 	case err == io.EOF && c.n < c.size:
-		return n, fmt.Errorf("%w: %d of %d", ErrBlobSize, c.n, c.size)
+		c.err = fmt.Errorf("%w: %d of %d", ErrBlobSize, c.n, c.size)
+		return n, c.err
 	}
 	return n, err
 }
+
+// Err is the ErrBlobSize the reader met, if it met one: a client library may wrap
+// or replace the error Read returned.
+func (c *CheckedBlob) Err() error { return c.err }
 
 // Ref is the BlobRef of what was read, under name.
 func (c *CheckedBlob) Ref(name string) BlobRef {

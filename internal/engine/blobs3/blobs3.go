@@ -161,12 +161,20 @@ func (s *Store) Put(ctx context.Context, name string, r io.Reader, size int64) (
 		ContentType:   aws.String("application/octet-stream"),
 	}, s3.WithAPIOptions(unsignedPayload))
 	switch {
-	case errors.Is(err, engine.ErrBlobSize):
-		return engine.BlobRef{}, err
+	case blob.Err() != nil:
+		// The server may have kept what arrived before the client gave up.
+		_ = s.Delete(ctx, name)
+		return engine.BlobRef{}, blob.Err()
 	case err != nil:
 		return engine.BlobRef{}, unavailable(ctx, err)
 	case blob.Size() != size:
 		return engine.BlobRef{}, fmt.Errorf("%w: %d of %d", engine.ErrBlobSize, blob.Size(), size)
+	}
+	// The upload sent the size it was given; a reader with more than that is a caller's
+	// mistake, and its object is not the blob.
+	if n, _ := blob.Read(make([]byte, 1)); n > 0 || blob.Err() != nil {
+		_ = s.Delete(ctx, name)
+		return engine.BlobRef{}, fmt.Errorf("%w: more than %d", engine.ErrBlobSize, size)
 	}
 	return blob.Ref(name), nil
 }

@@ -58,7 +58,7 @@ func BlobStore(t *testing.T, s engine.BlobStore) {
 				if r != nil {
 					_ = r.Close()
 				}
-				t.Fatalf("after a failed Put, Get: %v, want ErrBlobNotFound", err)
+				t.Fatalf("after a failed Put of %d bytes as %d, Get: %v, want ErrBlobNotFound", len(c.body), c.size, err)
 			}
 		}
 	})
