@@ -25,6 +25,7 @@ test: export IDEMD_REQUIRE_NETNS = 1
 test: export IDEMD_REQUIRE_DEPLOY_TOOLS = 1
 test: export IDEMD_REQUIRE_BROWSER = 1
 test: export IDEMD_REQUIRE_FLOOR = 1
+test: export IDEMD_REQUIRE_S3 = 1
 test: deps
 	@passed=; failed=; \
 	for suite in $(SUITES); do \

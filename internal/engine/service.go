@@ -69,6 +69,8 @@ type Service struct {
 	usage usageCache
 	// guard holds the largest tenants back when the store is nearly full.
 	guard storeGuard
+	// blobs keeps large results, nil without a blob store (blobsvc.go).
+	blobs *blobs
 }
 
 // An Option changes a Service's default.
@@ -114,7 +116,13 @@ func NewService(store Store, retention time.Duration, opts ...Option) *Service {
 // store's: a client hanging up says nothing about the store. The store's deadline
 // passing is a *StoreTimeoutError.
 func bounded[T any](s *Service, ctx context.Context, call func(context.Context) (T, error)) (T, error) {
-	callCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
+	return boundedFor(s.storeTimeout, ctx, call)
+}
+
+// boundedFor is bounded under another deadline than the store's: a blob's calls get
+// more time for more bytes.
+func boundedFor[T any](timeout time.Duration, ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	callCtx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	v, err := call(callCtx)
 	if err == nil || !(errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
@@ -128,7 +136,7 @@ func bounded[T any](s *Service, ctx context.Context, call func(context.Context) 
 	// runs to the latest deadline of the calls it carries, which may pass an instant
 	// before callCtx says so.
 	if callCtx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return v, &StoreTimeoutError{Timeout: s.storeTimeout, cause: err}
+		return v, &StoreTimeoutError{Timeout: timeout, cause: err}
 	}
 	return v, err
 }
@@ -162,7 +170,8 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		return res, err
 	}
 	if r.Wait <= 0 {
-		return bounded(s, ctx, claim)
+		res, err := bounded(s, ctx, claim)
+		return s.replay(ctx, res, err)
 	}
 
 	c.Waiting = true
@@ -183,7 +192,7 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		res, err := bounded(s, ctx, claim)
 		var busy *InProgressError
 		if !errors.As(err, &busy) {
-			return res, err
+			return s.replay(ctx, res, err)
 		}
 		remaining := time.Until(deadline)
 		if remaining <= 0 || s.stopped() {
@@ -257,7 +266,17 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 	if err := checkSize(c.ID, &c.Response, c.Caps); err != nil {
 		return Record{}, err
 	}
-	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
+	var blob string
+	if s.blobs.large(&c.Response) {
+		kept, name, err := s.offload(ctx, c.ID, c.LeaseToken, &c.Response, c.Retention)
+		if err != nil {
+			return Record{}, err
+		}
+		c.Response, blob = *kept, name
+	}
+	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
+	s.settle(c.ID, blob, err)
+	return rec, err
 }
 
 // Release gives a held key back.
@@ -269,7 +288,17 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 	if err := checkSize(r.ID, r.Response, r.Caps); err != nil {
 		return Record{}, err
 	}
-	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
+	var blob string
+	if r.Mode == ReleaseFail && s.blobs.large(r.Response) {
+		kept, name, err := s.offload(ctx, r.ID, r.LeaseToken, r.Response, r.Retention)
+		if err != nil {
+			return Record{}, err
+		}
+		r.Response, blob = kept, name
+	}
+	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
+	s.settle(r.ID, blob, err)
+	return rec, err
 }
 
 // Extend renews a held lease.
@@ -290,14 +319,53 @@ func (s *Service) Abandoned(ctx context.Context, q AbandonedQuery) (AbandonedPag
 	return bounded(s, ctx, func(ctx context.Context) (AbandonedPage, error) { return s.store.Abandoned(ctx, q) })
 }
 
-// Lookup returns a record.
+// Lookup returns a record, its result read back from the blob store if it is kept
+// there (or ErrResultUnavailable).
 func (s *Service) Lookup(ctx context.Context, id ID) (Record, error) {
-	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
+	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
+	if err == nil {
+		if err := s.resolve(ctx, &rec); err != nil {
+			return Record{}, err
+		}
+	}
+	return rec, err
 }
 
-// Purge deletes a record.
+// replay reads back from the blob store the result a claim replays, if it is kept
+// there.
+func (s *Service) replay(ctx context.Context, res ClaimResult, err error) (ClaimResult, error) {
+	if err != nil || res.Record.Response == nil {
+		return res, err
+	}
+	if err := s.resolve(ctx, &res.Record); err != nil {
+		return ClaimResult{}, err
+	}
+	return res, nil
+}
+
+// Purge deletes a record, and the blob of its result if it has one.
 func (s *Service) Purge(ctx context.Context, id ID) error {
+	var blob string
+	if s.blobs != nil {
+		rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
+		if err != nil {
+			return err
+		}
+		if ref, ok := rec.Response.Blob(); ok {
+			blob = ref.Name
+		}
+	}
 	_, err := bounded(s, ctx, func(ctx context.Context) (struct{}, error) { return struct{}{}, s.store.Purge(ctx, id) })
+	if err == nil && blob != "" {
+		_, err = bounded(s, ctx, func(ctx context.Context) (struct{}, error) {
+			return struct{}{}, s.blobs.store.Delete(ctx, blob)
+		})
+		if err != nil {
+			// The record is gone; its blob is the sweep's now.
+			s.blobs.onError("delete")
+			err = nil
+		}
+	}
 	return err
 }
 

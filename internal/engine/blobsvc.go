@@ -1,0 +1,300 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"time"
+)
+
+// This file is how the Service keeps large results in a BlobStore: a result over the
+// threshold is written there first and the record keeps its BlobRef (under
+// BlobHeader); a replay reads it back whole and checks its size and SHA-256, or
+// answers ErrResultUnavailable; a purge deletes it; a sweep deletes the blobs whose
+// records have expired.
+
+// Defaults of the blob store (docs/operations.md, "Large results").
+const (
+	// DefaultBlobThreshold is the stored size over which a result goes to the blob
+	// store when there is one (docs/benchmarks.md, "Large results").
+	DefaultBlobThreshold = 64 << 10
+	// DefaultMaxBlobBytes bounds a result kept in the blob store.
+	DefaultMaxBlobBytes = 64 << 20
+	// DefaultBlobBodies bounds how many large bodies the daemon holds at once, being
+	// written to the blob store or read back from it; more wait their turn.
+	DefaultBlobBodies = 8
+	// BlobSweepGrace is how long after its record's expiry a sweep waits before it
+	// deletes a blob: the daemon's clock and the store's may differ by that much.
+	BlobSweepGrace = 10 * time.Minute
+	// blobTimeoutPerMiB is added to the store deadline for each MiB a blob call
+	// carries, so that a large result on a slow link is not cut at the deadline of a
+	// small store call.
+	blobTimeoutPerMiB = 250 * time.Millisecond
+)
+
+// BlobOptions say how a Service uses its blob store.
+type BlobOptions struct {
+	// Threshold is the stored size (Response.Size) over which a result goes to the
+	// blob store; DefaultBlobThreshold when zero.
+	Threshold int
+	// Bodies bounds the large bodies held at once; DefaultBlobBodies when zero.
+	Bodies int
+	// OnError, when set, is called with "put", "get", "verify", "delete" or "sweep"
+	// at each failure of the blob store (the idemd_blob_errors_total metric).
+	OnError func(op string)
+}
+
+type blobs struct {
+	store     BlobStore
+	threshold int
+	bodies    chan struct{}
+	onError   func(op string)
+}
+
+// WithBlobs keeps results over o.Threshold in store.
+func WithBlobs(store BlobStore, o BlobOptions) Option {
+	return func(s *Service) {
+		if store == nil {
+			return
+		}
+		b := &blobs{store: store, threshold: o.Threshold, bodies: make(chan struct{}, max(o.Bodies, 0)), onError: o.OnError}
+		if b.threshold <= 0 {
+			b.threshold = DefaultBlobThreshold
+		}
+		if o.Bodies <= 0 {
+			b.bodies = make(chan struct{}, DefaultBlobBodies)
+		}
+		if b.onError == nil {
+			b.onError = func(string) {}
+		}
+		s.blobs = b
+	}
+}
+
+// BlobStore is the Service's blob store, nil without one.
+func (s *Service) BlobStore() BlobStore {
+	if s.blobs == nil {
+		return nil
+	}
+	return s.blobs.store
+}
+
+// blobTimeout bounds one blob call that carries size bytes.
+func (s *Service) blobTimeout(size int64) time.Duration {
+	return s.storeTimeout + time.Duration((size+(1<<20)-1)>>20)*blobTimeoutPerMiB
+}
+
+// hold takes one of the large bodies' places, until release is called.
+func (b *blobs) hold(ctx context.Context) (release func(), err error) {
+	select {
+	case b.bodies <- struct{}{}:
+		return func() { <-b.bodies }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// large says whether resp goes to the blob store.
+func (b *blobs) large(resp *Response) bool {
+	return b != nil && resp != nil && len(resp.Body) > 0 && resp.Size() > b.threshold
+}
+
+// offload writes the body of a large response to the blob store for the key's current
+// attempt and answers the response the record keeps in its place, and the name of
+// the blob ("" when nothing was written). A key the token does not hold now is
+// answered with the body left out, unwritten: the store's transition refuses it (or
+// answers the repeat of a completion already stored) without needing it.
+func (s *Service) offload(ctx context.Context, id ID, token string, resp *Response, retention time.Duration) (*Response, string, error) {
+	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return nil, "", err
+	}
+	kept := &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}
+	if err != nil || rec.LeaseToken != token || rec.State != StatePending {
+		return kept, "", nil
+	}
+	release, err := s.blobs.hold(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	defer release()
+	name := BlobName(id, rec.Attempt, time.Now().Add(retention))
+	size := int64(len(resp.Body))
+	ref, err := boundedFor(s.blobTimeout(size), ctx, func(ctx context.Context) (BlobRef, error) {
+		return s.blobs.store.Put(ctx, name, bytes.NewReader(resp.Body), size)
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			s.blobs.onError("put")
+		}
+		// A write cut short leaves no blob under the name, but one that failed after
+		// the bytes arrived might: delete it.
+		s.dropBlob(name)
+		return nil, "", err
+	}
+	if kept.Headers == nil {
+		kept.Headers = map[string][]string{}
+	}
+	kept.Headers[BlobHeader] = []string{ref.String()}
+	return kept, name, nil
+}
+
+// dropBlob deletes a blob the daemon wrote, under a deadline of its own: the
+// request's context may have ended. A blob it fails to delete is the sweep's.
+func (s *Service) dropBlob(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
+	defer cancel()
+	if err := s.blobs.store.Delete(ctx, name); err != nil {
+		s.blobs.onError("delete")
+	}
+}
+
+// settle decides the fate of the blob a transition that answered err was given: kept
+// when the record refers to it, deleted when the transition was refused. When the
+// store gave no answer, the record is read once more: the blob stays if the write
+// took effect, or when that cannot be told (the sweep deletes it with the record).
+func (s *Service) settle(id ID, name string, err error) {
+	if name == "" || err == nil {
+		return
+	}
+	if errors.Is(err, ErrUnavailable) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		ctx, cancel := context.WithTimeout(context.Background(), s.storeTimeout)
+		defer cancel()
+		rec, lerr := s.store.Lookup(ctx, id)
+		if lerr != nil && !errors.Is(lerr, ErrNotFound) {
+			return
+		}
+		if ref, ok := rec.Response.Blob(); lerr == nil && ok && ref.Name == name {
+			return
+		}
+	}
+	s.dropBlob(name)
+}
+
+// ResultError is a result kept in the blob store that could not be read back intact.
+// It is ErrResultUnavailable.
+type ResultError struct {
+	Ref   BlobRef
+	cause error
+}
+
+func (e *ResultError) Error() string {
+	return fmt.Sprintf("%v: %v", ErrResultUnavailable, e.cause)
+}
+
+// Is makes errors.Is(err, ErrResultUnavailable) true.
+func (e *ResultError) Is(target error) bool { return target == ErrResultUnavailable }
+
+// Unwrap is the cause.
+func (e *ResultError) Unwrap() error { return e.cause }
+
+// resolve puts the body a record keeps in the blob store back in its response, read
+// whole and checked against its size and SHA-256.
+func (s *Service) resolve(ctx context.Context, rec *Record) error {
+	ref, ok := rec.Response.Blob()
+	if !ok {
+		return nil
+	}
+	if s.blobs == nil {
+		return &ResultError{Ref: ref, cause: errors.New("the daemon has no blob store (--blob-store)")}
+	}
+	release, err := s.blobs.hold(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
+	body, err := boundedFor(s.blobTimeout(ref.Size), ctx, func(ctx context.Context) ([]byte, error) {
+		return s.readBlob(ctx, ref)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, ErrResultUnavailable) {
+			s.blobs.onError("verify")
+			return err
+		}
+		s.blobs.onError("get")
+		if errors.Is(err, ErrBlobNotFound) {
+			return &ResultError{Ref: ref, cause: err}
+		}
+		return err
+	}
+	resp := *rec.Response
+	resp.Headers = maps.Clone(resp.Headers)
+	delete(resp.Headers, BlobHeader)
+	if len(resp.Headers) == 0 {
+		resp.Headers = nil
+	}
+	resp.Body = body
+	rec.Response = &resp
+	return nil
+}
+
+// readBlob reads the blob of ref whole, and answers a *ResultError unless it is ref's
+// size and SHA-256.
+func (s *Service) readBlob(ctx context.Context, ref BlobRef) ([]byte, error) {
+	if ref.Size < 0 || len(ref.SHA256) != sha256.Size*2 {
+		return nil, &ResultError{Ref: ref, cause: errors.New("the record's reference to its blob is malformed")}
+	}
+	r, err := s.blobs.store.Get(ctx, ref.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	body := make([]byte, 0, ref.Size)
+	buf := bytes.NewBuffer(body)
+	h := NewHashingReader(io.LimitReader(r, ref.Size+1))
+	if _, err := buf.ReadFrom(h); err != nil {
+		return nil, err
+	}
+	switch {
+	case h.Size() != ref.Size:
+		return nil, &ResultError{Ref: ref, cause: fmt.Errorf("the blob holds %d bytes, not %d", h.Size(), ref.Size)}
+	case h.Sum() != ref.SHA256:
+		return nil, &ResultError{Ref: ref, cause: errors.New("the blob's SHA-256 is not the one stored")}
+	}
+	return buf.Bytes(), nil
+}
+
+// SweepBlobs deletes up to limit blobs whose records expired more than BlobSweepGrace
+// before now, and answers how many it deleted. Blob names sort by their record's
+// expiry, so a sweep reads only the expired ones and the first live one. It covers
+// records that left without a purge (retention, Redis's own expiry or eviction) and
+// blobs whose record never came to refer to them (a daemon killed between writing a
+// blob and storing its record).
+func (s *Service) SweepBlobs(ctx context.Context, now time.Time, limit int) (int, error) {
+	if s.blobs == nil {
+		return 0, nil
+	}
+	cutoff := now.Add(-BlobSweepGrace)
+	var names []string
+	err := s.blobs.store.List(ctx, "", func(name string) bool {
+		exp, ok := BlobExpiry(name)
+		if !ok {
+			return true // not a name of the daemon's: left alone
+		}
+		if !exp.Before(cutoff) {
+			return false
+		}
+		names = append(names, name)
+		return len(names) < limit
+	})
+	if err != nil {
+		s.blobs.onError("sweep")
+		return 0, err
+	}
+	deleted := 0
+	for _, name := range names {
+		if err := s.blobs.store.Delete(ctx, name); err != nil {
+			s.blobs.onError("sweep")
+			return deleted, err
+		}
+		deleted++
+	}
+	return deleted, nil
+}
