@@ -59,15 +59,17 @@ type tenantUsage struct {
 // reservation is the room a claim in flight holds under its tenant's quota; settle
 // turns it into an acquisition or gives it back.
 type reservation struct {
-	t     *tenantUsage
-	bytes int64
+	t         *tenantUsage
+	bytes     int64
+	retention time.Duration
 }
 
-// acquisition is a key this daemon acquired: when the store answered, and about what
-// the record keeps.
+// acquisition is a key this daemon acquired: when the store answered, about what the
+// record keeps, and when it expires if its holder never comes back, when it stops
+// counting.
 type acquisition struct {
-	at    time.Time
-	bytes int64
+	at, expires time.Time
+	bytes       int64
 }
 
 // Usage returns a tenant's usage as the store counts it, read at most the refresh
@@ -88,7 +90,7 @@ func (s *Service) tenantUsage(ctx context.Context, tenant string, after time.Tim
 	}
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
-	return t.counted(), t.unsure, nil
+	return t.counted(time.Now()), t.unsure, nil
 }
 
 // tenantRead returns the tenant's usage entry once it holds a read of the store; with
@@ -136,12 +138,18 @@ func (s *Service) tenantRead(ctx context.Context, tenant string, after time.Time
 }
 
 // counted is the tenant's usage as last read with this daemon's acquisitions since
-// added; the caller holds the cache's lock.
-func (t *tenantUsage) counted() Usage {
+// added, those whose records have not expired by now; the caller holds the cache's lock.
+func (t *tenantUsage) counted(now time.Time) Usage {
 	u := t.usage
 	for _, a := range t.since {
+		if !a.expires.After(now) {
+			continue
+		}
 		u.Records++
 		u.Bytes += a.bytes
+		if u.NextDrop.IsZero() || a.expires.Before(u.NextDrop) {
+			u.NextDrop = a.expires
+		}
 	}
 	return u
 }
@@ -182,7 +190,8 @@ func (s *Service) acquired(id ID, c Claim) {
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	if t := s.usage.tenants[id.Tenant]; t != nil {
-		t.since = append(t.since, acquisition{at: time.Now(), bytes: claimBytes(c)})
+		now := time.Now()
+		t.since = append(t.since, acquisition{at: now, expires: now.Add(c.Retention), bytes: claimBytes(c)})
 	}
 }
 
@@ -199,7 +208,7 @@ func (s *Service) settle(r *reservation, acquired bool, answered time.Time) {
 	t.inflight.Records--
 	t.inflight.Bytes -= r.bytes
 	if acquired && !answered.Before(t.read) {
-		t.since = append(t.since, acquisition{at: answered, bytes: r.bytes})
+		t.since = append(t.since, acquisition{at: answered, expires: answered.Add(r.retention), bytes: r.bytes})
 	}
 }
 
@@ -236,26 +245,26 @@ func (s *Service) admit(ctx context.Context, r ClaimRequest, c Claim) (*reservat
 
 // overQuota returns the refusal of a claim from a tenant at its quota, or, under it,
 // the claim's reservation: what the store last counted, what this daemon acquired since
-// and what its claims in flight hold, with this claim, stays within the quota. It
-// refuses only on a usage read within the refresh interval, so that a tenant whose
-// records expired since is not held back by an old count; a usage that cannot be read
-// refuses nothing: the quota protects the store's room, not a key's safety, and the
-// claim answers for the store itself.
+// and what its claims in flight hold, with this claim, stays within the quota. A
+// refusal rests on a read of the store begun after the claim arrived, never on the
+// estimates alone (the acquisitions since may have expired, or been smaller), and
+// reports the usage that read found; a usage that cannot be read refuses nothing: the
+// quota protects the store's room, not a key's safety, and the claim answers for the
+// store itself.
 func (s *Service) overQuota(ctx context.Context, r ClaimRequest, c Claim) (*reservation, *QuotaError) {
 	if !r.Caps.HasQuota() {
 		return nil, nil
 	}
-	// The cached usage first; a fresh read where it would refuse (it may be older than
-	// records that expired since), or where it admits only because it leaves out this
-	// daemon's acquisitions that answered while the last read ran, which that read may
-	// not have counted: a read begun now counts every acquisition that answered before
-	// this claim arrived.
+	// The cached usage first, and a read begun now where it would refuse. Both count
+	// this daemon's acquisitions that answered while their read ran, which that read
+	// may not have counted (see readUsage): taken as counted, a tenant near its quota
+	// could be let past it by as many claims as answered during one read.
 	arrived := time.Now()
 	bytes := claimBytes(c)
 	var after time.Time
 	for range 2 {
-		// The first read of a tenant's usage is waited for no longer than a store call:
-		// a daemon just started does not hold its first claims up behind a slow count.
+		// A read is waited for no longer than a store call: a daemon just started does
+		// not hold its first claims up behind a slow count.
 		readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
 		t, err := s.tenantRead(readCtx, r.ID.Tenant, after)
 		cancel()
@@ -263,27 +272,32 @@ func (s *Service) overQuota(ctx context.Context, r ClaimRequest, c Claim) (*rese
 			return nil, nil
 		}
 		s.usage.mu.Lock()
-		u := t.counted()
-		u.Records += t.inflight.Records
-		u.Bytes += t.inflight.Bytes
-		over := overQuota(r.ID.Tenant, u, r.Caps, time.Now())
-		unsure := t.unsure
-		if over == nil && (!after.IsZero() || unsure.Records == 0 ||
-			overQuota(r.ID.Tenant, Usage{Records: u.Records + unsure.Records, Bytes: u.Bytes + unsure.Bytes}, r.Caps, time.Now()) == nil) {
+		now := time.Now()
+		read := t.counted(now)
+		u := read
+		u.Records += t.inflight.Records + t.unsure.Records
+		u.Bytes += t.inflight.Bytes + t.unsure.Bytes
+		over := overQuota(r.ID.Tenant, u, r.Caps, now)
+		if over == nil {
 			t.inflight.Records++
 			t.inflight.Bytes += bytes
 			s.usage.mu.Unlock()
-			return &reservation{t: t, bytes: bytes}, nil
+			return &reservation{t: t, bytes: bytes, retention: c.Retention}, nil
 		}
 		s.usage.mu.Unlock()
 		if !after.IsZero() {
+			// The usage is the store's, as this read found it, with what this daemon
+			// acquired after the read began; what is in flight, or answered while the
+			// read ran, counts in Used alone.
+			over.Usage = read
+			if over.RetryAfter <= 0 {
+				// Nothing counted is known to expire: what fills the quota is in
+				// flight, or counted by a store that does not say when it drops.
+				over.RetryAfter = max(s.usage.refresh, time.Second)
+			}
 			return nil, over
 		}
-		if over != nil {
-			after = arrived.Add(-s.usage.refresh)
-		} else {
-			after = arrived
-		}
+		after = arrived
 	}
 	return nil, nil
 }

@@ -278,3 +278,40 @@ func testQuota(t *testing.T, d *authDaemon) {
 	})
 	expectStatus(t, "a new key once a record expired", again, http.StatusCreated, "")
 }
+
+// TestQuotaRefusalIsRightTheFirstTime: the first refusal of a tenant that reached its
+// quota between two reads of its usage (the daemon's own acquisitions since counted as
+// estimates, whose expiry the last read did not know) rests on a read of the store: its
+// records and stored bytes are the store's, and it says when to retry. On the embedded
+// store, Redis and a Redis Cluster, with usage read from the store every two seconds.
+func TestQuotaRefusalIsRightTheFirstTime(t *testing.T) {
+	t.Parallel()
+	for name, open := range quotaStores() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := open(t)
+			d := newQuotaDaemonWith(t, store, quotaAuthFile(), engine.DefaultUsageRefresh)
+			for _, key := range []string{"one", "two", "three"} {
+				a := d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": key, "fingerprint": "fp"})
+				expectStatus(t, "claim "+key+" under the quota", a, http.StatusCreated, "")
+			}
+			over := d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": "four", "fingerprint": "fp"})
+			expectStatus(t, "a fourth key at a quota of 3 records", over, http.StatusTooManyRequests, "quota_exceeded")
+			if s, err := strconv.Atoi(over.header.Get("Retry-After")); err != nil || s < 1 {
+				t.Errorf("Retry-After %q, want the seconds until a record expires", over.header.Get("Retry-After"))
+			}
+			if ms, _ := over.body["retry_after_ms"].(float64); ms <= 0 {
+				t.Errorf("retry_after_ms %v, want the milliseconds until a record expires: %s", over.body["retry_after_ms"], over.raw)
+			}
+			u, err := store.(engine.UsageReader).Usage(t.Context(), "capped")
+			if err != nil {
+				t.Fatal(err)
+			}
+			quota, _ := over.body["quota"].(map[string]any)
+			if quota["records"] != float64(u.Records) || quota["stored_bytes"] != float64(u.Bytes) {
+				t.Fatalf("the refusal's usage: %v records, %v stored bytes; the store counts %d and %d",
+					quota["records"], quota["stored_bytes"], u.Records, u.Bytes)
+			}
+		})
+	}
+}
