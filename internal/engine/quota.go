@@ -50,13 +50,26 @@ type tenantUsage struct {
 	// unsure counts the acquisitions that answered while the last read ran: that read
 	// may or may not have counted them.
 	unsure Usage
+	// inflight counts the claims admitted under the quota that have not answered yet:
+	// each holds its room until it answers, so that claims arriving together cannot all
+	// take the last of the quota.
+	inflight Usage
 }
 
-// acquisition is a key this daemon acquired: when the store answered, and about what
-// the record keeps.
+// reservation is the room a claim in flight holds under its tenant's quota; settle
+// turns it into an acquisition or gives it back.
+type reservation struct {
+	t         *tenantUsage
+	bytes     int64
+	retention time.Duration
+}
+
+// acquisition is a key this daemon acquired: when the store answered, about what the
+// record keeps, and when it expires if its holder never comes back, when it stops
+// counting.
 type acquisition struct {
-	at    time.Time
-	bytes int64
+	at, expires time.Time
+	bytes       int64
 }
 
 // Usage returns a tenant's usage as the store counts it, read at most the refresh
@@ -68,14 +81,27 @@ func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
 }
 
 // tenantUsage is Usage, and the acquisitions that the last read may not have counted
-// (see readUsage), which it does not count either. With after set, it waits for a read that began
-// at or after that time, starting one if the last began before.
+// (see readUsage), which it does not count either. With after set, it waits for a read
+// that began at or after that time, starting one if the last began before.
 func (s *Service) tenantUsage(ctx context.Context, tenant string, after time.Time) (Usage, Usage, error) {
-	reader, ok := s.store.(UsageReader)
-	if !ok {
-		return Usage{}, Usage{}, errors.ErrUnsupported
+	t, err := s.tenantRead(ctx, tenant, after)
+	if err != nil {
+		return Usage{}, Usage{}, err
 	}
 	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	return t.counted(time.Now()), t.unsure, nil
+}
+
+// tenantRead returns the tenant's usage entry once it holds a read of the store; with
+// after set, one that began at or after that time, starting one if the last began before.
+func (s *Service) tenantRead(ctx context.Context, tenant string, after time.Time) (*tenantUsage, error) {
+	reader, ok := s.store.(UsageReader)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
 	if s.usage.tenants == nil {
 		s.usage.tenants = make(map[string]*tenantUsage)
 	}
@@ -100,20 +126,32 @@ func (s *Service) tenantUsage(ctx context.Context, tenant string, after time.Tim
 		select {
 		case <-reading:
 		case <-ctx.Done():
-			return Usage{}, Usage{}, ctx.Err()
+			s.usage.mu.Lock()
+			return nil, ctx.Err()
 		}
 		s.usage.mu.Lock()
 	}
-	defer s.usage.mu.Unlock()
 	if t.read.IsZero() {
-		return Usage{}, Usage{}, Unavailable(errors.New("the tenant's usage could not be read"))
+		return nil, Unavailable(errors.New("the tenant's usage could not be read"))
 	}
+	return t, nil
+}
+
+// counted is the tenant's usage as last read with this daemon's acquisitions since
+// added, those whose records have not expired by now; the caller holds the cache's lock.
+func (t *tenantUsage) counted(now time.Time) Usage {
 	u := t.usage
 	for _, a := range t.since {
+		if !a.expires.After(now) {
+			continue
+		}
 		u.Records++
 		u.Bytes += a.bytes
+		if u.NextDrop.IsZero() || a.expires.Before(u.NextDrop) {
+			u.NextDrop = a.expires
+		}
 	}
-	return u, t.unsure, nil
+	return u
 }
 
 // readUsage reads a tenant's usage in the background, so that no request waits for it
@@ -142,80 +180,124 @@ func (s *Service) readUsage(reader UsageReader, tenant string, t *tenantUsage, b
 	t.reading = nil
 }
 
+// claimBytes is about what a claim's pending record keeps.
+func claimBytes(c Claim) int64 {
+	return int64(len(c.ID.Key)+len(c.Fingerprint)+len(c.Owner)) + acquisitionEstimate
+}
+
 // acquired adds a key this daemon acquired to the tenant's usage until the next read.
 func (s *Service) acquired(id ID, c Claim) {
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	if t := s.usage.tenants[id.Tenant]; t != nil {
-		t.since = append(t.since, acquisition{at: time.Now(), bytes: int64(len(id.Key)+len(c.Fingerprint)+len(c.Owner)) + acquisitionEstimate})
+		now := time.Now()
+		t.since = append(t.since, acquisition{at: now, expires: now.Add(c.Retention), bytes: claimBytes(c)})
+	}
+}
+
+// settle ends a claim's reservation when the claim has answered: an acquisition
+// counts on until the next read, anything else gives the room back. A read begun
+// after the store answered counted the acquisition already.
+func (s *Service) settle(r *reservation, acquired bool, answered time.Time) {
+	if r == nil {
+		return
+	}
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	t := r.t
+	t.inflight.Records--
+	t.inflight.Bytes -= r.bytes
+	if acquired && !answered.Before(t.read) {
+		t.since = append(t.since, acquisition{at: answered, expires: answered.Add(r.retention), bytes: r.bytes})
 	}
 }
 
 // admit decides whether a claim may go to the store. Under its tenant's quota and the
-// store guard, it may. At or over either, a claim may still replay a result, or hear that a
-// live lease holds the key, or get its own lease back by its secret: only a claim that
-// would acquire the key (absent, released for a retry, or pending under a lease that
-// ran out) is refused. The record is looked up first; a record that changes between
-// the look and the claim lets at most that one claim through.
-func (s *Service) admit(ctx context.Context, r ClaimRequest) error {
+// store guard, it may, and holds its room under the quota until it answers (the
+// reservation, nil for a tenant without a quota, is the caller's to settle). At or over
+// either, a claim may still replay a result, or hear that a live lease holds the key,
+// or get its own lease back by its secret: only a claim that would acquire the key
+// (absent, released for a retry, or pending under a lease that ran out) is refused.
+// The record is looked up first; a record that changes between the look and the claim
+// lets at most that one claim through.
+func (s *Service) admit(ctx context.Context, r ClaimRequest, c Claim) (*reservation, error) {
+	var held *reservation
 	over := s.guarded(ctx, r.ID.Tenant)
 	if over == nil {
-		over = s.overQuota(ctx, r)
+		held, over = s.overQuota(ctx, r, c)
 	}
 	if over == nil {
-		return nil
+		return held, nil
 	}
 	rec, err := s.Lookup(ctx, r.ID)
 	switch {
 	case errors.Is(err, ErrNotFound):
-		return over
+		return nil, over
 	case err != nil:
-		return err
+		return nil, err
 	case rec.State == StateCompleted || rec.State == StateFailed:
-		return nil
+		return nil, nil
 	case rec.State == StatePending && rec.LeaseExpiresAt.After(time.Now()):
-		return nil
+		return nil, nil
 	}
-	return over
+	return nil, over
 }
 
-// overQuota returns the refusal of a claim from a tenant at its quota, or nil. It
-// refuses only on a usage read within the refresh interval, so that a tenant whose
-// records expired since is not held back by an old count; a usage that cannot be read
-// refuses nothing: the quota protects the store's room, not a key's safety, and the
-// claim answers for the store itself.
-func (s *Service) overQuota(ctx context.Context, r ClaimRequest) *QuotaError {
+// overQuota returns the refusal of a claim from a tenant at its quota, or, under it,
+// the claim's reservation: what the store last counted, what this daemon acquired since
+// and what its claims in flight hold, with this claim, stays within the quota. A
+// refusal rests on a read of the store begun after the claim arrived, never on the
+// estimates alone (the acquisitions since may have expired, or been smaller), and
+// reports the usage that read found; a usage that cannot be read refuses nothing: the
+// quota protects the store's room, not a key's safety, and the claim answers for the
+// store itself.
+func (s *Service) overQuota(ctx context.Context, r ClaimRequest, c Claim) (*reservation, *QuotaError) {
 	if !r.Caps.HasQuota() {
-		return nil
+		return nil, nil
 	}
-	// The cached usage first; a fresh read where it would refuse (it may be older than
-	// records that expired since), or where it admits only because it leaves out this
-	// daemon's acquisitions that answered while the last read ran, which that read may
-	// not have counted: a read begun now counts every acquisition that answered before
-	// this claim arrived.
+	// The cached usage first, and a read begun now where it would refuse. Both count
+	// this daemon's acquisitions that answered while their read ran, which that read
+	// may not have counted (see readUsage): taken as counted, a tenant near its quota
+	// could be let past it by as many claims as answered during one read.
 	arrived := time.Now()
+	bytes := claimBytes(c)
 	var after time.Time
 	for range 2 {
-		// The first read of a tenant's usage is waited for no longer than a store call:
-		// a daemon just started does not hold its first claims up behind a slow count.
+		// A read is waited for no longer than a store call: a daemon just started does
+		// not hold its first claims up behind a slow count.
 		readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
-		u, unsure, err := s.tenantUsage(readCtx, r.ID.Tenant, after)
+		t, err := s.tenantRead(readCtx, r.ID.Tenant, after)
 		cancel()
 		if err != nil {
-			return nil
+			return nil, nil
 		}
-		over := overQuota(r.ID.Tenant, u, r.Caps, time.Now())
+		s.usage.mu.Lock()
+		now := time.Now()
+		read := t.counted(now)
+		u := read
+		u.Records += t.inflight.Records + t.unsure.Records
+		u.Bytes += t.inflight.Bytes + t.unsure.Bytes
+		over := overQuota(r.ID.Tenant, u, r.Caps, now)
+		if over == nil {
+			t.inflight.Records++
+			t.inflight.Bytes += bytes
+			s.usage.mu.Unlock()
+			return &reservation{t: t, bytes: bytes, retention: c.Retention}, nil
+		}
+		s.usage.mu.Unlock()
 		if !after.IsZero() {
-			return over
+			// The usage is the store's, as this read found it, with what this daemon
+			// acquired after the read began; what is in flight, or answered while the
+			// read ran, counts in Used alone.
+			over.Usage = read
+			if over.RetryAfter <= 0 {
+				// Nothing counted is known to expire: what fills the quota is in
+				// flight, or counted by a store that does not say when it drops.
+				over.RetryAfter = max(s.usage.refresh, time.Second)
+			}
+			return nil, over
 		}
-		switch {
-		case over != nil:
-			after = arrived.Add(-s.usage.refresh)
-		case unsure.Records > 0 && overQuota(r.ID.Tenant, Usage{Records: u.Records + unsure.Records, Bytes: u.Bytes + unsure.Bytes}, r.Caps, time.Now()) != nil:
-			after = arrived
-		default:
-			return nil
-		}
+		after = arrived
 	}
-	return nil
+	return nil, nil
 }

@@ -159,13 +159,23 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 		Retention:   retention,
 		Token:       NewLeaseToken(),
 	}
-	if err := s.admit(ctx, r); err != nil {
+	held, err := s.admit(ctx, r, c)
+	if err != nil {
 		return ClaimResult{}, err
 	}
+	// The reservation is held until the claim answers, through every round of a wait.
+	var acquired bool
+	var answered time.Time
+	defer func() { s.settle(held, acquired, answered) }()
 	claim := func(ctx context.Context) (ClaimResult, error) {
 		res, err := s.store.Claim(ctx, c)
+		answered = time.Now()
 		if err == nil && res.Outcome == OutcomeAcquired && r.Caps.HasQuota() {
-			s.acquired(r.ID, c)
+			if held != nil {
+				acquired = true
+			} else {
+				s.acquired(r.ID, c)
+			}
 		}
 		return res, err
 	}

@@ -3,11 +3,14 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/boltstore"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 // The wait loop of Service.Claim runs here on synctest's clock: time moves only when
@@ -152,5 +155,35 @@ func TestServiceClaimWithoutWaitAsksOnce(t *testing.T) {
 		if !errors.Is(a.err, engine.ErrInProgress) || a.at != 0 || store.claims != 2 || len(store.watches[waitKey]) != 0 {
 			t.Fatalf("claim without wait: %v at %s after %d claims, want in progress at once after 2 claims, no watch", a.err, a.at, store.claims)
 		}
+	})
+}
+
+// TestServiceUsageDropsAcquisitionsWhenTheyExpire: what the daemon acquired since the
+// last read of a tenant's usage counts only until its record would expire, without a
+// read of the store to say so.
+func TestServiceUsageDropsAcquisitionsWhenTheyExpire(t *testing.T) {
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{SweepInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	s := engine.NewService(store, time.Hour, engine.WithUsageRefresh(time.Hour))
+	if u, err := s.Usage(t.Context(), "capped"); err != nil || u.Records != 0 {
+		t.Fatalf("usage before any claim: %+v, %v", u, err)
+	}
+	for _, key := range []string{"a", "b"} {
+		_, err := s.Claim(t.Context(), engine.ClaimRequest{ID: engine.ID{Tenant: "capped", Key: key},
+			Retention: 100 * time.Millisecond, Caps: engine.Caps{MaxRecords: 10}})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := s.Usage(t.Context(), "capped")
+	if err != nil || u.Records != 2 || u.NextDrop.IsZero() {
+		t.Fatalf("usage after two claims: %+v, %v; want 2 records and when they drop", u, err)
+	}
+	wait.For(t, 30*time.Second, "the acquisitions to drop out of the usage once their records expire", func() bool {
+		u, err = s.Usage(t.Context(), "capped")
+		return err == nil && u.Records == 0
 	})
 }

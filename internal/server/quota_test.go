@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,9 +41,16 @@ tokens:
 // usage from the store at every request but the first few.
 func newQuotaDaemon(t *testing.T, store engine.Store, console ...server.Console) *authDaemon {
 	t.Helper()
+	return newQuotaDaemonWith(t, store, quotaAuthFile(), time.Millisecond, console...)
+}
+
+// newQuotaDaemonWith is newQuotaDaemon with an auth file of its own and the age of
+// usage at which the store is read again.
+func newQuotaDaemonWith(t *testing.T, store engine.Store, authFile string, refresh time.Duration, console ...server.Console) *authDaemon {
+	t.Helper()
 	t.Cleanup(func() { _ = store.Close() })
 	path := filepath.Join(t.TempDir(), "auth.yaml")
-	if err := os.WriteFile(path, []byte(quotaAuthFile()), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(authFile), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	keyring, err := auth.Load(path)
@@ -51,7 +59,7 @@ func newQuotaDaemon(t *testing.T, store engine.Store, console ...server.Console)
 	}
 	logs := &lockedBuffer{}
 	service := engine.NewService(store, 24*time.Hour, engine.WithStoreTimeout(time.Minute),
-		engine.WithUsageRefresh(time.Millisecond))
+		engine.WithUsageRefresh(refresh))
 	cfg := server.Config{
 		Limits: server.Limits{MaxResponseBytes: 1024},
 		Logger: slog.New(slog.NewJSONHandler(logs, nil)),
@@ -72,7 +80,18 @@ func newQuotaDaemon(t *testing.T, store engine.Store, console ...server.Console)
 // again. On the embedded store, Redis and a Redis Cluster.
 func TestQuota(t *testing.T) {
 	t.Parallel()
-	stores := map[string]func(t *testing.T) engine.Store{
+	for name, open := range quotaStores() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testQuota(t, newQuotaDaemon(t, open(t)))
+		})
+	}
+}
+
+// quotaStores opens each store a quota test runs on: the embedded store, Redis and,
+// unless -short, a Redis Cluster.
+func quotaStores() map[string]func(t *testing.T) engine.Store {
+	return map[string]func(t *testing.T) engine.Store{
 		"embedded": func(t *testing.T) engine.Store {
 			s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{SweepInterval: 50 * time.Millisecond})
 			if err != nil {
@@ -98,10 +117,107 @@ func TestQuota(t *testing.T) {
 			return s
 		},
 	}
-	for name, open := range stores {
+}
+
+const (
+	parallelUse = "parallel-use-token"
+	batchUse    = "batch-use-token"
+)
+
+func concurrentQuotaAuthFile() string {
+	return `
+tenants:
+  parallel: {max_records: 50}
+  batched: {max_records: 50}
+tokens:
+  - {name: parallel-app, tenant: parallel, scopes: [use], sha256: ` + tokenHash(parallelUse) + `}
+  - {name: batch-app, tenant: batched, scopes: [use], sha256: ` + tokenHash(batchUse) + `}
+`
+}
+
+// TestQuotaHoldsUnderConcurrency: claims in flight count against the quota until they
+// answer, so that however many arrive at once, single or in one batch, one daemon
+// never acquires past max_records; and what was reserved for a claim that did not
+// acquire is given back, so the tenant still fills its quota exactly. On the embedded
+// store, Redis and a Redis Cluster, with usage read from the store every two seconds.
+func TestQuotaHoldsUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	for name, open := range quotaStores() {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testQuota(t, newQuotaDaemon(t, open(t)))
+			d := newQuotaDaemonWith(t, open(t), concurrentQuotaAuthFile(), engine.DefaultUsageRefresh)
+			claim := func(token, key string) authAnswer {
+				return d.call(token, http.MethodPost, "/v1/claim", map[string]any{"key": key, "fingerprint": "fp"})
+			}
+			// fill claims new keys one at a time until the quota refuses one, and
+			// returns how many it acquired.
+			fill := func(token, prefix string) int {
+				for i := range 100 {
+					a := claim(token, prefix+strconv.Itoa(i))
+					if a.status == http.StatusTooManyRequests {
+						expectStatus(t, "a claim past the quota", a, http.StatusTooManyRequests, "quota_exceeded")
+						return i
+					}
+					expectStatus(t, "a claim under the quota", a, http.StatusCreated, "")
+				}
+				t.Fatal("100 claims past a quota of 50 records were all acquired")
+				return 0
+			}
+
+			for i := range 45 {
+				expectStatus(t, "claim under the quota", claim(parallelUse, "held-"+strconv.Itoa(i)), http.StatusCreated, "")
+			}
+			statuses := make([]int, 16)
+			var wg sync.WaitGroup
+			for i := range statuses {
+				wg.Go(func() { statuses[i] = claim(parallelUse, "racing-"+strconv.Itoa(i)).status })
+			}
+			wg.Wait()
+			acquired := 0
+			for _, status := range statuses {
+				switch status {
+				case http.StatusCreated:
+					acquired++
+				case http.StatusTooManyRequests:
+				default:
+					t.Fatalf("a parallel claim answered %d", status)
+				}
+			}
+			if acquired > 5 {
+				t.Fatalf("16 parallel claims with 45 of 50 records held acquired %d keys, past the quota", acquired)
+			}
+			if more := fill(parallelUse, "after-"); 45+acquired+more != 50 {
+				t.Fatalf("45 held, %d acquired in parallel, %d one by one: the tenant holds %d records, want its quota of 50",
+					acquired, more, 45+acquired+more)
+			}
+
+			for i := range 49 {
+				expectStatus(t, "claim under the quota", claim(batchUse, "held-"+strconv.Itoa(i)), http.StatusCreated, "")
+			}
+			items := make([]map[string]any, 100)
+			for i := range items {
+				items[i] = map[string]any{"claim": map[string]any{"key": "batched-" + strconv.Itoa(i), "fingerprint": "fp"}}
+			}
+			a := d.call(batchUse, http.MethodPost, "/v1/batch", map[string]any{"items": items})
+			expectStatus(t, "a batch of 100 claims", a, http.StatusOK, "")
+			results, _ := a.body["results"].([]any)
+			acquired = 0
+			for _, r := range results {
+				switch status := r.(map[string]any)["status"]; status {
+				case float64(http.StatusCreated):
+					acquired++
+				case float64(http.StatusTooManyRequests):
+				default:
+					t.Fatalf("a batch's claim answered %v", status)
+				}
+			}
+			if len(results) != 100 || acquired > 1 {
+				t.Fatalf("a batch of 100 claims with 49 of 50 records held acquired %d of %d keys, past the quota", acquired, len(results))
+			}
+			if more := fill(batchUse, "after-"); 49+acquired+more != 50 {
+				t.Fatalf("49 held, %d acquired by the batch, %d one by one: the tenant holds %d records, want its quota of 50",
+					acquired, more, 49+acquired+more)
+			}
 		})
 	}
 }
@@ -161,4 +277,41 @@ func testQuota(t *testing.T, d *authDaemon) {
 		return again.status != http.StatusTooManyRequests
 	})
 	expectStatus(t, "a new key once a record expired", again, http.StatusCreated, "")
+}
+
+// TestQuotaRefusalIsRightTheFirstTime: the first refusal of a tenant that reached its
+// quota between two reads of its usage (the daemon's own acquisitions since counted as
+// estimates, whose expiry the last read did not know) rests on a read of the store: its
+// records and stored bytes are the store's, and it says when to retry. On the embedded
+// store, Redis and a Redis Cluster, with usage read from the store every two seconds.
+func TestQuotaRefusalIsRightTheFirstTime(t *testing.T) {
+	t.Parallel()
+	for name, open := range quotaStores() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := open(t)
+			d := newQuotaDaemonWith(t, store, quotaAuthFile(), engine.DefaultUsageRefresh)
+			for _, key := range []string{"one", "two", "three"} {
+				a := d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": key, "fingerprint": "fp"})
+				expectStatus(t, "claim "+key+" under the quota", a, http.StatusCreated, "")
+			}
+			over := d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": "four", "fingerprint": "fp"})
+			expectStatus(t, "a fourth key at a quota of 3 records", over, http.StatusTooManyRequests, "quota_exceeded")
+			if s, err := strconv.Atoi(over.header.Get("Retry-After")); err != nil || s < 1 {
+				t.Errorf("Retry-After %q, want the seconds until a record expires", over.header.Get("Retry-After"))
+			}
+			if ms, _ := over.body["retry_after_ms"].(float64); ms <= 0 {
+				t.Errorf("retry_after_ms %v, want the milliseconds until a record expires: %s", over.body["retry_after_ms"], over.raw)
+			}
+			u, err := store.(engine.UsageReader).Usage(t.Context(), "capped")
+			if err != nil {
+				t.Fatal(err)
+			}
+			quota, _ := over.body["quota"].(map[string]any)
+			if quota["records"] != float64(u.Records) || quota["stored_bytes"] != float64(u.Bytes) {
+				t.Fatalf("the refusal's usage: %v records, %v stored bytes; the store counts %d and %d",
+					quota["records"], quota["stored_bytes"], u.Records, u.Bytes)
+			}
+		})
+	}
 }
