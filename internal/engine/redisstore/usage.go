@@ -281,16 +281,12 @@ func (s *Store) soleUsage(ctx context.Context) (bool, error) {
 }
 
 // foldEarlier takes, on a Cluster, the slots where daemons of the release before this
-// one counted tenant's usage since the last fold (their bitmap, by GETDEL), and the
-// usage hashes of those slots (usagefold.lua, which deletes each), and adds their spans
-// to spans. Where no daemon of that release runs, it is one GETDEL of a key that is not
-// there. A slot whose hash could not be read is kept for the next read.
+// one counted tenant's usage since the last fold (their bitmap), and the usage hashes
+// of those slots, deleting each (usagefold.lua), and adds their spans to spans. Where
+// no daemon of that release runs, it is one small script on a key that is not there.
+// A slot whose hash could not be read is kept for the next read.
 func (s *Store) foldEarlier(ctx context.Context, tenant string, spans map[int64]spanCount) error {
-	m, err := s.client.MasterFor(ctx, usageSlotsKey(tenant))
-	if err != nil {
-		return err
-	}
-	bitmap, err := m.GetDel(ctx, usageSlotsKey(tenant)).Result()
+	bitmap, err := usageFoldScript.Run(ctx, s.client, []string{usageSlotsKey(tenant)}).Text()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return err
 	}
@@ -342,7 +338,7 @@ func (s *Store) foldEarlier(ctx context.Context, tenant string, spans map[int64]
 // Usage implements engine.UsageReader: one script on the tenant's totals (usage.lua),
 // which first adds what this daemon counted and has not sent yet, so that a read counts
 // every write of the daemon that reads, and drops the spans that have ended. On a
-// Cluster a GETDEL goes before it, for what daemons of the release before this one
+// Cluster a small script goes before it, for what daemons of the release before this one
 // counted (foldEarlier). So a read costs two commands at most, whatever the tenant
 // keeps, wherever it keeps it, and however many daemons write for it.
 func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) {

@@ -115,11 +115,15 @@ else
   for i = 1, #spans do
     local span = spans[i]
     local a = add[span]
-    if a[1] ~= 0 or a[2] ~= 0 then
-      if redis.call('HINCRBY', TOTALS, span, a[2] * BYTE + a[1]) == 0 then
+    local by = a[2] * BYTE + a[1]
+    if by ~= 0 then
+      -- A span's field is in ENDS while it exists, and exists while it is not 0: a
+      -- field that holds just what was added is new.
+      local v = redis.call('HINCRBY', TOTALS, span, by)
+      if v == 0 then
         redis.call('HDEL', TOTALS, span)
         redis.call('ZREM', ENDS, span)
-      else
+      elseif v == by then
         redis.call('ZADD', ENDS, span, span)
       end
     end
