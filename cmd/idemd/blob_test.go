@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -137,6 +138,35 @@ func TestLargeResultsInADirectory(t *testing.T) {
 		t.Fatalf("a small result made a blob: %v", got)
 	}
 
+	// The raw form: the body as the request and answer body, status and headers in
+	// headers; a key with a slash, path-escaped.
+	rawKey := "raw/" + t.Name()
+	if a := claimKey(t, p.base, rawKey); a.Status != http.StatusCreated {
+		t.Fatalf("claim %s: %d %s", rawKey, a.Status, a.Code)
+	} else if code, text := putRaw(t, p.base, rawKey, a.LeaseToken, body); code != http.StatusOK {
+		t.Fatalf("PUT the raw result: %d %s", code, text)
+	}
+	code, h, got := getRaw(t, p.base, rawKey)
+	if code != http.StatusOK || !bytes.Equal(got, body) || h.Get("Idemd-Status") != "201" ||
+		h.Get("Idemd-Result-Headers") != `{"Content-Type":["application/octet-stream"],"X-Result":["raw"]}` || h.Get("Idemd-Outcome") != "completed" {
+		t.Fatalf("GET the raw result: %d, %d bytes, headers %v; want 200, the %d bytes put, status 201 and their headers", code, len(got), h, len(body))
+	}
+	if replay := claimKey(t, p.base, rawKey); replay.Status != http.StatusOK || replay.Response == nil || replay.Response.Status != 201 || !bytes.Equal(replay.Response.Body, body) {
+		t.Fatalf("the JSON replay of a raw result: %d %s", replay.Status, replay.Code)
+	}
+	if got := blobs(); len(got) != 2 {
+		t.Fatalf("blobs after a raw large completion: %v", got)
+	}
+	for _, f := range blobs() {
+		if err := os.Remove(f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, _, got := getRaw(t, p.base, rawKey); code != http.StatusBadGateway || bytes.Contains(got, body[:64]) {
+		t.Fatalf("GET the raw result of a missing blob: %d, want 502 and none of its bytes", code)
+	}
+	completeLarge(t, p.base, "large-again", body)
+
 	before := blobMetric(t, p, "verify")
 	f, err := os.OpenFile(blobs()[0], os.O_WRONLY, 0)
 	if err != nil {
@@ -146,7 +176,7 @@ func TestLargeResultsInADirectory(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = f.Close()
-	for _, a := range []blobAnswer{claimKey(t, p.base, "large"), blobCall(t, p.base, http.MethodGet, "/v1/records/large", nil)} {
+	for _, a := range []blobAnswer{claimKey(t, p.base, "large-again"), blobCall(t, p.base, http.MethodGet, "/v1/records/large-again", nil)} {
 		if a.Status != http.StatusBadGateway || a.Code != "result_unavailable" || a.Response != nil {
 			t.Fatalf("an altered blob answered %d %q (response %v), want 502 result_unavailable", a.Status, a.Code, a.Response != nil)
 		}
@@ -157,7 +187,7 @@ func TestLargeResultsInADirectory(t *testing.T) {
 	if err := os.Remove(blobs()[0]); err != nil {
 		t.Fatal(err)
 	}
-	if a := claimKey(t, p.base, "large"); a.Status != http.StatusBadGateway || a.Code != "result_unavailable" {
+	if a := claimKey(t, p.base, "large-again"); a.Status != http.StatusBadGateway || a.Code != "result_unavailable" {
 		t.Fatalf("a missing blob answered %d %q, want 502 result_unavailable", a.Status, a.Code)
 	}
 
@@ -171,6 +201,40 @@ func TestLargeResultsInADirectory(t *testing.T) {
 	if got := blobs(); len(got) != 0 {
 		t.Fatalf("the purged record's blob is still there: %v", got)
 	}
+}
+
+func putRaw(t *testing.T, base, key, token string, body []byte) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPut, base+"/v1/keys/"+url.PathEscape(key)+"/result", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Idemd-Lease-Token", token)
+	req.Header.Set("Idemd-Status", "201")
+	req.Header.Set("Idemd-Attempt", "1")
+	req.Header.Set("Idemd-Result-Headers", `{"Content-Type":["application/octet-stream"],"X-Result":["raw"]}`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	text, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(text)
+}
+
+func getRaw(t *testing.T, base, key string) (int, http.Header, []byte) {
+	t.Helper()
+	resp, err := http.Get(base + "/v1/keys/" + url.PathEscape(key) + "/result")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading the raw result: %v", err)
+	}
+	return resp.StatusCode, resp.Header, b
 }
 
 // The real binary on Redis with its blobs in a real S3 server: a 16 MiB result
