@@ -155,7 +155,7 @@ func exported(t *testing.T) series {
 	if err := os.WriteFile(authPath, []byte(auth), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	embedded := startDaemon(t, "--auth-file", authPath)
+	embedded := startDaemon(t, "--auth-file", authPath, "--blob-store", "file:")
 	if code := call(t, embedded, "POST", "/v1/claim", "team-token", `{"key":"a","lease_ms":100}`); code != http.StatusCreated {
 		t.Fatalf("claim: %d", code)
 	}
@@ -178,7 +178,7 @@ func exported(t *testing.T) series {
 	got := series{}
 	scrape(t, embedded, got)
 	scrape(t, store, got)
-	for _, name := range []string{"idemd_lease_takeovers_total", "idemd_store_errors_total", "idemd_bolt_db_size_bytes", "idemd_build_info"} {
+	for _, name := range []string{"idemd_lease_takeovers_total", "idemd_store_errors_total", "idemd_bolt_db_size_bytes", "idemd_build_info", "idemd_blob_errors_total"} {
 		if got[name] == nil {
 			t.Fatalf("the daemons did not export %s", name)
 		}

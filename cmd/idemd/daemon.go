@@ -44,6 +44,9 @@ type Main struct {
 	RecordLayout     string
 	RequireNoevict   bool
 	MaxResponseBytes int
+	BlobStore        string
+	BlobThreshold    int
+	MaxBlobBytes     int
 	MaxPointBytes    int
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
@@ -72,6 +75,7 @@ type Main struct {
 
 	// What Open made and Close undoes.
 	store    engine.Store
+	service  *engine.Service
 	migrator *engine.Migrator
 	// clientName names the store's Redis connections (redisstore.Options.ClientName).
 	clientName string
@@ -100,6 +104,9 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.Int64Var(&m.DataMaxSize, "data-max-size", 0, "size, in bytes, that the store guard measures the embedded store's database against; 0 measures it against the free space of its disk")
 	fs.Float64Var(&m.StoreGuard, "store-guard", engine.DefaultGuardThreshold, "fill of the store (Redis used_memory of maxmemory on its fullest master, the embedded store's database of --data-max-size) past which tenants keeping more than their share are refused new keys (quota_exceeded); 0 turns the guard off")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
+	fs.StringVar(&m.BlobStore, "blob-store", "", "keep results over --blob-threshold in this blob store, the record keeping a reference: file:///abs/dir, file: (the directory blobs in --data-dir), or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (credentials from the AWS SDK's chain: environment, shared files, IRSA/pod identity, IMDS; never in the URL); default none: results over --max-response-bytes are refused (docs/operations.md, Large results)")
+	fs.IntVar(&m.BlobThreshold, "blob-threshold", engine.DefaultBlobThreshold, "with --blob-store, the stored size (body and headers), bytes, over which a result goes to the blob store; at most --max-response-bytes")
+	fs.IntVar(&m.MaxBlobBytes, "max-blob-bytes", engine.DefaultMaxBlobBytes, "with --blob-store, largest stored result, bytes (its headers stay within --max-response-bytes)")
 	fs.IntVar(&m.MaxPointBytes, "max-recovery-point-bytes", engine.DefaultMaxPointBytes, "largest recovery point's data, bytes; a pending record keeps one")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
@@ -130,6 +137,9 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	}
 	if m.MaxPointBytes <= 0 {
 		return errors.New("--max-recovery-point-bytes must be positive")
+	}
+	if err := m.checkBlobFlags(); err != nil {
+		return err
 	}
 	if m.Retention < engine.MinRetention || m.Retention > engine.MaxRetention {
 		return fmt.Errorf("--retention must be between %s and %s", engine.MinRetention, engine.MaxRetention)
@@ -324,8 +334,16 @@ func (m *Main) Open() (err error) {
 	if m.migrator != nil {
 		registry.MustRegister(m.migrationMetrics())
 	}
+	blobs, err := m.openBlobs()
+	if err != nil {
+		return err
+	}
+	limits := server.Limits{MaxResponseBytes: m.MaxResponseBytes, MaxPointBytes: m.MaxPointBytes}
+	if blobs != nil {
+		limits.MaxBlobBytes = m.MaxBlobBytes
+	}
 	cfg := server.Config{
-		Limits:   server.Limits{MaxResponseBytes: m.MaxResponseBytes, MaxPointBytes: m.MaxPointBytes},
+		Limits:   limits,
 		Logger:   m.Logger,
 		Registry: registry,
 		Tracing:  m.Tracing,
@@ -343,8 +361,12 @@ func (m *Main) Open() (err error) {
 	if m.keyring != nil {
 		tenants = m.keyring.Tenants
 	}
-	service := engine.NewService(m.store, m.Retention, engine.WithStoreTimeout(m.StoreTimeout),
-		engine.WithStoreGuard(m.StoreGuard, tenants))
+	opts := []engine.Option{engine.WithStoreTimeout(m.StoreTimeout), engine.WithStoreGuard(m.StoreGuard, tenants)}
+	if blobs != nil {
+		opts = append(opts, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: m.BlobThreshold, OnError: blobErrors(registry)}))
+	}
+	service := engine.NewService(m.store, m.Retention, opts...)
+	m.service = service
 	if m.listener, err = net.Listen("tcp", m.Listen); err != nil {
 		return err
 	}
@@ -388,6 +410,11 @@ func (m *Main) Run(ctx context.Context) error {
 		copyCtx, stopCopy := context.WithCancel(ctx)
 		defer stopCopy()
 		go m.copyOut(copyCtx)
+	}
+	if m.service != nil && m.service.BlobStore() != nil {
+		sweepCtx, stopSweep := context.WithCancel(ctx)
+		defer stopSweep()
+		go m.sweepBlobs(sweepCtx, m.service)
 	}
 	served := make(chan error, 1)
 	go func() {

@@ -118,10 +118,39 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--redis-hash-records", "--redis-record-layout", "lean"},
 		{"--redis-record-layout", ""},
 		{"stray"},
+		{"--blob-store", "ftp://host/dir"},
+		{"--blob-store", "file://host/dir"},
+		{"--blob-store", "s3:///prefix"},
+		{"--blob-store", "s3://bucket/p?colour=blue"},
+		{"--blob-store", "s3://bucket/p?endpoint=localhost:9000"},
+		{"--blob-store", "file:", "--blob-threshold", "0"},
+		{"--blob-store", "file:", "--blob-threshold", "2000000"},
+		{"--blob-store", "file:", "--max-blob-bytes", "1000"},
 	} {
 		if err := NewMain().ParseFlags(args); err == nil {
 			t.Errorf("ParseFlags(%q) accepted", args)
 		}
+	}
+}
+
+// TestBlobStoreURLKeepsCredentialsOut refuses a blob store URL with credentials in it,
+// and the refusal does not repeat them.
+func TestBlobStoreURLKeepsCredentialsOut(t *testing.T) {
+	for _, u := range []string{
+		"s3://AKIDXYZZY:wJalrXYZZYKEY@bucket/prefix?region=eu-west-1",
+		"s3://bucket/prefix?endpoint=http://AKIDXYZZY:wJalrXYZZYKEY@127.0.0.1:9000",
+		"file://AKIDXYZZY:wJalrXYZZYKEY@/dir",
+	} {
+		err := NewMain().ParseFlags([]string{"--blob-store", u})
+		if err == nil {
+			t.Fatalf("--blob-store %s was taken", u)
+		}
+		if strings.Contains(err.Error(), "XYZZY") {
+			t.Fatalf("the refusal repeats the credentials: %v", err)
+		}
+	}
+	if err := NewMain().ParseFlags([]string{"--blob-store", "s3://bucket/prefix?endpoint=http://127.0.0.1:9000&region=eu-west-1&path_style=true"}); err != nil {
+		t.Fatalf("a plain s3 URL: %v", err)
 	}
 }
 

@@ -65,6 +65,21 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// Defines values for PutResultParamsIdemdSealed.
+const (
+	N1 PutResultParamsIdemdSealed = "1"
+)
+
+// Valid indicates whether the value is a known member of the PutResultParamsIdemdSealed enum.
+func (e PutResultParamsIdemdSealed) Valid() bool {
+	switch e {
+	case N1:
+		return true
+	default:
+		return false
+	}
+}
+
 // AbandonedKey defines model for AbandonedKey.
 type AbandonedKey struct {
 	// Attempt The attempt of the holder that left it; a claim now is the next.
@@ -322,6 +337,8 @@ type Problem struct {
 	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
 	// rate_limited, request_timeout (the body did not arrive within the daemon's
 	// --body-timeout), not_supported (the daemon's store cannot do what was asked),
+	// result_unavailable (502: the key's result is kept in the blob store, which
+	// does not hold it intact; no part of it is answered),
 	// quota_exceeded (a claim that would acquire a key, from a tenant at its quota
 	// on what the store keeps: `quota` says which and how much),
 	// store_moved (503: the key's record was handed over to another store while
@@ -464,6 +481,30 @@ type ListAbandonedParams struct {
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
 
+// PutResultParams defines parameters for PutResult.
+type PutResultParams struct {
+	// IdemdLeaseToken The lease token the claim gave.
+	IdemdLeaseToken string `json:"Idemd-Lease-Token"`
+
+	// IdemdAttempt The attempt the claim gave; when sent, a completion of another attempt is refused with 409 lease_lost.
+	IdemdAttempt *int64 `json:"Idemd-Attempt,omitempty"`
+
+	// IdemdStatus The stored response's HTTP status.
+	IdemdStatus int `json:"Idemd-Status"`
+
+	// IdemdResultHeaders The stored response's headers, as the JSON object `response.headers` of `/v1/complete` holds (names to lists of values). Not with `Idemd-Sealed`.
+	IdemdResultHeaders *string `json:"Idemd-Result-Headers,omitempty"`
+
+	// IdemdSealed `1` when the body is a sealed envelope (docs/sealing.md), as `response.sealed` of `/v1/complete`.
+	IdemdSealed *PutResultParamsIdemdSealed `json:"Idemd-Sealed,omitempty"`
+
+	// IdemdRetentionMs How long to keep the result, as `retention_ms` of `/v1/complete`.
+	IdemdRetentionMs *int64 `json:"Idemd-Retention-Ms,omitempty"`
+}
+
+// PutResultParamsIdemdSealed defines parameters for PutResult.
+type PutResultParamsIdemdSealed string
+
 // BatchJSONRequestBody defines body for Batch for application/json ContentType.
 type BatchJSONRequestBody = BatchRequest
 
@@ -604,6 +645,12 @@ type ServerInterface interface {
 	// Extend Renew the lease on a claimed key.
 	// (POST /v1/extend)
 	Extend(ctx echo.Context) error
+	// GetResult The stored result of a finished key as raw bytes.
+	// (GET /v1/keys/{key}/result)
+	GetResult(ctx echo.Context, key string) error
+	// PutResult Store the result of a claimed key as raw bytes.
+	// (PUT /v1/keys/{key}/result)
+	PutResult(ctx echo.Context, key string, params PutResultParams) error
 	// Purge Delete the record of a key (an operator's tool).
 	// (DELETE /v1/records/{key})
 	Purge(ctx echo.Context, key string) error
@@ -752,6 +799,137 @@ func (w *ServerInterfaceWrapper) Extend(ctx echo.Context) error {
 	return err
 }
 
+// GetResult converts echo context to params.
+func (w *ServerInterfaceWrapper) GetResult(ctx echo.Context) error {
+	var err error
+	// ------------- Path parameter "key" -------------
+	var key string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "key", ctx.Param("key"), &key, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter key: %s", err))
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.GetResult(ctx, key)
+	return err
+}
+
+// PutResult converts echo context to params.
+func (w *ServerInterfaceWrapper) PutResult(ctx echo.Context) error {
+	var err error
+	// ------------- Path parameter "key" -------------
+	var key string
+
+	err = runtime.BindStyledParameterWithOptions("simple", "key", ctx.Param("key"), &key, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationPath, Explode: false, Required: true, Type: "string", Format: "", ValueIsUnescaped: ctx.Request().URL.RawPath == ""})
+	if err != nil {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter key: %s", err))
+	}
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params PutResultParams
+
+	headers := ctx.Request().Header
+	// ------------- Required header parameter "Idemd-Lease-Token" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idemd-Lease-Token")]; found {
+		var IdemdLeaseToken string
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idemd-Lease-Token, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idemd-Lease-Token", valueList[0], &IdemdLeaseToken, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idemd-Lease-Token: %s", err))
+		}
+
+		params.IdemdLeaseToken = IdemdLeaseToken
+	} else {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idemd-Lease-Token is required, but not found"))
+	}
+	// ------------- Optional header parameter "Idemd-Attempt" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idemd-Attempt")]; found {
+		var IdemdAttempt int64
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idemd-Attempt, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idemd-Attempt", valueList[0], &IdemdAttempt, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int64"})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idemd-Attempt: %s", err))
+		}
+
+		params.IdemdAttempt = &IdemdAttempt
+	}
+	// ------------- Required header parameter "Idemd-Status" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idemd-Status")]; found {
+		var IdemdStatus int
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idemd-Status, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idemd-Status", valueList[0], &IdemdStatus, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idemd-Status: %s", err))
+		}
+
+		params.IdemdStatus = IdemdStatus
+	} else {
+		return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Header parameter Idemd-Status is required, but not found"))
+	}
+	// ------------- Optional header parameter "Idemd-Result-Headers" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idemd-Result-Headers")]; found {
+		var IdemdResultHeaders string
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idemd-Result-Headers, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idemd-Result-Headers", valueList[0], &IdemdResultHeaders, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idemd-Result-Headers: %s", err))
+		}
+
+		params.IdemdResultHeaders = &IdemdResultHeaders
+	}
+	// ------------- Optional header parameter "Idemd-Sealed" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idemd-Sealed")]; found {
+		var IdemdSealed PutResultParamsIdemdSealed
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idemd-Sealed, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idemd-Sealed", valueList[0], &IdemdSealed, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idemd-Sealed: %s", err))
+		}
+
+		params.IdemdSealed = &IdemdSealed
+	}
+	// ------------- Optional header parameter "Idemd-Retention-Ms" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idemd-Retention-Ms")]; found {
+		var IdemdRetentionMs int64
+		n := len(valueList)
+		if n != 1 {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Expected one value for Idemd-Retention-Ms, got %d", n))
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idemd-Retention-Ms", valueList[0], &IdemdRetentionMs, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int64"})
+		if err != nil {
+			return echo.NewHTTPError(http.StatusBadRequest, fmt.Sprintf("Invalid format for parameter Idemd-Retention-Ms: %s", err))
+		}
+
+		params.IdemdRetentionMs = &IdemdRetentionMs
+	}
+
+	// Invoke the callback with all the unmarshaled arguments
+	err = w.Handler.PutResult(ctx, key, params)
+	return err
+}
+
 // Purge converts echo context to params.
 func (w *ServerInterfaceWrapper) Purge(ctx echo.Context) error {
 	var err error
@@ -857,6 +1035,8 @@ func RegisterHandlersWithOptions(router EchoRouter, si ServerInterface, options 
 	router.POST(options.BaseURL+"/v1/batch", wrapper.Batch, options.OperationMiddlewares["batch"]...)
 	router.DELETE(options.BaseURL+"/v1/records/:key", wrapper.Purge, options.OperationMiddlewares["purge"]...)
 	router.GET(options.BaseURL+"/v1/records/:key", wrapper.Lookup, options.OperationMiddlewares["lookup"]...)
+	router.GET(options.BaseURL+"/v1/keys/:key/result", wrapper.GetResult, options.OperationMiddlewares["getResult"]...)
+	router.PUT(options.BaseURL+"/v1/keys/:key/result", wrapper.PutResult, options.OperationMiddlewares["putResult"]...)
 	router.GET(options.BaseURL+"/v1/abandoned", wrapper.ListAbandoned, options.OperationMiddlewares["listAbandoned"]...)
 	router.GET(options.BaseURL+"/v1/admin/records", wrapper.ExportRecords, options.OperationMiddlewares["exportRecords"]...)
 	router.POST(options.BaseURL+"/v1/admin/records", wrapper.ImportRecords, options.OperationMiddlewares["importRecords"]...)

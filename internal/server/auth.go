@@ -30,18 +30,20 @@ var openPaths = map[string]bool{"/healthz": true, "/readyz": true, "/metrics": t
 // routeScopes is the scope each API route needs. Every route of the API is listed (a
 // test holds that); a route missing here would need a valid token of any scope.
 var routeScopes = map[string]auth.Scope{
-	"POST /v1/claim":          auth.ScopeUse,
-	"POST /v1/complete":       auth.ScopeUse,
-	"POST /v1/release":        auth.ScopeUse,
-	"POST /v1/extend":         auth.ScopeUse,
-	"POST /v1/recovery-point": auth.ScopeUse,
-	"GET /v1/abandoned":       auth.ScopeUse,
-	batchEndpoint:             auth.ScopeUse,
-	"GET /v1/records/:key":    auth.ScopeUse,
-	"DELETE /v1/records/:key": auth.ScopeAdmin,
-	"GET /v1/admin/records":   auth.ScopeAdmin,
-	"POST /v1/admin/records":  auth.ScopeAdmin,
-	"GET /v1/admin/backup":    auth.ScopeAdmin,
+	"POST /v1/claim":           auth.ScopeUse,
+	"POST /v1/complete":        auth.ScopeUse,
+	"POST /v1/release":         auth.ScopeUse,
+	"POST /v1/extend":          auth.ScopeUse,
+	"POST /v1/recovery-point":  auth.ScopeUse,
+	"GET /v1/abandoned":        auth.ScopeUse,
+	batchEndpoint:              auth.ScopeUse,
+	"GET /v1/records/:key":     auth.ScopeUse,
+	"PUT /v1/keys/:key/result": auth.ScopeUse,
+	"GET /v1/keys/:key/result": auth.ScopeUse,
+	"DELETE /v1/records/:key":  auth.ScopeAdmin,
+	"GET /v1/admin/records":    auth.ScopeAdmin,
+	"POST /v1/admin/records":   auth.ScopeAdmin,
+	"GET /v1/admin/backup":     auth.ScopeAdmin,
 }
 
 // authenticate decides who sends a request before anything else looks at it: it

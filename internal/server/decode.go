@@ -29,6 +29,10 @@ type Limits struct {
 	// MaxResponseBytes bounds a stored response: its body plus its header names and
 	// values.
 	MaxResponseBytes int
+	// MaxBlobBytes, when set (a daemon with a blob store), bounds a response whose body
+	// goes to the blob store instead: over MaxResponseBytes, up to MaxBlobBytes, as
+	// long as its headers alone stay within MaxResponseBytes.
+	MaxBlobBytes int
 	// MaxPointBytes bounds a recovery point's data; zero means
 	// engine.DefaultMaxPointBytes.
 	MaxPointBytes int
@@ -281,6 +285,8 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 				return engine.Response{}, invalid("%s: a hop-by-hop or framing header, which the server replaying the response sets itself", at())
 			case strings.EqualFold(name, engine.SealedHeader):
 				return engine.Response{}, invalid("%s: the name is reserved for the mark of a sealed response; send the envelope as %s.sealed", at(), field)
+			case strings.EqualFold(name, engine.BlobHeader):
+				return engine.Response{}, invalid("%s: the name is reserved for the reference to a result kept in the blob store", at())
 			}
 			for i, v := range (*r.Headers)[name] {
 				if !httpguts.ValidHeaderFieldValue(v) {
@@ -296,9 +302,8 @@ func (s *Server) storedResponse(field string, r api.StoredResponse) (engine.Resp
 	if len(resp.Body) > 0 && (r.Status == http.StatusNoContent || r.Status == http.StatusNotModified) {
 		return engine.Response{}, invalid("%s.body: a %d response has no body; send none", field, r.Status)
 	}
-	if n := resp.Size(); n > s.limits.MaxResponseBytes {
-		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
-			detail: fmt.Sprintf("%s is %d bytes (body and headers), over the limit of %d", field, n, s.limits.MaxResponseBytes)}
+	if err := s.limits.check(field, &resp, "body and headers"); err != nil {
+		return engine.Response{}, err
 	}
 	return resp, nil
 }
@@ -327,11 +332,28 @@ func (s *Server) sealedResponse(field string, r api.StoredResponse) (engine.Resp
 		return engine.Response{}, invalid("%s.sealed: %v", field, err)
 	}
 	resp := engine.Response{Status: r.Status, Headers: map[string][]string{engine.SealedHeader: {"1"}}, Body: env}
-	if n := resp.Size(); n > s.limits.MaxResponseBytes {
-		return engine.Response{}, &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
-			detail: fmt.Sprintf("%s is %d bytes (the envelope and its mark), over the limit of %d", field, n, s.limits.MaxResponseBytes)}
+	if err := s.limits.check(field, &resp, "the envelope and its mark"); err != nil {
+		return engine.Response{}, err
 	}
 	return resp, nil
+}
+
+// check holds a stored response to the limits: what stays in the record within
+// MaxResponseBytes, the whole within MaxBlobBytes when the body may go to the blob
+// store. what says what the size counts.
+func (l Limits) check(field string, resp *engine.Response, what string) error {
+	n := resp.Size()
+	switch {
+	case n <= l.MaxResponseBytes:
+		return nil
+	case l.MaxBlobBytes > 0 && n <= l.MaxBlobBytes && n-len(resp.Body) <= l.MaxResponseBytes:
+		return nil
+	case l.MaxBlobBytes > 0 && n <= l.MaxBlobBytes:
+		return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
+			detail: fmt.Sprintf("%s's headers are %d bytes, over the limit of %d", field, n-len(resp.Body), l.MaxResponseBytes)}
+	}
+	return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
+		detail: fmt.Sprintf("%s is %d bytes (%s), over the limit of %d", field, n, what, max(l.MaxResponseBytes, l.MaxBlobBytes))}
 }
 
 func validEnvelope(env []byte) error {

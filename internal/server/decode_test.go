@@ -77,6 +77,7 @@ func FuzzDecodeComplete(f *testing.F) {
 		`{"key":"a","lease_token":"t","response":{"status":204,"sealed":"wQECazFaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlpaWlo="}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"sealed":"wQECazE=","body":""}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"Idemd-Sealed":["1"]},"body":"QQ=="}}`,
+		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"idemd-blob":["x 1 ab"]}}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"A":null}}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"headers":{"A":["1",null]}}}`,
 		`{"key":"a","lease_token":"t","response":{"status":200,"body":null},"retention_ms":null}`,
@@ -102,6 +103,9 @@ func FuzzDecodeComplete(f *testing.F) {
 		for name, values := range c.Response.Headers {
 			if !httpguts.ValidHeaderFieldName(name) {
 				t.Fatalf("accepted header name %q", name)
+			}
+			if strings.EqualFold(name, engine.BlobHeader) {
+				t.Fatalf("accepted the reserved header %s", name)
 			}
 			for _, v := range values {
 				if !httpguts.ValidHeaderFieldValue(v) {
@@ -227,5 +231,40 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		if err := decodeBody(body, &r); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// With a blob store, a response over MaxResponseBytes is taken up to MaxBlobBytes as
+// long as its headers alone stay within MaxResponseBytes; the blob header is reserved.
+func TestBlobLimits(t *testing.T) {
+	l := Limits{MaxResponseBytes: 100, MaxBlobBytes: 1000}
+	for _, c := range []struct {
+		resp engine.Response
+		ok   bool
+	}{
+		{engine.Response{Status: 200, Body: make([]byte, 100)}, true},
+		{engine.Response{Status: 200, Body: make([]byte, 1000)}, true},
+		{engine.Response{Status: 200, Body: make([]byte, 1001)}, false},
+		{engine.Response{Status: 200, Headers: map[string][]string{"A": {strings.Repeat("x", 100)}}, Body: make([]byte, 500)}, false},
+	} {
+		err := l.check("response", &c.resp, "body and headers")
+		if (err == nil) != c.ok {
+			t.Errorf("%d bytes with headers %d: %v, want taken %v", len(c.resp.Body), c.resp.Size()-len(c.resp.Body), err, c.ok)
+		}
+		if p := (*problem)(nil); err != nil && (!errors.As(err, &p) || p.status != http.StatusRequestEntityTooLarge) {
+			t.Errorf("refused with %v, want 413", err)
+		}
+	}
+	if err := (Limits{MaxResponseBytes: 100}).check("response", &engine.Response{Status: 200, Body: make([]byte, 101)}, "body"); err == nil {
+		t.Error("without a blob store 101 bytes over a limit of 100 were taken")
+	}
+}
+
+// A result the blob store does not hold intact is 502 result_unavailable, not a
+// store outage and never a replay.
+func TestResultUnavailableIsItsOwnProblem(t *testing.T) {
+	p := toProblem(&engine.ResultError{Ref: engine.BlobRef{Name: "n"}})
+	if p.status != http.StatusBadGateway || p.code != codeResultUnavailable {
+		t.Fatalf("%d %s, want 502 result_unavailable", p.status, p.code)
 	}
 }

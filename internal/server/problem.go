@@ -41,6 +41,7 @@ const (
 	codeRequestTimeout       code = "request_timeout"
 	codeNotSupported         code = "not_supported"
 	codeQuotaExceeded        code = "quota_exceeded"
+	codeResultUnavailable    code = "result_unavailable"
 	// codeClientClosed is never sent: it is the outcome of a request whose caller hung
 	// up before the answer, counted apart from the store's failures.
 	codeClientClosed code = "client_closed_request"
@@ -95,6 +96,11 @@ func toProblem(err error) *problem {
 		// Writing the answer outlasted the write timeout: the client does not read. The
 		// same error from the store's own connection is the store's, answered below.
 		return &problem{status: statusClientClosed, code: codeClientClosed, detail: "the caller did not read its answer in time", cause: err}
+	case errors.Is(err, engine.ErrResultUnavailable):
+		// The record is there, but the blob of its result is missing or not the
+		// bytes stored: the result is never answered in part or altered.
+		return &problem{status: http.StatusBadGateway, code: codeResultUnavailable, cause: err,
+			detail: "the key's result is kept in the blob store, which does not hold it intact (missing, short or altered); the record is unchanged, and no part of the result was answered"}
 	case errors.Is(err, auth.ErrMissingToken):
 		return &problem{status: http.StatusUnauthorized, code: codeUnauthenticated, challenge: `Bearer realm="idemd"`,
 			detail: "send Authorization: Bearer <token>"}

@@ -119,7 +119,7 @@ func New(eng Engine, cfg Config) *Server {
 		log:       cfg.Logger,
 		metrics:   newMetrics(cfg.Registry),
 		registry:  cfg.Registry,
-		bodyLimit: int64(cfg.Limits.MaxResponseBytes)*4/3 + 64<<10,
+		bodyLimit: int64(max(cfg.Limits.MaxResponseBytes, cfg.Limits.MaxBlobBytes))*4/3 + 64<<10,
 		auth:      cfg.Auth,
 		open:      auth.Open(engine.DefaultTenant),
 		hosts:     newHosts(cfg.AllowedHosts),

@@ -69,6 +69,21 @@ func (e ReleaseRequestMode) Valid() bool {
 	}
 }
 
+// Defines values for PutResultParamsIdemdSealed.
+const (
+	N1 PutResultParamsIdemdSealed = "1"
+)
+
+// Valid indicates whether the value is a known member of the PutResultParamsIdemdSealed enum.
+func (e PutResultParamsIdemdSealed) Valid() bool {
+	switch e {
+	case N1:
+		return true
+	default:
+		return false
+	}
+}
+
 // AbandonedKey defines model for AbandonedKey.
 type AbandonedKey struct {
 	// Attempt The attempt of the holder that left it; a claim now is the next.
@@ -326,6 +341,8 @@ type Problem struct {
 	// not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
 	// rate_limited, request_timeout (the body did not arrive within the daemon's
 	// --body-timeout), not_supported (the daemon's store cannot do what was asked),
+	// result_unavailable (502: the key's result is kept in the blob store, which
+	// does not hold it intact; no part of it is answered),
 	// quota_exceeded (a claim that would acquire a key, from a tenant at its quota
 	// on what the store keeps: `quota` says which and how much),
 	// store_moved (503: the key's record was handed over to another store while
@@ -467,6 +484,30 @@ type ListAbandonedParams struct {
 	// Cursor The `next_cursor` of the page before, with the same prefix; absent for the first page.
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
 }
+
+// PutResultParams defines parameters for PutResult.
+type PutResultParams struct {
+	// IdemdLeaseToken The lease token the claim gave.
+	IdemdLeaseToken string `json:"Idemd-Lease-Token"`
+
+	// IdemdAttempt The attempt the claim gave; when sent, a completion of another attempt is refused with 409 lease_lost.
+	IdemdAttempt *int64 `json:"Idemd-Attempt,omitempty"`
+
+	// IdemdStatus The stored response's HTTP status.
+	IdemdStatus int `json:"Idemd-Status"`
+
+	// IdemdResultHeaders The stored response's headers, as the JSON object `response.headers` of `/v1/complete` holds (names to lists of values). Not with `Idemd-Sealed`.
+	IdemdResultHeaders *string `json:"Idemd-Result-Headers,omitempty"`
+
+	// IdemdSealed `1` when the body is a sealed envelope (docs/sealing.md), as `response.sealed` of `/v1/complete`.
+	IdemdSealed *PutResultParamsIdemdSealed `json:"Idemd-Sealed,omitempty"`
+
+	// IdemdRetentionMs How long to keep the result, as `retention_ms` of `/v1/complete`.
+	IdemdRetentionMs *int64 `json:"Idemd-Retention-Ms,omitempty"`
+}
+
+// PutResultParamsIdemdSealed defines parameters for PutResult.
+type PutResultParamsIdemdSealed string
 
 // BatchJSONRequestBody defines body for Batch for application/json ContentType.
 type BatchJSONRequestBody = BatchRequest
@@ -815,6 +856,30 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/extend (the `Extend` operationId).
 	Extend(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetResult The stored result of a finished key as raw bytes.
+	//
+	// The body (or sealed envelope) of the key's stored response, byte for byte, as
+	// the raw answer body, with its status and headers in the answer's headers; 404
+	// when the key has no record or no stored response. A result kept in the blob
+	// store is checked against its size and SHA-256 before any byte is sent: one
+	// missing, short or altered answers 502 result_unavailable, never the result.
+	//
+	// Corresponds with GET /v1/keys/{key}/result (the `GetResult` operationId).
+	GetResult(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// PutResultWithBody Store the result of a claimed key as raw bytes.
+	//
+	// The same transition as `POST /v1/complete`, with the stored response's body (or,
+	// with `Idemd-Sealed: 1`, its sealed envelope) as the raw request body instead of
+	// base64 in JSON, and the rest in headers. A result up to `--max-response-bytes`
+	// is stored as `/v1/complete` stores it; a daemon with a blob store takes one up
+	// to its `--max-blob-bytes` and keeps it there by reference (413 over).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with PUT /v1/keys/{key}/result (the `PutResult` operationId).
+	PutResultWithBody(ctx context.Context, key string, params *PutResultParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// Purge Delete the record of a key (an operator's tool).
 	//
@@ -1174,6 +1239,50 @@ func (c *Client) ExtendWithBody(ctx context.Context, contentType string, body io
 // Corresponds with POST /v1/extend (the `Extend` operationId).
 func (c *Client) Extend(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewExtendRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetResult The stored result of a finished key as raw bytes.
+//
+// The body (or sealed envelope) of the key's stored response, byte for byte, as
+// the raw answer body, with its status and headers in the answer's headers; 404
+// when the key has no record or no stored response. A result kept in the blob
+// store is checked against its size and SHA-256 before any byte is sent: one
+// missing, short or altered answers 502 result_unavailable, never the result.
+//
+// Corresponds with GET /v1/keys/{key}/result (the `GetResult` operationId).
+func (c *Client) GetResult(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetResultRequest(c.Server, key)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// PutResultWithBody Store the result of a claimed key as raw bytes.
+//
+// The same transition as `POST /v1/complete`, with the stored response's body (or,
+// with `Idemd-Sealed: 1`, its sealed envelope) as the raw request body instead of
+// base64 in JSON, and the rest in headers. A result up to `--max-response-bytes`
+// is stored as `/v1/complete` stores it; a daemon with a blob store takes one up
+// to its `--max-blob-bytes` and keeps it there by reference (413 over).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with PUT /v1/keys/{key}/result (the `PutResult` operationId).
+func (c *Client) PutResultWithBody(ctx context.Context, key string, params *PutResultParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewPutResultRequestWithBody(c.Server, key, params, contentType, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1689,6 +1798,142 @@ func NewExtendRequestWithBody(server string, contentType string, body io.Reader)
 	return req, nil
 }
 
+// NewGetResultRequest constructs an http.Request for the GetResult method
+func NewGetResultRequest(server string, key string) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "key", key, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/keys/%s/result", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewPutResultRequestWithBody constructs an http.Request for the PutResult method, with any body, and a specified content type
+func NewPutResultRequestWithBody(server string, key string, params *PutResultParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	var pathParam0 string
+
+	pathParam0, err = runtime.StyleParamWithOptions("simple", false, "key", key, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationPath, Type: "string", Format: ""})
+	if err != nil {
+		return nil, err
+	}
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/keys/%s/result", pathParam0)
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPut, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idemd-Lease-Token", params.IdemdLeaseToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idemd-Lease-Token", headerParam0)
+
+		if params.IdemdAttempt != nil {
+			var headerParam1 string
+
+			headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idemd-Attempt", *params.IdemdAttempt, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idemd-Attempt", headerParam1)
+		}
+
+		var headerParam2 string
+
+		headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Idemd-Status", params.IdemdStatus, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idemd-Status", headerParam2)
+
+		if params.IdemdResultHeaders != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Idemd-Result-Headers", *params.IdemdResultHeaders, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idemd-Result-Headers", headerParam3)
+		}
+
+		if params.IdemdSealed != nil {
+			var headerParam4 string
+
+			headerParam4, err = runtime.StyleParamWithOptions("simple", false, "Idemd-Sealed", *params.IdemdSealed, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idemd-Sealed", headerParam4)
+		}
+
+		if params.IdemdRetentionMs != nil {
+			var headerParam5 string
+
+			headerParam5, err = runtime.StyleParamWithOptions("simple", false, "Idemd-Retention-Ms", *params.IdemdRetentionMs, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int64"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idemd-Retention-Ms", headerParam5)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewPurgeRequest constructs an http.Request for the Purge method
 func NewPurgeRequest(server string, key string) (*http.Request, error) {
 	var err error
@@ -2059,6 +2304,32 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/extend (the `Extend` operationId).
 	ExtendWithResponse(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*ExtendResponse, error)
+
+	// GetResultWithResponse The stored result of a finished key as raw bytes.
+	//
+	// The body (or sealed envelope) of the key's stored response, byte for byte, as
+	// the raw answer body, with its status and headers in the answer's headers; 404
+	// when the key has no record or no stored response. A result kept in the blob
+	// store is checked against its size and SHA-256 before any byte is sent: one
+	// missing, short or altered answers 502 result_unavailable, never the result.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/keys/{key}/result (the `GetResult` operationId).
+	GetResultWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetResultResponse, error)
+
+	// PutResultWithBodyWithResponse Store the result of a claimed key as raw bytes.
+	//
+	// The same transition as `POST /v1/complete`, with the stored response's body (or,
+	// with `Idemd-Sealed: 1`, its sealed envelope) as the raw request body instead of
+	// base64 in JSON, and the rest in headers. A result up to `--max-response-bytes`
+	// is stored as `/v1/complete` stores it; a daemon with a blob store takes one up
+	// to its `--max-blob-bytes` and keeps it there by reference (413 over).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with PUT /v1/keys/{key}/result (the `PutResult` operationId).
+	PutResultWithBodyWithResponse(ctx context.Context, key string, params *PutResultParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutResultResponse, error)
 
 	// PurgeWithResponse Delete the record of a key (an operator's tool).
 	//
@@ -3114,6 +3385,259 @@ func (r ExtendResponse) ContentType() string {
 	return ""
 }
 
+// GetResultResponse200Headers the declared response headers of an HTTP 200 response for GetResult
+type GetResultResponse200Headers struct {
+	IdemdOutcome       *string
+	IdemdResultHeaders *string
+	IdemdSealed        *string
+	IdemdStatus        *int
+}
+
+// GetResultResponse401Headers the declared response headers of an HTTP 401 response for GetResult
+type GetResultResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// GetResultResponse429Headers the declared response headers of an HTTP 429 response for GetResult
+type GetResultResponse429Headers struct {
+	RetryAfter *int
+}
+
+// GetResultResponse503Headers the declared response headers of an HTTP 503 response for GetResult
+type GetResultResponse503Headers struct {
+	RetryAfter *int
+}
+
+type GetResultResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON502 the response for an HTTP 502 `application/problem+json` response
+	ApplicationproblemJSON502 *Problem
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetResultResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetResultResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetResultResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetResultResponse503Headers
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON502 returns the response for an HTTP 502 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON502() *Problem {
+	return r.ApplicationproblemJSON502
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r GetResultResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r GetResultResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetResultResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetResultResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetResultResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// PutResultResponse401Headers the declared response headers of an HTTP 401 response for PutResult
+type PutResultResponse401Headers struct {
+	WWWAuthenticate *string
+}
+
+// PutResultResponse429Headers the declared response headers of an HTTP 429 response for PutResult
+type PutResultResponse429Headers struct {
+	RetryAfter *int
+}
+
+// PutResultResponse503Headers the declared response headers of an HTTP 503 response for PutResult
+type PutResultResponse503Headers struct {
+	RetryAfter *int
+}
+
+type PutResultResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *KeyRecord
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *Problem
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthenticated
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *Problem
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *Problem
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *Problem
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *Problem
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *RateLimited
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *Unavailable
+	// ApplicationproblemJSONDefault the response for an HTTP default `application/problem+json` response
+	ApplicationproblemJSONDefault *Problem
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *PutResultResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *PutResultResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *PutResultResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r PutResultResponse) GetJSON200() *KeyRecord {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON400() *Problem {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON401() *Unauthenticated {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON404() *Problem {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON409() *Problem {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON413() *Problem {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON415() *Problem {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON429() *RateLimited {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSON503() *Unavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetApplicationproblemJSONDefault returns the response for an HTTP default `application/problem+json` response
+func (r PutResultResponse) GetApplicationproblemJSONDefault() *Problem {
+	return r.ApplicationproblemJSONDefault
+}
+
+// GetBody returns the raw response body bytes
+func (r PutResultResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r PutResultResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r PutResultResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r PutResultResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // PurgeResponse401Headers the declared response headers of an HTTP 401 response for Purge
 type PurgeResponse401Headers struct {
 	WWWAuthenticate *string
@@ -3854,6 +4378,44 @@ func (c *ClientWithResponses) ExtendWithResponse(ctx context.Context, body Exten
 		return nil, err
 	}
 	return ParseExtendResponse(rsp)
+}
+
+// GetResultWithResponse The stored result of a finished key as raw bytes.
+//
+// The body (or sealed envelope) of the key's stored response, byte for byte, as
+// the raw answer body, with its status and headers in the answer's headers; 404
+// when the key has no record or no stored response. A result kept in the blob
+// store is checked against its size and SHA-256 before any byte is sent: one
+// missing, short or altered answers 502 result_unavailable, never the result.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/keys/{key}/result (the `GetResult` operationId).
+func (c *ClientWithResponses) GetResultWithResponse(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*GetResultResponse, error) {
+	rsp, err := c.GetResult(ctx, key, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetResultResponse(rsp)
+}
+
+// PutResultWithBodyWithResponse Store the result of a claimed key as raw bytes.
+//
+// The same transition as `POST /v1/complete`, with the stored response's body (or,
+// with `Idemd-Sealed: 1`, its sealed envelope) as the raw request body instead of
+// base64 in JSON, and the rest in headers. A result up to `--max-response-bytes`
+// is stored as `/v1/complete` stores it; a daemon with a blob store takes one up
+// to its `--max-blob-bytes` and keeps it there by reference (413 over).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with PUT /v1/keys/{key}/result (the `PutResult` operationId).
+func (c *ClientWithResponses) PutResultWithBodyWithResponse(ctx context.Context, key string, params *PutResultParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*PutResultResponse, error) {
+	rsp, err := c.PutResultWithBody(ctx, key, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParsePutResultResponse(rsp)
 }
 
 // PurgeWithResponse Delete the record of a key (an operator's tool).
@@ -4884,6 +5446,274 @@ func ParseExtendResponse(rsp *http.Response) (*ExtendResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers ExtendResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetResultResponse parses an HTTP response from a GetResultWithResponse call
+func ParseGetResultResponse(rsp *http.Response) (*GetResultResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetResultResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 502:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON502 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetResultResponse200Headers
+		if values := rsp.Header.Values("Idemd-Outcome"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idemd-Outcome", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdemdOutcome = &value
+		}
+		if values := rsp.Header.Values("Idemd-Result-Headers"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idemd-Result-Headers", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdemdResultHeaders = &value
+		}
+		if values := rsp.Header.Values("Idemd-Sealed"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idemd-Sealed", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdemdSealed = &value
+		}
+		if values := rsp.Header.Values("Idemd-Status"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Idemd-Status", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.IdemdStatus = &value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetResultResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetResultResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetResultResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParsePutResultResponse parses an HTTP response from a PutResultWithResponse call
+func ParsePutResultResponse(rsp *http.Response) (*PutResultResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &PutResultResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest KeyRecord
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthenticated
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest RateLimited
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest Unavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && true:
+		var dest Problem
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSONDefault = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers PutResultResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = &value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers PutResultResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = &value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers PutResultResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: ""}); err != nil {

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemd/idemd/internal/engine"
 )
@@ -26,10 +27,21 @@ type Store struct {
 // never sees one.
 const tmpSuffix = ".tmp"
 
-// Open returns the store in dir, making it if need be.
+// staleTmp is how old a temporary file must be for Open to remove it: a write in
+// flight is never that slow, so an older one was left by a process that died.
+const staleTmp = time.Hour
+
+// Open returns the store in dir, making it if need be, and removes the temporary files
+// that writes cut short by a crash left behind.
 func Open(dir string) (*Store, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("blob directory: %w", err)
+	}
+	tmps, _ := filepath.Glob(filepath.Join(dir, "*", "*"+tmpSuffix))
+	for _, tmp := range tmps {
+		if fi, err := os.Stat(tmp); err == nil && time.Since(fi.ModTime()) > staleTmp {
+			_ = os.Remove(tmp)
+		}
 	}
 	return &Store{dir: dir}, nil
 }

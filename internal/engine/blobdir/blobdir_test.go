@@ -202,3 +202,31 @@ func TestBlobLivesAsLongAsItsRecord(t *testing.T) {
 		t.Fatalf("after the sweep: %v", files)
 	}
 }
+
+// A temporary file a crashed write left is removed when the store opens, once it is
+// older than any write takes; a fresh one (a write in flight) stays.
+func TestOpenRemovesStaleTemporaryFiles(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "00000000001"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	stale, fresh := filepath.Join(dir, "00000000001", "a.1.tmp"), filepath.Join(dir, "00000000001", "b.2.tmp")
+	for _, f := range []string{stale, fresh} {
+		if err := os.WriteFile(f, []byte("part"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	if err := os.Chtimes(stale, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := blobdir.Open(dir); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("the stale temporary file: %v, want removed", err)
+	}
+	if _, err := os.Stat(fresh); err != nil {
+		t.Fatalf("the fresh temporary file: %v, want kept", err)
+	}
+}

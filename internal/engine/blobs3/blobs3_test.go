@@ -1,12 +1,19 @@
 package blobs3_test
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"testing"
+	"time"
 
+	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/blobs3"
 	"github.com/idemd/idemd/internal/engine/enginetest"
+	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/testing/testredis"
 	"github.com/idemd/idemd/internal/testing/tests3"
+	"github.com/idemd/idemd/internal/testing/wait"
 )
 
 func TestParseURL(t *testing.T) {
@@ -46,5 +53,69 @@ func TestContract(t *testing.T) {
 			}
 			enginetest.BlobStore(t, s)
 		})
+	}
+}
+
+// Over Redis with its blobs in S3: a record that Redis expires silently leaves its
+// blob to the sweep, which deletes it once the record's expiry and the grace have
+// passed, and leaves a live record's blob alone.
+func TestSweepAfterRedisExpiry(t *testing.T) {
+	ctx := context.Background()
+	srv := tests3.Start(t)
+	store, err := redisstore.Open(testredis.Start(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	o, err := blobs3.ParseURL(srv.URL("sweep"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := blobs3.Open(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The store deadline is not what this tests: it is set out of a busy machine's way.
+	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute), engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+	complete := func(key string, retention time.Duration) {
+		id := engine.ID{Tenant: engine.DefaultTenant, Key: key}
+		res, err := s.Claim(ctx, engine.ClaimRequest{ID: id, Fingerprint: "fp"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: res.Record.LeaseToken, Retention: retention,
+			Response: engine.Response{Status: 200, Body: bytes.Repeat([]byte("z"), 4096)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	complete("short", 100*time.Millisecond)
+	complete("long", time.Hour)
+	names := func() []string {
+		var out []string
+		if err := bucket.List(ctx, "", func(n string) bool { out = append(out, n); return true }); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if got := names(); len(got) != 2 {
+		t.Fatalf("objects: %v, want two", got)
+	}
+	wait.For(t, 10*time.Second, "Redis to expire the short record", func() bool {
+		_, err := store.Lookup(ctx, engine.ID{Tenant: engine.DefaultTenant, Key: "short"})
+		return errors.Is(err, engine.ErrNotFound)
+	})
+	if n, err := s.SweepBlobs(ctx, time.Now(), 100); err != nil || n != 0 {
+		t.Fatalf("a sweep within the grace: %d %v, want none deleted", n, err)
+	}
+	if n, err := s.SweepBlobs(ctx, time.Now().Add(engine.BlobSweepGrace+time.Second), 100); err != nil || n != 1 {
+		t.Fatalf("a sweep past the grace: %d %v, want one deleted", n, err)
+	}
+	got := names()
+	if len(got) != 1 {
+		t.Fatalf("objects after the sweep: %v, want the long record's", got)
+	}
+	res, err := s.Claim(ctx, engine.ClaimRequest{ID: engine.ID{Tenant: engine.DefaultTenant, Key: "long"}, Fingerprint: "fp"})
+	if err != nil || res.Outcome != engine.OutcomeCompleted || len(res.Record.Response.Body) != 4096 {
+		t.Fatalf("the live record's replay after the sweep: %v %v", res.Outcome, err)
 	}
 }

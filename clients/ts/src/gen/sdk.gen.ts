@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import type { Client, Options as Options2, TDataShape } from './client/index.js';
-import type { BackupData, BackupErrors, BackupResponses, BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExportRecordsData, ExportRecordsErrors, ExportRecordsResponses, ExtendData, ExtendErrors, ExtendResponses, HealthzData, HealthzResponses, ImportRecordsData, ImportRecordsErrors, ImportRecordsResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
+import type { BackupData, BackupErrors, BackupResponses, BatchData, BatchErrors, BatchResponses, ClaimData, ClaimErrors, ClaimResponses, CompleteData, CompleteErrors, CompleteResponses, ExportRecordsData, ExportRecordsErrors, ExportRecordsResponses, ExtendData, ExtendErrors, ExtendResponses, GetResultData, GetResultErrors, GetResultResponses, HealthzData, HealthzResponses, ImportRecordsData, ImportRecordsErrors, ImportRecordsResponses, ListAbandonedData, ListAbandonedErrors, ListAbandonedResponses, LookupData, LookupErrors, LookupResponses, OpenapiData, OpenapiResponses, PurgeData, PurgeErrors, PurgeResponses, PutResultData, PutResultErrors, PutResultResponses, ReadyzData, ReadyzErrors, ReadyzResponses, RecordRecoveryPointData, RecordRecoveryPointErrors, RecordRecoveryPointResponses, ReleaseData, ReleaseErrors, ReleaseResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -146,6 +146,43 @@ export const lookup = <ThrowOnError extends boolean = false>(options: Options<Lo
     security: [{ scheme: 'bearer', type: 'http' }],
     url: '/v1/records/{key}',
     ...options
+});
+
+/**
+ * The stored result of a finished key as raw bytes.
+ *
+ * The body (or sealed envelope) of the key's stored response, byte for byte, as
+ * the raw answer body, with its status and headers in the answer's headers; 404
+ * when the key has no record or no stored response. A result kept in the blob
+ * store is checked against its size and SHA-256 before any byte is sent: one
+ * missing, short or altered answers 502 result_unavailable, never the result.
+ *
+ */
+export const getResult = <ThrowOnError extends boolean = false>(options: Options<GetResultData, ThrowOnError>) => (options.client ?? client).get<GetResultResponses, GetResultErrors, ThrowOnError>({
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/keys/{key}/result',
+    ...options
+});
+
+/**
+ * Store the result of a claimed key as raw bytes.
+ *
+ * The same transition as `POST /v1/complete`, with the stored response's body (or,
+ * with `Idemd-Sealed: 1`, its sealed envelope) as the raw request body instead of
+ * base64 in JSON, and the rest in headers. A result up to `--max-response-bytes`
+ * is stored as `/v1/complete` stores it; a daemon with a blob store takes one up
+ * to its `--max-blob-bytes` and keeps it there by reference (413 over).
+ *
+ */
+export const putResult = <ThrowOnError extends boolean = false>(options: Options<PutResultData, ThrowOnError>) => (options.client ?? client).put<PutResultResponses, PutResultErrors, ThrowOnError>({
+    bodySerializer: null,
+    security: [{ scheme: 'bearer', type: 'http' }],
+    url: '/v1/keys/{key}/result',
+    ...options,
+    headers: {
+        'Content-Type': 'application/octet-stream',
+        ...options.headers
+    }
 });
 
 /**

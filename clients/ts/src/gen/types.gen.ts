@@ -390,6 +390,8 @@ export type Problem = {
      * not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
      * rate_limited, request_timeout (the body did not arrive within the daemon's
      * --body-timeout), not_supported (the daemon's store cannot do what was asked),
+     * result_unavailable (502: the key's result is kept in the blob store, which
+     * does not hold it intact; no part of it is answered),
      * quota_exceeded (a claim that would acquire a key, from a tenant at its quota
      * on what the store keeps: `quota` says which and how much),
      * store_moved (503: the key's record was handed over to another store while
@@ -918,6 +920,162 @@ export type LookupResponses = {
 };
 
 export type LookupResponse = LookupResponses[keyof LookupResponses];
+
+export type GetResultData = {
+    body?: never;
+    path: {
+        /**
+         * The idempotency key, path-escaped (keys may contain `/`, `?`, `#`, spaces).
+         */
+        key: string;
+    };
+    query?: never;
+    url: '/v1/keys/{key}/result';
+};
+
+export type GetResultErrors = {
+    /**
+     * An RFC 9457 problem.
+     */
+    400: Problem;
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
+     */
+    403: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    404: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
+     */
+    429: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    502: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type GetResultError = GetResultErrors[keyof GetResultErrors];
+
+export type GetResultResponses = {
+    /**
+     * The stored response's body.
+     */
+    200: Blob | File;
+};
+
+export type GetResultResponse = GetResultResponses[keyof GetResultResponses];
+
+export type PutResultData = {
+    body: Blob | File;
+    headers: {
+        /**
+         * The lease token the claim gave.
+         */
+        'Idemd-Lease-Token': string;
+        /**
+         * The attempt the claim gave; when sent, a completion of another attempt is refused with 409 lease_lost.
+         */
+        'Idemd-Attempt'?: number;
+        /**
+         * The stored response's HTTP status.
+         */
+        'Idemd-Status': number;
+        /**
+         * The stored response's headers, as the JSON object `response.headers` of `/v1/complete` holds (names to lists of values). Not with `Idemd-Sealed`.
+         */
+        'Idemd-Result-Headers'?: string;
+        /**
+         * `1` when the body is a sealed envelope (docs/sealing.md), as `response.sealed` of `/v1/complete`.
+         */
+        'Idemd-Sealed'?: '1';
+        /**
+         * How long to keep the result, as `retention_ms` of `/v1/complete`.
+         */
+        'Idemd-Retention-Ms'?: number;
+    };
+    path: {
+        /**
+         * The idempotency key, path-escaped (keys may contain `/`, `?`, `#`, spaces).
+         */
+        key: string;
+    };
+    query?: never;
+    url: '/v1/keys/{key}/result';
+};
+
+export type PutResultErrors = {
+    /**
+     * An RFC 9457 problem.
+     */
+    400: Problem;
+    /**
+     * No bearer token, or one the daemon does not know (code unauthenticated).
+     */
+    401: Problem;
+    /**
+     * The token lacks the scope the operation needs, or, without an auth file, the request's Host is not one the daemon answers to (code forbidden).
+     */
+    403: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    404: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    409: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    413: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    415: Problem;
+    /**
+     * The tenant is over its request rate (code rate_limited), or, answering a claim
+     * that would acquire a key, at its quota on what the store keeps of it (code
+     * quota_exceeded, with the usage and the limit in `quota`).
+     *
+     */
+    429: Problem;
+    /**
+     * The store cannot be reached or did not confirm the write (code store_unavailable or not_replicated), or the key's record has moved to a store this daemon does not serve (code store_moved); nothing was acquired.
+     */
+    503: Problem;
+    /**
+     * An RFC 9457 problem.
+     */
+    default: Problem;
+};
+
+export type PutResultError = PutResultErrors[keyof PutResultErrors];
+
+export type PutResultResponses = {
+    /**
+     * The result is stored (also when this exact completion is repeated).
+     */
+    200: KeyRecord;
+};
+
+export type PutResultResponse = PutResultResponses[keyof PutResultResponses];
 
 export type ListAbandonedData = {
     body?: never;

@@ -19,6 +19,7 @@ from .kept_record import KeptRecord
 from .key_record import KeyRecord
 from .lease_extended import LeaseExtended
 from .problem import Problem
+from .put_result_idemd_sealed import PutResultIdemdSealed
 from .quota_usage import QuotaUsage
 from .recovery_point import RecoveryPoint
 from .recovery_point_request import RecoveryPointRequest
@@ -47,6 +48,7 @@ __all__ = (
     "KeyRecord",
     "LeaseExtended",
     "Problem",
+    "PutResultIdemdSealed",
     "QuotaUsage",
     "RecoveryPoint",
     "RecoveryPointRequest",

@@ -30,6 +30,8 @@ class Problem:
             not_replicated, method_not_allowed, internal, unauthenticated, forbidden,
             rate_limited, request_timeout (the body did not arrive within the daemon's
             --body-timeout), not_supported (the daemon's store cannot do what was asked),
+            result_unavailable (502: the key's result is kept in the blob store, which
+            does not hold it intact; no part of it is answered),
             quota_exceeded (a claim that would acquire a key, from a tenant at its quota
             on what the store keeps: `quota` says which and how much),
             store_moved (503: the key's record was handed over to another store while

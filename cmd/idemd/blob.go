@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/blobdir"
+	"github.com/idemd/idemd/internal/engine/blobs3"
+)
+
+// Sweeps of the blob store: how often, and how many blobs one sweep deletes at most.
+// A blob outlives its record by at most BlobSweepGrace and one period.
+const (
+	blobSweepEvery = 5 * time.Minute
+	blobSweepLimit = 10000
+)
+
+// blobStoreKind reads --blob-store: "" for none, "file" or "s3". A URL with
+// credentials in it is refused without being repeated.
+func blobStoreKind(raw string) (string, error) {
+	if raw == "" {
+		return "", nil
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", errors.New("--blob-store is not a URL (file:///dir, file: for the directory blobs in --data-dir, or s3://bucket/prefix?endpoint=...&region=...&path_style=true)")
+	}
+	if u.User != nil {
+		return "", errors.New("--blob-store: credentials do not go in the URL; give them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), the shared credentials file, or the pod's or instance's identity")
+	}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" {
+			return "", errors.New("--blob-store: a file URL names a local directory: file:///abs/dir")
+		}
+		return "file", nil
+	case "s3":
+		if _, err := blobs3.ParseURL(raw); err != nil {
+			return "", fmt.Errorf("--blob-store: %w", err)
+		}
+		return "s3", nil
+	}
+	return "", fmt.Errorf("--blob-store: scheme %q is neither file nor s3", u.Scheme)
+}
+
+// checkBlobFlags checks the blob store's flags at parse time.
+func (m *Main) checkBlobFlags() error {
+	if _, err := blobStoreKind(m.BlobStore); err != nil {
+		return err
+	}
+	if m.BlobStore == "" {
+		return nil
+	}
+	switch {
+	case m.BlobThreshold <= 0:
+		return errors.New("--blob-threshold must be positive")
+	case m.BlobThreshold > m.MaxResponseBytes:
+		return errors.New("--blob-threshold must be at most --max-response-bytes: a result up to it stays in the record")
+	case m.MaxBlobBytes < m.MaxResponseBytes:
+		return errors.New("--max-blob-bytes must be at least --max-response-bytes")
+	}
+	return nil
+}
+
+// blobDesc is the blob store as a log line may show it: the URL has no credentials
+// (they are refused), and its query is left out all the same.
+func blobDesc(raw string) string {
+	if i := strings.IndexByte(raw, '?'); i >= 0 {
+		return raw[:i]
+	}
+	return raw
+}
+
+// openBlobs opens the blob store of --blob-store, nil without one.
+func (m *Main) openBlobs() (engine.BlobStore, error) {
+	kind, err := blobStoreKind(m.BlobStore)
+	if err != nil || kind == "" {
+		return nil, err
+	}
+	if kind == "file" {
+		u, _ := url.Parse(m.BlobStore)
+		dir := u.Path
+		if dir == "" {
+			dir = filepath.Join(m.DataDir, "blobs")
+		}
+		s, err := blobdir.Open(dir)
+		if err != nil {
+			return nil, fmt.Errorf("--blob-store: %w", err)
+		}
+		m.Logger.Info("blob store opened", "dir", s.Dir(), "threshold", m.BlobThreshold, "max_blob_bytes", m.MaxBlobBytes)
+		return s, nil
+	}
+	o, _ := blobs3.ParseURL(m.BlobStore)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := blobs3.Open(ctx, o)
+	if err != nil {
+		return nil, fmt.Errorf("--blob-store: %w", err)
+	}
+	if err := s.Check(ctx); err != nil {
+		// As with Redis, a bucket out of reach at start-up is no reason not to start:
+		// large results answer 503 until it answers.
+		m.Logger.Warn("the blob store's bucket does not answer; large results answer 503 until it does", "blob_store", blobDesc(m.BlobStore), "err", err)
+	} else {
+		m.Logger.Info("blob store opened", "blob_store", blobDesc(m.BlobStore), "threshold", m.BlobThreshold, "max_blob_bytes", m.MaxBlobBytes)
+	}
+	return s, nil
+}
+
+// blobErrors is idemd_blob_errors_total.
+func blobErrors(registry *prometheus.Registry) func(op string) {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemd_blob_errors_total",
+		Help: "Failures of the blob store, by operation: put, get, delete, sweep, and verify (a blob missing its bytes or not the bytes stored: the result answered 502 result_unavailable).",
+	}, []string{"op"})
+	for _, op := range []string{"put", "get", "verify", "delete", "sweep"} {
+		c.WithLabelValues(op)
+	}
+	registry.MustRegister(c)
+	return func(op string) { c.WithLabelValues(op).Inc() }
+}
+
+// sweepBlobs deletes the blobs of expired records every blobSweepEvery until ctx ends.
+func (m *Main) sweepBlobs(ctx context.Context, s *engine.Service) {
+	t := time.NewTicker(blobSweepEvery)
+	defer t.Stop()
+	for {
+		sweepCtx, cancel := context.WithTimeout(ctx, blobSweepEvery)
+		n, err := s.SweepBlobs(sweepCtx, time.Now(), blobSweepLimit)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			m.Logger.Warn("the sweep of the blob store failed; it runs again later", "deleted", n, "err", err)
+		case n > 0:
+			m.Logger.Info("blob store swept", "deleted", n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
