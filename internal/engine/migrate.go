@@ -455,25 +455,65 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 			return p, nil
 		}
 		p.Waiting = nil
-		_, err = m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
-			if err := m.Move(ctx, tenant, digest, key); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				p.Failed++
-			} else {
-				p.Moved++
-			}
-			p.Left = max(p.Left-1, 0)
-			if progress != nil {
-				progress(p)
-			}
-			return nil
-		})
-		if err != nil {
+		if err := m.copyPass(ctx, &p, progress); err != nil {
 			return p, err
 		}
 	}
+}
+
+// moveWorkers is how many keys the copier hands over at once. Each key is handed over
+// as a call hands it over (Move), so every guarantee of one handover holds; at once,
+// the stores send the steps of many keys together (a Redis store pipelines concurrent
+// scripts to each master, the embedded store commits concurrent transitions in one
+// transaction), which is what makes the copier fast: a key alone costs the round trips
+// of its three steps.
+const moveWorkers = 128
+
+// copyPass hands over every key the old store lists as not yet moved, moveWorkers at a
+// time, counting them in p and reporting p after each.
+func (m *Migrator) copyPass(ctx context.Context, p *MoveProgress, progress func(MoveProgress)) error {
+	var mu sync.Mutex
+	keys := make(chan movingKey)
+	var wg sync.WaitGroup
+	for range moveWorkers {
+		wg.Go(func() {
+			for k := range keys {
+				err := m.Move(ctx, k.tenant, k.digest, k.key)
+				mu.Lock()
+				if err != nil {
+					p.Failed++
+				} else {
+					p.Moved++
+				}
+				p.Left = max(p.Left-1, 0)
+				if progress != nil {
+					progress(*p)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	_, err := m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
+		select {
+		case keys <- movingKey{tenant, digest, key}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	close(keys)
+	wg.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}
+
+// movingKey is a key the copier hands over.
+type movingKey struct {
+	tenant string
+	digest [32]byte
+	key    string
 }
 
 // waitingFor describes what c keeps a move from, one line each.

@@ -92,12 +92,29 @@ func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]b
 			if err != nil {
 				return moved, engine.Unavailable(err)
 			}
+			// The records of a SCAN batch are peeked at in one pipeline: a round trip for
+			// each batch rather than each key.
+			type peeked struct {
+				tenant string
+				digest [32]byte
+				cmd    *redis.Cmd
+			}
+			var batch []peeked
+			p := m.Pipeline()
 			for _, k := range keys {
 				tenant, digest, ok := recordOfKey(k)
 				if !ok {
 					continue
 				}
-				v, err := l.scripts.peek.EvalSha(ctx, m, digestKeys(tenant, digest)).Slice()
+				batch = append(batch, peeked{tenant, digest, l.scripts.peek.EvalSha(ctx, p, digestKeys(tenant, digest))})
+			}
+			if len(batch) > 0 {
+				if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+					return moved, engine.Unavailable(err)
+				}
+			}
+			for _, b := range batch {
+				v, err := b.cmd.Slice()
 				if err != nil && !errors.Is(err, redis.Nil) {
 					return moved, engine.Unavailable(err)
 				}
@@ -112,7 +129,7 @@ func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]b
 					continue
 				}
 				key, _ := v[1].(string)
-				if err := fn(tenant, digest, key); err != nil {
+				if err := fn(b.tenant, b.digest, key); err != nil {
 					return moved, err
 				}
 			}
