@@ -13,15 +13,16 @@ import (
 // migrationView is the part of the console's store view that a live move fills in.
 type migrationView struct {
 	Migration *struct {
-		From       string  `json:"from"`
-		HandedOver int64   `json:"handed_over"`
-		Left       int64   `json:"left"`
-		ByCalls    int64   `json:"by_calls"`
-		Failed     int64   `json:"failed"`
-		PerSecond  float64 `json:"per_second"`
-		ToGoS      float64 `json:"to_go_s"`
-		Alone      int     `json:"alone_daemons"`
-		Done       bool    `json:"done"`
+		From       string   `json:"from"`
+		HandedOver int64    `json:"handed_over"`
+		Left       int64    `json:"left"`
+		ByCalls    int64    `json:"by_calls"`
+		Failed     int64    `json:"failed"`
+		PerSecond  float64  `json:"per_second"`
+		ToGoS      float64  `json:"to_go_s"`
+		Alone      int      `json:"alone_daemons"`
+		Waiting    []string `json:"waiting,omitempty"`
+		Done       bool     `json:"done"`
 	} `json:"migration"`
 }
 
@@ -80,7 +81,10 @@ func (a *app) migration(args []string) int {
 	fmt.Fprintf(a.stdout, "from %s: %d copied, %d left, %.0f/s, about %s to go (%d handed over by calls, %d failed)\n",
 		m.From, m.HandedOver, m.Left, m.PerSecond, (time.Duration(m.ToGoS) * time.Second).Round(time.Second), m.ByCalls, m.Failed)
 	if m.Alone > 0 {
-		fmt.Fprintf(a.stdout, "not done while %d connections of daemons serve the old store alone: restart them with --migrate-from\n", m.Alone)
+		fmt.Fprintf(a.stdout, "not done while %d daemons serve the old store alone or connections to it may be daemons that do not know markers: restart them with --migrate-from, or stop them\n", m.Alone)
+	}
+	for _, w := range m.Waiting {
+		fmt.Fprintf(a.stdout, "waiting for: %s\n", w)
 	}
 	return 0
 }

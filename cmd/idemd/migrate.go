@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,7 +62,8 @@ func (m *Main) copyOut(ctx context.Context) {
 			last = time.Now()
 			now := time.Now()
 			m.Logger.Info("moving records", "handed_over", p.Moved, "left", p.Left, "daemons_on_the_old_store_alone", p.AloneDaemons, "moved_before", p.Passed, "failed", p.Failed,
-				"per_second", fmt.Sprintf("%.0f", p.Rate(now)), "to_go", p.ToGo(now).Round(time.Second), "done", p.Done)
+				"per_second", fmt.Sprintf("%.0f", p.Rate(now)), "to_go", p.ToGo(now).Round(time.Second), "done", p.Done,
+				"waiting_for", strings.Join(p.Waiting, "; "))
 		}
 	}
 	for ctx.Err() == nil {
@@ -90,7 +92,7 @@ func (m *Main) migrationStatus() server.Migration {
 	handed, sealed := m.migrator.Counts()
 	now := time.Now()
 	out := server.Migration{From: redactURL(m.MigrateFrom), HandedOver: p.Moved, Left: p.Left, ByCalls: handed + sealed - p.Moved,
-		Failed: p.Failed, Done: p.Done, AloneDaemons: p.AloneDaemons}
+		Failed: p.Failed, Done: p.Done, AloneDaemons: p.AloneDaemons, Waiting: p.Waiting}
 	if !p.Started.IsZero() {
 		out.PerSecond, out.ToGoS = p.Rate(now), p.ToGo(now).Seconds()
 	}
@@ -107,7 +109,7 @@ type migrationCollector struct{ m *Main }
 var (
 	migMoved = prometheus.NewDesc("idemd_migration_keys_handed_over", "Keys this daemon's copier handed over from the old store in the live move.", nil, nil)
 	migDone  = prometheus.NewDesc("idemd_migration_done", "1 once this daemon's copier found only markers in the old store, and no daemon serving it alone.", nil, nil)
-	migAlone = prometheus.NewDesc("idemd_migration_alone_daemons", "Connections of daemons serving the old store alone, at the copier's last pass that found nothing left to hand over.", nil, nil)
+	migAlone = prometheus.NewDesc("idemd_migration_alone_daemons", "Daemons serving the old store alone, and connections to it that may be daemons that do not know markers, at the copier's last look.", nil, nil)
 	migLeft  = prometheus.NewDesc("idemd_migration_keys_left", "Keys the copier's pass still has to hand over from the old store.", nil, nil)
 	migCalls = prometheus.NewDesc("idemd_migration_keys_handed_over_by_calls", "Keys this daemon handed over from the old store, by calls and the copier, and found sealed.", []string{"how"}, nil)
 )

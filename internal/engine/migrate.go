@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -66,8 +67,33 @@ type DaemonCounter interface {
 	Daemons(ctx context.Context) (int, error)
 }
 
+// Census is who is connected to an old store, as a live move needs to know.
+type Census struct {
+	// Alone describes the daemons that serve the old store alone and know markers (their
+	// heartbeats say so), one line each: while there are any, they may write records
+	// there that are not moved yet.
+	Alone []string
+	// Unknown describes the connections that do not identify as daemons that write
+	// heartbeats: each may be a daemon of an earlier release, which may not know markers
+	// and writes records there too.
+	Unknown []string
+}
+
+// ClientCensus is what an old store offers to tell who is connected to it: the Redis
+// store tells daemons by their connections' names and heartbeats. A store opened by
+// one process only (the embedded store) needs none.
+type ClientCensus interface {
+	Census(ctx context.Context) (Census, error)
+}
+
+// censusEvery is how often a migrator that may not yet write markers looks again.
+const censusEvery = time.Second
+
 // Migrator is a Store that serves every key from the new store, after handing it over
-// from the old one: the daemon's store while a live move runs.
+// from the old one: the daemon's store while a live move runs. Until no connection to
+// the old store may be a daemon that does not know markers (Census.Unknown), it writes
+// no marker: it serves from the old store as its own daemons do, and its copier waits.
+// Once it has written one it goes on, whoever connects later.
 type Migrator struct {
 	next     Store
 	nextPort Porter
@@ -78,6 +104,67 @@ type Migrator struct {
 	// written into the new one, or found there already), Sealed those it found moved
 	// or absent there.
 	handedOver, sealed atomic.Int64
+	// markers is set once the migrator may write markers; gateMu guards the look that
+	// sets it, census and censusAt the last such look.
+	markers  atomic.Bool
+	gateMu   sync.Mutex
+	census   Census
+	censusAt time.Time
+}
+
+// markersAllowed says whether the migrator may write markers into the old store: once
+// a census found no connection there that may be a daemon that does not know them, and
+// ever after. It looks again at most every censusEvery.
+func (m *Migrator) markersAllowed(ctx context.Context) (bool, error) {
+	if m.markers.Load() {
+		return true, nil
+	}
+	cc, ok := m.oldStore.(ClientCensus)
+	if !ok {
+		m.markers.Store(true)
+		return true, nil
+	}
+	m.gateMu.Lock()
+	defer m.gateMu.Unlock()
+	if m.markers.Load() {
+		return true, nil
+	}
+	if !m.censusAt.IsZero() && m.now().Sub(m.censusAt) < censusEvery {
+		return false, nil
+	}
+	c, err := cc.Census(ctx)
+	if err != nil {
+		return false, err
+	}
+	m.census, m.censusAt = c, m.now()
+	if len(c.Unknown) == 0 {
+		m.markers.Store(true)
+		return true, nil
+	}
+	return false, nil
+}
+
+// lastCensus is the census that keeps the migrator from writing markers.
+func (m *Migrator) lastCensus() Census {
+	m.gateMu.Lock()
+	defer m.gateMu.Unlock()
+	return m.census
+}
+
+// route returns the store to serve id from: the new one, having handed the key over,
+// or the old one while the migrator may write no marker.
+func (m *Migrator) route(ctx context.Context, id ID, seal bool) (Store, error) {
+	ok, err := m.markersAllowed(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return m.oldStore, nil
+	}
+	if err := m.handOver(ctx, id, seal); err != nil {
+		return nil, err
+	}
+	return m.next, nil
 }
 
 // NewMigrator serves from next, handing each key over from old first. next must be a
@@ -160,59 +247,69 @@ func (m *Migrator) move(ctx context.Context, tenant string, digest [32]byte, key
 
 // Claim implements Store.
 func (m *Migrator) Claim(ctx context.Context, c Claim) (ClaimResult, error) {
-	if err := m.handOver(ctx, c.ID, true); err != nil {
+	s, err := m.route(ctx, c.ID, true)
+	if err != nil {
 		return ClaimResult{}, err
 	}
-	return m.next.Claim(ctx, c)
+	return s.Claim(ctx, c)
 }
 
 // Complete implements Store.
 func (m *Migrator) Complete(ctx context.Context, c Completion) (Record, error) {
-	if err := m.handOver(ctx, c.ID, false); err != nil {
+	s, err := m.route(ctx, c.ID, false)
+	if err != nil {
 		return Record{}, err
 	}
-	return m.next.Complete(ctx, c)
+	return s.Complete(ctx, c)
 }
 
 // Release implements Store.
 func (m *Migrator) Release(ctx context.Context, r Release) (Record, error) {
-	if err := m.handOver(ctx, r.ID, false); err != nil {
+	s, err := m.route(ctx, r.ID, false)
+	if err != nil {
 		return Record{}, err
 	}
-	return m.next.Release(ctx, r)
+	return s.Release(ctx, r)
 }
 
 // Extend implements Store.
 func (m *Migrator) Extend(ctx context.Context, e Extension) (Record, error) {
-	if err := m.handOver(ctx, e.ID, false); err != nil {
+	s, err := m.route(ctx, e.ID, false)
+	if err != nil {
 		return Record{}, err
 	}
-	return m.next.Extend(ctx, e)
+	return s.Extend(ctx, e)
 }
 
 // Mark implements Store.
 func (m *Migrator) Mark(ctx context.Context, mk Mark) (Record, error) {
-	if err := m.handOver(ctx, mk.ID, false); err != nil {
+	s, err := m.route(ctx, mk.ID, false)
+	if err != nil {
 		return Record{}, err
 	}
-	return m.next.Mark(ctx, mk)
+	return s.Mark(ctx, mk)
 }
 
 // Lookup implements Store: a key the old store still holds is handed over first, so
 // that a lookup never reports a key free that the old store holds.
 func (m *Migrator) Lookup(ctx context.Context, id ID) (Record, error) {
-	if err := m.handOver(ctx, id, false); err != nil {
+	s, err := m.route(ctx, id, false)
+	if err != nil {
 		return Record{}, err
 	}
-	return m.next.Lookup(ctx, id)
+	return s.Lookup(ctx, id)
 }
 
 // Purge implements Store: the key is handed over, and the old store left with a moved
 // marker of it (confirmed, so that no copy of the record there is imported again),
 // then purged from the new one.
 func (m *Migrator) Purge(ctx context.Context, id ID) error {
-	if err := m.handOver(ctx, id, true); err != nil {
+	s, err := m.route(ctx, id, true)
+	if err != nil {
 		return err
+	}
+	if s == m.oldStore {
+		return s.Purge(ctx, id)
 	}
 	if err := m.old.ConfirmMoved(ctx, id.Tenant, KeyDigest(id.Key), m.now().Add(MarkerLife)); err != nil {
 		return err
@@ -222,15 +319,23 @@ func (m *Migrator) Purge(ctx context.Context, id ID) error {
 
 // Watch implements Store, on the new store once the key is there.
 func (m *Migrator) Watch(ctx context.Context, id ID) (Watch, error) {
-	if err := m.handOver(ctx, id, false); err != nil {
+	s, err := m.route(ctx, id, false)
+	if err != nil {
 		return nil, err
 	}
-	return m.next.Watch(ctx, id)
+	return s.Watch(ctx, id)
 }
 
 // Abandoned implements Store from the new store: a key abandoned in the old store is
 // listed once it is handed over (by a call on it, or the copier).
 func (m *Migrator) Abandoned(ctx context.Context, q AbandonedQuery) (AbandonedPage, error) {
+	ok, err := m.markersAllowed(ctx)
+	if err != nil {
+		return AbandonedPage{}, err
+	}
+	if !ok {
+		return m.oldStore.Abandoned(ctx, q)
+	}
 	return m.next.Abandoned(ctx, q)
 }
 
@@ -254,10 +359,15 @@ type MoveProgress struct {
 	// still has to hand over (counted by a look over the old store at the pass's start).
 	Moved, Passed, Failed, Left int64
 	Started                     time.Time
-	// AloneDaemons counts the daemons that still serve the old store alone, at the
-	// last pass that found nothing left: while there are any, they may write records
-	// there that are not moved yet, and the copier is not done.
+	// AloneDaemons counts the daemons that still serve the old store alone, and the
+	// connections there that may be daemons that do not know markers, at the last pass
+	// that found nothing left: while there are any, they may write records there that
+	// are not moved yet, and the copier is not done.
 	AloneDaemons int
+	// Waiting says what the copier waits for, one line each: connections that may be
+	// daemons that do not know markers (before it writes any marker, and before it is
+	// done), daemons serving the old store alone (before it is done).
+	Waiting []string
 	// Done: a whole pass found nothing left to hand over while no daemon served the
 	// old store alone: the old store holds only markers, and is retired once every
 	// daemon is restarted on the new store alone.
@@ -285,6 +395,23 @@ func (p MoveProgress) ToGo(now time.Time) time.Duration {
 func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (MoveProgress, error) {
 	p := MoveProgress{Started: m.now()}
 	for {
+		ok, err := m.markersAllowed(ctx)
+		if err != nil {
+			return p, err
+		}
+		if !ok {
+			p.Waiting = waitingFor(Census{Unknown: m.lastCensus().Unknown})
+			p.AloneDaemons = len(p.Waiting)
+			if progress != nil {
+				progress(p)
+			}
+			select {
+			case <-ctx.Done():
+				return p, ctx.Err()
+			case <-time.After(censusEvery):
+			}
+			continue
+		}
 		var left int64
 		moved, err := m.old.Unmoved(ctx, func(string, [32]byte, string) error { left++; return nil })
 		if err != nil {
@@ -295,23 +422,31 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 			progress(p)
 		}
 		if left == 0 {
-			if dc, ok := m.oldStore.(DaemonCounter); ok {
-				n, err := dc.Daemons(ctx)
+			n := 0
+			p.Waiting = nil
+			if cc, ok := m.oldStore.(ClientCensus); ok {
+				c, err := cc.Census(ctx)
 				if err != nil {
 					return p, err
 				}
-				if p.AloneDaemons = n; n > 0 {
-					// They may still write a record there: pass again later.
-					if progress != nil {
-						progress(p)
-					}
-					select {
-					case <-ctx.Done():
-						return p, ctx.Err()
-					case <-time.After(time.Second):
-					}
-					continue
+				n = len(c.Alone) + len(c.Unknown)
+				p.Waiting = waitingFor(c)
+			} else if dc, ok := m.oldStore.(DaemonCounter); ok {
+				if n, err = dc.Daemons(ctx); err != nil {
+					return p, err
 				}
+			}
+			if p.AloneDaemons = n; n > 0 {
+				// They may still write a record there: pass again later.
+				if progress != nil {
+					progress(p)
+				}
+				select {
+				case <-ctx.Done():
+					return p, ctx.Err()
+				case <-time.After(time.Second):
+				}
+				continue
 			}
 			p.Done = true
 			if progress != nil {
@@ -319,23 +454,71 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 			}
 			return p, nil
 		}
-		_, err = m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
-			if err := m.Move(ctx, tenant, digest, key); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				p.Failed++
-			} else {
-				p.Moved++
-			}
-			p.Left = max(p.Left-1, 0)
-			if progress != nil {
-				progress(p)
-			}
-			return nil
-		})
-		if err != nil {
+		p.Waiting = nil
+		if err := m.copyPass(ctx, &p, progress); err != nil {
 			return p, err
 		}
 	}
+}
+
+// moveWorkers is how many keys the copier hands over at once. Each key is handed over
+// as a call hands it over (Move), so every guarantee of one handover holds; at once,
+// the stores send the steps of many keys together (a Redis store pipelines concurrent
+// scripts to each master, the embedded store commits concurrent transitions in one
+// transaction), which is what makes the copier fast: a key alone costs the round trips
+// of its three steps.
+const moveWorkers = 128
+
+// copyPass hands over every key the old store lists as not yet moved, moveWorkers at a
+// time, counting them in p and reporting p after each.
+func (m *Migrator) copyPass(ctx context.Context, p *MoveProgress, progress func(MoveProgress)) error {
+	var mu sync.Mutex
+	keys := make(chan movingKey)
+	var wg sync.WaitGroup
+	for range moveWorkers {
+		wg.Go(func() {
+			for k := range keys {
+				err := m.Move(ctx, k.tenant, k.digest, k.key)
+				mu.Lock()
+				if err != nil {
+					p.Failed++
+				} else {
+					p.Moved++
+				}
+				p.Left = max(p.Left-1, 0)
+				if progress != nil {
+					progress(*p)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	_, err := m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
+		select {
+		case keys <- movingKey{tenant, digest, key}:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	})
+	close(keys)
+	wg.Wait()
+	if err == nil {
+		err = ctx.Err()
+	}
+	return err
+}
+
+// movingKey is a key the copier hands over.
+type movingKey struct {
+	tenant string
+	digest [32]byte
+	key    string
+}
+
+// waitingFor describes what c keeps a move from, one line each.
+func waitingFor(c Census) []string {
+	out := make([]string, 0, len(c.Alone)+len(c.Unknown))
+	out = append(out, c.Alone...)
+	return append(out, c.Unknown...)
 }

@@ -75,6 +75,10 @@ type Migration struct {
 	// AloneDaemons counts the daemons still serving the old store alone, once
 	// nothing else is left: the move is not done while there are any.
 	AloneDaemons int `json:"alone_daemons"`
+	// Waiting names what the move waits for, one line each: connections to the old store
+	// that may be daemons that do not know markers (the move writes no marker and is
+	// not done while there are any), daemons serving it alone (it is not done).
+	Waiting []string `json:"waiting,omitempty"`
 	// Done: the old store holds only markers; it can be retired once no daemon serves
 	// it alone and every daemon is restarted on the new store alone.
 	Done bool `json:"done"`

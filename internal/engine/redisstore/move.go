@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,46 +94,92 @@ func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]b
 	}); err != nil {
 		return 0, engine.Unavailable(err)
 	}
-	var moved int64
-	for _, m := range masters {
-		if err := l.scripts.peek.Load(ctx, m).Err(); err != nil {
-			return moved, engine.Unavailable(err)
-		}
-		var cursor uint64
-		for {
-			keys, next, err := m.Scan(ctx, cursor, scanMatch, scanCount).Result()
-			if err != nil {
-				return moved, engine.Unavailable(err)
+	// Masters are looked over in parallel, so that a Cluster's handovers reach all of
+	// them at once; fn is called by one at a time.
+	var moved atomic.Int64
+	var fnMu sync.Mutex
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make([]error, len(masters))
+	var wg sync.WaitGroup
+	for i, m := range masters {
+		wg.Go(func() {
+			if errs[i] = s.unmovedOn(ctx, l, m, &moved, &fnMu, fn); errs[i] != nil {
+				// The first failure stops the others.
+				cancel()
 			}
-			for _, k := range keys {
-				tenant, digest, ok := recordOfKey(k)
-				if !ok {
-					continue
-				}
-				v, err := l.scripts.peek.EvalSha(ctx, m, digestKeys(tenant, digest)).Slice()
-				if err != nil && !errors.Is(err, redis.Nil) {
-					return moved, engine.Unavailable(err)
-				}
-				if len(v) != 2 {
-					continue
-				}
-				switch st, _ := v[0].(string); st {
-				case "", "x":
-					if st == "x" {
-						moved++
-					}
-					continue
-				}
-				key, _ := v[1].(string)
-				if err := fn(tenant, digest, key); err != nil {
-					return moved, err
-				}
-			}
-			if next == 0 {
-				break
-			}
-			cursor = next
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		// The failure that stopped the others, rather than their cancellation.
+		if err != nil && !errors.Is(err, context.Canceled) {
+			return moved.Load(), err
 		}
 	}
-	return moved, nil
+	return moved.Load(), errors.Join(errs...)
+}
+
+// unmovedOn is Unmoved on one master.
+func (s *Store) unmovedOn(ctx context.Context, l *layoutState, m *redis.Client, moved *atomic.Int64, fnMu *sync.Mutex,
+	fn func(tenant string, digest [32]byte, key string) error) error {
+	if err := l.scripts.peek.Load(ctx, m).Err(); err != nil {
+		return engine.Unavailable(err)
+	}
+	var cursor uint64
+	for {
+		keys, next, err := m.Scan(ctx, cursor, scanMatch, scanCount).Result()
+		if err != nil {
+			return engine.Unavailable(err)
+		}
+		// The records of a SCAN batch are peeked at in one pipeline: a round trip for
+		// each batch rather than each key.
+		type peeked struct {
+			tenant string
+			digest [32]byte
+			cmd    *redis.Cmd
+		}
+		var batch []peeked
+		p := m.Pipeline()
+		for _, k := range keys {
+			tenant, digest, ok := recordOfKey(k)
+			if !ok {
+				continue
+			}
+			batch = append(batch, peeked{tenant, digest, l.scripts.peek.EvalSha(ctx, p, digestKeys(tenant, digest))})
+		}
+		if len(batch) > 0 {
+			if _, err := p.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+				return engine.Unavailable(err)
+			}
+		}
+		for _, b := range batch {
+			v, err := b.cmd.Slice()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return engine.Unavailable(err)
+			}
+			if len(v) != 2 {
+				continue
+			}
+			switch st, _ := v[0].(string); st {
+			case "", "x":
+				if st == "x" {
+					moved.Add(1)
+				}
+				continue
+			}
+			key, _ := v[1].(string)
+			fnMu.Lock()
+			err = fn(b.tenant, b.digest, key)
+			fnMu.Unlock()
+			if err != nil {
+				return err
+			}
+		}
+		if next == 0 {
+			break
+		}
+		cursor = next
+	}
+	return nil
 }

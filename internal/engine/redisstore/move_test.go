@@ -12,7 +12,8 @@ import (
 )
 
 // TestMoveLive holds the live move to enginetest.RunMove between real stores: the
-// embedded store into Redis, one Redis layout into another, Redis into a Cluster.
+// embedded store into Redis, one Redis layout into another, Redis into a Cluster and
+// a Cluster into Redis.
 func TestMoveLive(t *testing.T) {
 	t.Parallel()
 	redisStore := func(url string, opts redisstore.Options) enginetest.NewStore {
@@ -65,5 +66,14 @@ func TestMoveLive(t *testing.T) {
 		t.Parallel()
 		from, to := testredis.Start(t), testredis.StartCluster(t)
 		enginetest.RunMove(t, redisStore(from.URL(), old(redisstore.Options{})), redisStore(to.URL(), redisstore.Options{LeanRecords: true}))
+	})
+	// The copier looks over the old Cluster's masters in parallel.
+	t.Run("cluster to redis", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("a Cluster is not started in -short")
+		}
+		t.Parallel()
+		from, to := testredis.StartCluster(t), testredis.Start(t)
+		enginetest.RunMove(t, redisStore(from.URL(), old(redisstore.Options{LeanRecords: true})), redisStore(to.URL(), redisstore.Options{LeanRecords: true, LeanOnly: true}))
 	})
 }

@@ -28,7 +28,17 @@ func Open(rawURL string) (*Store, error) {
 
 // OpenWith is Open with options.
 func OpenWith(rawURL string, opts Options) (*Store, error) {
-	universal, err := newClient(rawURL, cmp.Or(opts.ClientName, DaemonClientName))
+	base := cmp.Or(opts.ClientName, DaemonClientName)
+	h := heartbeat{instance: newInstance(), role: roleServing}
+	if base == MigratingClientName {
+		h.role = roleMigrating
+	}
+	daemon := base == DaemonClientName || base == MigratingClientName
+	name := base
+	if daemon {
+		name += "." + h.instance
+	}
+	universal, err := newClient(rawURL, name)
 	if err != nil {
 		return nil, err
 	}
@@ -37,12 +47,17 @@ func OpenWith(rawURL string, opts Options) (*Store, error) {
 		_ = universal.Close()
 		return nil, err
 	}
-	return New(client, opts), nil
+	s := New(client, opts)
+	if daemon {
+		s.startHeartbeat(h)
+	}
+	return s, nil
 }
 
 // DaemonClientName is the name an idemd daemon's connections give Redis (CLIENT
-// SETNAME), unless the URL's client_name says otherwise: Store.Daemons counts them, so
-// that a copy between stores can tell that daemons still serve one.
+// SETNAME), followed by a dot and the store's instance (heartbeat.go), unless the
+// URL's client_name says otherwise: Store.Daemons counts them, so that a copy between
+// stores can tell that daemons still serve one.
 const DaemonClientName = "idemd"
 
 // MigratingClientName is the name a migrating daemon's connections to the store it

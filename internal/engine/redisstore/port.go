@@ -258,8 +258,8 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 }
 
 // Daemons counts the connections to the store's masters that name themselves
-// DaemonClientName: those of idemd daemons of this release or later (earlier ones
-// named none). A copy between stores refuses to run while there are any.
+// DaemonClientName, alone or followed by an instance: those of idemd daemons of the
+// release before this one or later (earlier ones named none). A copy between stores refuses to run while there are any.
 func (s *Store) Daemons(ctx context.Context) (int, error) {
 	var mu sync.Mutex
 	var n int
@@ -271,7 +271,8 @@ func (s *Store) Daemons(ctx context.Context) (int, error) {
 		found := 0
 		for _, line := range strings.Split(list, "\n") {
 			for _, field := range strings.Fields(line) {
-				if field == "name="+DaemonClientName {
+				if base, _, ok := daemonName(strings.TrimPrefix(field, "name=")); field == "name="+DaemonClientName ||
+					strings.HasPrefix(field, "name=") && ok && base == DaemonClientName {
 					found++
 				}
 			}

@@ -163,6 +163,9 @@ type Store struct {
 	// dueNotes are the slots and lease expiries still to add to the tenants' due
 	// indexes (due.go).
 	dueNotes dueNotes
+	// heartbeat is what the store says of itself in Redis (heartbeat.go), when OpenWith
+	// opened it; its instance names its connections.
+	heartbeat heartbeat
 }
 
 // New returns a Store over client. The store owns the client and closes it.
