@@ -153,11 +153,11 @@ func (s *Service) dropBlob(name string) {
 	}
 }
 
-// settle decides the fate of the blob a transition that answered err was given: kept
+// settleBlob decides the fate of the blob a transition that answered err was given: kept
 // when the record refers to it, deleted when the transition was refused. When the
 // store gave no answer, the record is read once more: the blob stays if the write
 // took effect, or when that cannot be told (the sweep deletes it with the record).
-func (s *Service) settle(id ID, name string, err error) {
+func (s *Service) settleBlob(id ID, name string, err error) {
 	if name == "" || err == nil {
 		return
 	}

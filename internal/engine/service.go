@@ -285,7 +285,7 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 		c.Response, blob = *kept, name
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
-	s.settle(c.ID, blob, err)
+	s.settleBlob(c.ID, blob, err)
 	return rec, err
 }
 
@@ -307,7 +307,7 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 		r.Response, blob = kept, name
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
-	s.settle(r.ID, blob, err)
+	s.settleBlob(r.ID, blob, err)
 	return rec, err
 }
 
