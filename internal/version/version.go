@@ -12,4 +12,4 @@ package version
 const Release = "0.5.0"
 
 // Contract is the version of api/openapi.yaml this release serves (its info.version).
-const Contract = "1.5.0"
+const Contract = "1.6.0"
