@@ -37,6 +37,11 @@ type batchItem struct {
 // Redis store's pipelines, the embedded store's commits) serves the batch in as few
 // round trips as it can.
 func (s *Server) Batch(c echo.Context) error {
+	release, err := s.admitBody(c)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var body api.BatchRequest
 	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
 		return err

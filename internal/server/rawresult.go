@@ -60,6 +60,11 @@ func (s *Server) PutResult(c echo.Context, key string, params api.PutResultParam
 	if err := validKey("key (path)", key); err != nil {
 		return err
 	}
+	release, err := s.admitBody(c)
+	if err != nil {
+		return err
+	}
+	defer release()
 	body, err := readRaw(c.Request(), c.Response(), s.rawLimit())
 	if err != nil {
 		return err

@@ -5,8 +5,16 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"testing"
+	"time"
+
+	"github.com/idemd/idemd/internal/engine"
+	"github.com/idemd/idemd/internal/engine/blobdir"
+	"github.com/idemd/idemd/internal/engine/boltstore"
+	"github.com/idemd/idemd/internal/server"
 )
 
 // The raw form of a result: PUT stores what /v1/complete stores, GET answers it byte
@@ -97,5 +105,32 @@ func testRawResult(t *testing.T, d *daemon) {
 		if r.StatusCode != http.StatusNotFound {
 			t.Fatalf("GET the result of a key without one: %d, want 404", r.StatusCode)
 		}
+	}
+}
+
+// With a blob store a completion may carry a result up to MaxBlobBytes, and only the
+// bodies that carry a stored response get that room: a claim as large is refused.
+func TestLargeBodiesOnlyWhereResultsGo(t *testing.T) {
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	blobs, err := blobdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := engine.NewService(store, time.Hour, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1024}))
+	hs := httptest.NewServer(server.New(svc, server.Config{Limits: server.Limits{MaxResponseBytes: 1024, MaxBlobBytes: 1 << 20}}))
+	t.Cleanup(hs.Close)
+	d := &daemon{t: t, url: hs.URL}
+	big := bytes.Repeat([]byte("y"), 200<<10)
+	wantProblem(t, d.claim(map[string]any{"key": "k", "owner": string(big)}), http.StatusRequestEntityTooLarge, "payload_too_large")
+	token := d.acquire("k")
+	if a := d.complete("k", token, 200, big); a.status != http.StatusOK {
+		t.Fatalf("a 200 KiB completion with a blob store: %d %s", a.status, a.raw)
+	}
+	if a := d.claim(map[string]any{"key": "k"}); a.status != http.StatusOK || a.str("outcome") != "completed" {
+		t.Fatalf("replay: %d %s", a.status, a.raw)
 	}
 }

@@ -43,7 +43,11 @@ type Engine interface {
 // Config configures a Server.
 type Config struct {
 	Limits Limits
-	Logger *slog.Logger
+	// LargeBodies bounds the requests whose bodies are over what a result of
+	// Limits.MaxResponseBytes needs that are read at once, when Limits.MaxBlobBytes
+	// allows such bodies; DefaultLargeBodies when zero. More wait their turn.
+	LargeBodies int
+	Logger      *slog.Logger
 	// Registry receives idemd's metrics and is served on /metrics. When nil the server
 	// makes its own.
 	Registry *prometheus.Registry
@@ -88,9 +92,13 @@ type Server struct {
 	endpoints    map[string]map[string]string
 	bodyTimeout  time.Duration
 	writeTimeout time.Duration
-	// bodyLimit bounds request bodies: a base64 response of the largest allowed size
-	// and room for the rest of the JSON.
-	bodyLimit int64
+	// bodyLimit bounds the bodies that carry a stored response (complete, release,
+	// batch): a base64 response of the largest allowed size and room for the rest of
+	// the JSON. smallBodyLimit bounds the others, and any body over it waits for one
+	// of largeBodies' places (nil without a blob store, whose results can be large).
+	bodyLimit      int64
+	smallBodyLimit int64
+	largeBodies    chan struct{}
 	// traffic counts claims for the console's charts, and console is what its
 	// endpoints read; both nil without the console.
 	traffic *traffic
@@ -110,19 +118,23 @@ func New(eng Engine, cfg Config) *Server {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if cfg.Limits.MaxBlobBytes > 0 && cfg.LargeBodies <= 0 {
+		cfg.LargeBodies = DefaultLargeBodies
+	}
 	if cfg.Registry == nil {
 		cfg.Registry = prometheus.NewRegistry()
 	}
 	s := &Server{
-		engine:    eng,
-		limits:    cfg.Limits,
-		log:       cfg.Logger,
-		metrics:   newMetrics(cfg.Registry),
-		registry:  cfg.Registry,
-		bodyLimit: int64(max(cfg.Limits.MaxResponseBytes, cfg.Limits.MaxBlobBytes))*4/3 + 64<<10,
-		auth:      cfg.Auth,
-		open:      auth.Open(engine.DefaultTenant),
-		hosts:     newHosts(cfg.AllowedHosts),
+		engine:         eng,
+		limits:         cfg.Limits,
+		log:            cfg.Logger,
+		metrics:        newMetrics(cfg.Registry),
+		registry:       cfg.Registry,
+		bodyLimit:      int64(max(cfg.Limits.MaxResponseBytes, cfg.Limits.MaxBlobBytes))*4/3 + 64<<10,
+		smallBodyLimit: int64(cfg.Limits.MaxResponseBytes)*4/3 + 64<<10,
+		auth:           cfg.Auth,
+		open:           auth.Open(engine.DefaultTenant),
+		hosts:          newHosts(cfg.AllowedHosts),
 
 		tracing: cfg.Tracing != nil,
 
@@ -158,6 +170,9 @@ func New(eng Engine, cfg Config) *Server {
 	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
 	s.echo = e
 	s.endpoints = endpoints(e)
+	if cfg.Limits.MaxBlobBytes > 0 {
+		s.largeBodies = make(chan struct{}, cfg.LargeBodies)
+	}
 	return s
 }
 
@@ -257,7 +272,7 @@ func (s *Server) reply(c echo.Context, a answer) error {
 // Claim implements POST /v1/claim.
 func (s *Server) Claim(c echo.Context) error {
 	var body api.ClaimRequest
-	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
+	if err := decodeJSON(c.Request(), c.Response(), s.smallBodyLimit, &body); err != nil {
 		return err
 	}
 	req, err := s.claimRequest(tenant(c), body)
@@ -296,8 +311,32 @@ func (s *Server) claim(c echo.Context, req engine.ClaimRequest) (answer, error) 
 		Response: apiResponse(rec.Response), ExpiresAt: rec.ExpiresAt}}, nil
 }
 
+// DefaultLargeBodies is how many large request bodies are read at once by default.
+const DefaultLargeBodies = 8
+
+// admitBody waits, for a request body larger than smallBodyLimit (or of unknown
+// length) on a daemon that takes large results, for one of the large bodies' places,
+// so that at most so many large bodies are in memory at once. release gives it back.
+func (s *Server) admitBody(c echo.Context) (release func(), err error) {
+	r := c.Request()
+	if s.largeBodies == nil || (r.ContentLength >= 0 && r.ContentLength <= s.smallBodyLimit) {
+		return func() {}, nil
+	}
+	select {
+	case s.largeBodies <- struct{}{}:
+		return func() { <-s.largeBodies }, nil
+	case <-r.Context().Done():
+		return nil, r.Context().Err()
+	}
+}
+
 // Complete implements POST /v1/complete.
 func (s *Server) Complete(c echo.Context) error {
+	release, err := s.admitBody(c)
+	if err != nil {
+		return err
+	}
+	defer release()
 	var body api.CompleteRequest
 	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
 		return err
@@ -326,6 +365,11 @@ func (s *Server) complete(c echo.Context, req engine.Completion) (answer, error)
 
 // Release implements POST /v1/release.
 func (s *Server) Release(c echo.Context) error {
+	admitted, err := s.admitBody(c)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	var body api.ReleaseRequest
 	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
 		return err
@@ -354,7 +398,7 @@ func (s *Server) releaseKey(c echo.Context, req engine.Release) (answer, error) 
 // Extend implements POST /v1/extend.
 func (s *Server) Extend(c echo.Context) error {
 	var body api.ExtendRequest
-	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
+	if err := decodeJSON(c.Request(), c.Response(), s.smallBodyLimit, &body); err != nil {
 		return err
 	}
 	req, err := s.extension(tenant(c), body)
@@ -379,7 +423,7 @@ func (s *Server) extend(c echo.Context, req engine.Extension) (answer, error) {
 // RecordRecoveryPoint implements POST /v1/recovery-point.
 func (s *Server) RecordRecoveryPoint(c echo.Context) error {
 	var body api.RecoveryPointRequest
-	if err := decodeJSON(c.Request(), c.Response(), s.bodyLimit, &body); err != nil {
+	if err := decodeJSON(c.Request(), c.Response(), s.smallBodyLimit, &body); err != nil {
 		return err
 	}
 	req, err := s.mark(tenant(c), body)

@@ -230,3 +230,27 @@ func TestOpenRemovesStaleTemporaryFiles(t *testing.T) {
 		t.Fatalf("the fresh temporary file: %v, want kept", err)
 	}
 }
+
+// A sealed envelope over the threshold goes to the blob store as opaque bytes and
+// replays as the same sealed response.
+func TestSealedResultByReference(t *testing.T) {
+	ctx := context.Background()
+	s, store, _ := service(t)
+	env := make([]byte, 64<<10)
+	_, _ = rand.Read(env)
+	id, token := acquire(t, s, "sealed")
+	resp := engine.Response{Status: 200, Headers: map[string][]string{engine.SealedHeader: {"1"}}, Body: env}
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: resp}); err != nil {
+		t.Fatal(err)
+	}
+	if raw, _ := store.Lookup(ctx, id); len(raw.Response.Body) != 0 {
+		t.Fatalf("the record keeps %d bytes of the envelope", len(raw.Response.Body))
+	}
+	res, err := s.Claim(ctx, engine.ClaimRequest{ID: id, Fingerprint: "fp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Record.Response.Sealed(); !bytes.Equal(got, env) {
+		t.Fatalf("the replay's envelope: %d bytes, want the %d sealed", len(got), len(env))
+	}
+}
