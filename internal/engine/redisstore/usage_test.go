@@ -94,6 +94,8 @@ func TestUsageAgainstUsedMemory(t *testing.T) {
 	// Redis's active expiry removes the keys within a few of its cycles.
 	wait.For(t, time.Minute, "Redis to remove the expired records", func() bool {
 		n, err := client.DBSize(ctx).Result()
-		return err == nil && n <= 1
+		// Besides one key of the store's, its heartbeat and the tenant's due index of
+		// pending slots (due.go), which lives as long as a feed has not emptied it.
+		return err == nil && n <= 3
 	})
 }
