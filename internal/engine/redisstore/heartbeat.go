@@ -30,8 +30,9 @@ const (
 	// roleServing and roleMigrating are what a heartbeat says a store is to its Redis.
 	roleServing   = "serving"
 	roleMigrating = "migrating"
-	// censusListed bounds the connections a census describes one by one.
-	censusListed = 10
+	// heartbeatSettle is how often a store that has not settled its layout looks
+	// whether it has, before its first heartbeat.
+	heartbeatSettle = 50 * time.Millisecond
 )
 
 // heartbeatKey is the heartbeat of one store's instance; it names no tenant, and no
@@ -63,6 +64,16 @@ func (s *Store) startHeartbeat(h heartbeat) {
 	s.agreeWG.Add(1)
 	go func() {
 		defer s.agreeWG.Done()
+		// A store that settles its layout by looking at what Redis holds (LayoutAuto)
+		// writes no heartbeat before it has looked, so that its own key does not make
+		// an empty Redis look used; it waits without starting the look itself.
+		for s.layout.Load() == nil {
+			select {
+			case <-s.closing.Done():
+				return
+			case <-time.After(heartbeatSettle):
+			}
+		}
 		for {
 			ctx, cancel := context.WithTimeout(s.closing, heartbeatEvery)
 			p := s.client.Pipeline()

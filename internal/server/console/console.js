@@ -990,7 +990,8 @@
       field(dl, 'moving records', mg.done
         ? `from ${mg.from}: done, ${mg.handed_over} copied; the old store holds only markers`
         : `from ${mg.from}: ${mg.handed_over} copied, ${mg.left} left, ${mg.per_second.toFixed(0)}/s, about ${Math.ceil(mg.to_go_s)} s to go (${mg.by_calls} by calls, ${mg.failed} failed)` +
-          (mg.alone_daemons ? `; waiting for ${mg.alone_daemons} connection(s) of daemons serving the old store alone` : ''), 's-migration');
+          (mg.waiting && mg.waiting.length ? `; waiting for: ${mg.waiting.join('; ')}`
+            : mg.alone_daemons ? `; waiting for ${mg.alone_daemons} connection(s) of daemons serving the old store alone` : ''), 's-migration');
     }
     const num = (v, digits, unit) => (v === null || v === undefined ? '—' : `${v.toFixed(digits)}${unit}`);
     const ping = (n) => (n.error ? `no answer: ${n.error}` : num(n.ping_ms, 2, ' ms'));
