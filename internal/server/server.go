@@ -36,7 +36,7 @@ type Engine interface {
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
 	Export(ctx context.Context, fn func(engine.Exported) error) error
-	Import(ctx context.Context, e engine.Exported) (engine.ImportOutcome, error)
+	Import(ctx context.Context, e engine.Exported, caps engine.Caps) (engine.ImportOutcome, error)
 	Backup(ctx context.Context, w io.Writer, size func(int64)) (int64, error)
 }
 
@@ -71,11 +71,14 @@ const DefaultTimeout = 10 * time.Second
 
 // Server serves the idemd API.
 type Server struct {
-	engine   Engine
-	limits   Limits
-	log      *slog.Logger
-	metrics  *metrics
-	registry *prometheus.Registry
+	engine Engine
+	limits Limits
+	// tenantLimits are each tenant's limits in the auth file, for an import that
+	// writes records of tenants other than the caller's.
+	tenantLimits func(string) (auth.Limits, bool)
+	log          *slog.Logger
+	metrics      *metrics
+	registry     *prometheus.Registry
 	// abandoned counts the abandoned keys for the metrics and the console.
 	abandoned *abandonedCollector
 	echo      *echo.Echo
@@ -146,6 +149,7 @@ func New(eng Engine, cfg Config) *Server {
 	}); ok {
 		limits = l.Limits
 	}
+	s.tenantLimits = limits
 	if u, ok := eng.(usageEngine); ok {
 		cfg.Registry.MustRegister(newUsageCollector(u, tenants, limits))
 	}
@@ -386,6 +390,7 @@ func (s *Server) RecordRecoveryPoint(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	req.Caps = caps(c)
 	rec, err := s.engine.Mark(c.Request().Context(), req)
 	if err != nil {
 		return err
