@@ -162,6 +162,9 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 	claim := func(ctx context.Context) (ClaimResult, error) {
 		res, err := s.store.Claim(ctx, c)
 		answered = time.Now()
+		if err == nil && res.Outcome == OutcomeAcquired {
+			s.wrote(claimBytes(c))
+		}
 		if err == nil && res.Outcome == OutcomeAcquired && r.Caps.HasQuota() {
 			if held != nil {
 				acquired = true
@@ -275,6 +278,9 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 		held = s.hold(c.ID.Tenant, c.Response.Size(), c.Retention)
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
+	if err == nil {
+		s.wrote(writeEstimate(c.Response.Size()))
+	}
 	s.settle(held, err == nil, time.Now())
 	return rec, err
 }
@@ -299,6 +305,9 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 		}
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
+	if err == nil && r.Response != nil {
+		s.wrote(writeEstimate(r.Response.Size()))
+	}
 	s.settle(held, err == nil, time.Now())
 	return rec, err
 }
@@ -317,6 +326,9 @@ func (s *Service) Mark(ctx context.Context, m Mark) (Record, error) {
 		return Record{}, over
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Mark(ctx, m) })
+	if err == nil {
+		s.wrote(writeEstimate(len(m.Name) + len(m.Data)))
+	}
 	s.settle(held, err == nil, time.Now())
 	return rec, err
 }
@@ -384,6 +396,13 @@ func (s *Service) Import(ctx context.Context, e Exported, caps Caps) (ImportOutc
 		}
 	}
 	outcome, err := bounded(s, ctx, func(ctx context.Context) (ImportOutcome, error) { return p.Import(ctx, e) })
+	if err == nil && outcome == ImportWritten {
+		size := writeEstimate(len(e.ID.Key)) + acquisitionEstimate
+		if e.Response != nil {
+			size += writeEstimate(e.Response.Size())
+		}
+		s.wrote(size)
+	}
 	s.settle(held, err == nil && outcome == ImportWritten, time.Now())
 	return outcome, err
 }
