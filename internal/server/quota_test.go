@@ -253,15 +253,15 @@ func testQuota(t *testing.T, d *authDaemon) {
 		t.Fatalf("Retry-After %q, want the seconds until a record expires", over.header.Get("Retry-After"))
 	}
 
-	metrics := d.metrics()
+	metrics := d.call(cappedUse, http.MethodGet, "/metrics", nil).raw
 	for _, want := range []string{`idemd_tenant_quota_records{tenant="capped"} 3`, `idemd_tenant_quota_bytes{tenant="capped"} 1.048576e+06`,
-		`idemd_tenant_records{tenant="capped"} `, `idemd_tenant_stored_bytes{tenant="free"} `} {
+		`idemd_tenant_records{tenant="capped"} `, `idemd_tenant_stored_bytes{tenant="capped"} `} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("the metrics have no %s", want)
 		}
 	}
-	if strings.Contains(metrics, `idemd_tenant_quota_records{tenant="free"}`) {
-		t.Fatal("a tenant without a quota is exported with one")
+	if strings.Contains(metrics, `idemd_tenant_records{tenant="free"}`) || strings.Contains(metrics, `idemd_tenant_stored_bytes{tenant="free"}`) {
+		t.Fatal("a tenant's token is shown another tenant's usage")
 	}
 
 	expectStatus(t, "another tenant claims", claim(freeUse, "fourth"), http.StatusCreated, "")
@@ -439,5 +439,61 @@ func TestQuotaHoldsForImportsAndCompletions(t *testing.T) {
 				t.Fatalf("the replay of a completion past the allowance: %s, want 409 response_not_stored", last.raw)
 			}
 		})
+	}
+}
+
+// TestTenantUsageMetricsAreNotOpen: the open scrape of /metrics names no tenant's
+// records or stored bytes unless the operator asks for it; a tenant's token is shown
+// its own tenant's usage alone, and a platform token every tenant's.
+func TestTenantUsageMetricsAreNotOpen(t *testing.T) {
+	t.Parallel()
+	const platform = "platform-token"
+	authFile := quotaAuthFile() + `  - {name: platform, tenant: free, scopes: [use, platform], sha256: ` + tokenHash(platform) + `}
+`
+	for _, open := range []bool{false, true} {
+		store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		path := filepath.Join(t.TempDir(), "auth.yaml")
+		if err := os.WriteFile(path, []byte(authFile), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		keyring, err := auth.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour), server.Config{Auth: keyring, MetricsTenantUsage: open,
+			Logger: slog.New(slog.NewJSONHandler(&lockedBuffer{}, nil))}))
+		t.Cleanup(hs.Close)
+		d := &authDaemon{t: t, url: hs.URL, logs: &lockedBuffer{}}
+		expectStatus(t, "a claim", d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": "k"}), http.StatusCreated, "")
+
+		series := func(metrics string) []string {
+			var names []string
+			for _, line := range strings.Split(metrics, "\n") {
+				for _, tenant := range []string{"capped", "free"} {
+					if strings.HasPrefix(line, "idemd_tenant_") && strings.Contains(line, `tenant="`+tenant+`"`) &&
+						(strings.Contains(line, "_records{") || strings.Contains(line, "_bytes{")) {
+						names = append(names, tenant)
+					}
+				}
+			}
+			return names
+		}
+		has := func(names []string, tenant string) bool { return strings.Contains(strings.Join(names, " "), tenant) }
+		anonymous := series(d.metrics())
+		if open != (has(anonymous, "capped") && has(anonymous, "free")) || !open && len(anonymous) > 0 {
+			t.Fatalf("with --metrics-tenant-usage %v, the open scrape names the usage of %v", open, anonymous)
+		}
+		own := series(d.call(cappedUse, http.MethodGet, "/metrics", nil).raw)
+		if !has(own, "capped") || !open && has(own, "free") {
+			t.Fatalf("with --metrics-tenant-usage %v, a tenant's token is shown the usage of %v, want its own", open, own)
+		}
+		all := series(d.call(platform, http.MethodGet, "/metrics", nil).raw)
+		if !has(all, "capped") || !has(all, "free") {
+			t.Fatalf("a platform token is shown the usage of %v, want every tenant's", all)
+		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 
 	contract "github.com/idemd/idemd/api"
@@ -63,6 +62,10 @@ type Config struct {
 	Tracing trace.TracerProvider
 	// Console, when enabled, serves the operator's console (console.go).
 	Console Console
+	// MetricsTenantUsage puts every tenant's records and stored bytes on the open
+	// scrape of /metrics. Without it, the scrape names them only to a bearer token:
+	// a tenant's token its own tenant's, a platform token every tenant's.
+	MetricsTenantUsage bool
 }
 
 // DefaultTimeout is the default body and write timeout: a client slower than that on
@@ -159,7 +162,7 @@ func New(eng Engine, cfg Config) *Server {
 	} else {
 		registerConsoleOff(e)
 	}
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
+	e.GET("/metrics", s.metricsHandler(cfg.Registry, cfg.MetricsTenantUsage))
 	s.echo = e
 	s.endpoints = endpoints(e)
 	return s
