@@ -74,10 +74,16 @@ type acquisition struct {
 }
 
 // Usage returns a tenant's usage as the store counts it, read at most the refresh
-// interval ago (a read that fails leaves the last one), with what this daemon acquired
-// since added. A store that does not count usage answers ErrUnsupported.
+// interval ago (a read that fails leaves the last one) and after whatever this daemon
+// wrote while the last read ran, with what this daemon acquired since added. A store
+// that does not count usage answers ErrUnsupported.
 func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
-	u, _, err := s.tenantUsage(ctx, tenant, time.Time{})
+	u, unsure, err := s.tenantUsage(ctx, tenant, time.Time{})
+	if err == nil && (unsure.Records > 0 || unsure.Bytes > 0) {
+		// The last read ran while this daemon wrote, and may have missed some of it:
+		// a read begun now counts all of it.
+		u, _, err = s.tenantUsage(ctx, tenant, time.Now())
+	}
 	return u, err
 }
 
