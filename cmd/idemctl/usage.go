@@ -30,8 +30,9 @@ type usageReport struct {
 	StoreFill *float64 `json:"store_fill,omitempty"`
 }
 
-// runUsage prints each tenant's usage of the store against its quota, and how full the
-// store is, as the daemon's metrics say (docs/operations.md, Quotas and the store
+// runUsage prints the usage of the store against its quota of each tenant the token
+// may see (its own; every tenant for a platform token), and how full the store is, as
+// the daemon's metrics say (docs/operations.md, Quotas and the store
 // guard): every daemon sharing a store reads the same usage.
 func (a *app) runUsage(args []string) int {
 	fs := a.flags("usage")
@@ -47,6 +48,11 @@ func (a *app) runUsage(args []string) int {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(a.url, "/")+"/metrics", nil)
 	if err != nil {
 		return a.usageError(err)
+	}
+	// The daemon names a tenant's usage to that tenant's token, every tenant's to a
+	// platform token, and none to an open scrape unless told to.
+	if a.token != "" {
+		req.Header.Set("Authorization", "Bearer "+a.token)
 	}
 	resp, err := (&http.Client{Transport: transport}).Do(req)
 	if err != nil {

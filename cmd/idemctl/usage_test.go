@@ -12,8 +12,9 @@ import (
 func TestTenantUsage(t *testing.T) {
 	token, entry := newToken(t, "capped", "use", "capped-api")
 	_, freeEntry := newToken(t, "free", "use", "free-api")
+	platform, platformEntry := newToken(t, "free", "use,platform", "platform-api")
 	authPath := filepath.Join(t.TempDir(), "auth.yaml")
-	writeFile(t, authPath, "tenants:\n  capped: {max_records: 2, max_stored_bytes: 100000}\n  free: {}\ntokens:\n"+entry+freeEntry)
+	writeFile(t, authPath, "tenants:\n  capped: {max_records: 2, max_stored_bytes: 100000}\n  free: {}\ntokens:\n"+entry+freeEntry+platformEntry)
 	base := startDaemon(t, "--auth-file", authPath)
 	env := map[string]string{"IDEMD_URL": base, "IDEMD_TOKEN": token}
 	for _, key := range []string{"order-1", "order-2"} {
@@ -25,6 +26,18 @@ func TestTenantUsage(t *testing.T) {
 		t.Fatalf("a claim at the quota: %v", p)
 	}
 
+	// A tenant's token is shown its own tenant alone.
+	r = idemctl(env, "usage", "--json")
+	expect(t, r, exitOK, "usage --json")
+	var own usageReport
+	if err := json.Unmarshal([]byte(r.stdout), &own); err != nil {
+		t.Fatalf("usage --json: %v: %s", err, r.stdout)
+	}
+	if len(own.Tenants) != 1 || own.Tenants[0].Tenant != "capped" {
+		t.Fatalf("usage --json with the capped tenant's token: %s, want its own tenant alone", r.stdout)
+	}
+
+	env["IDEMD_TOKEN"] = platform
 	r = idemctl(env, "usage", "--json")
 	expect(t, r, exitOK, "usage --json")
 	var report usageReport

@@ -59,7 +59,9 @@ type Main struct {
 	TLSCert          string
 	TLSKey           string
 	Console          bool
-	ShowVersion      bool
+	// MetricsTenantUsage puts every tenant's usage on the open scrape of /metrics.
+	MetricsTenantUsage bool
+	ShowVersion        bool
 	// MigrateFrom is the store a live move takes records from (--migrate-from).
 	MigrateFrom string
 
@@ -119,6 +121,7 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.StringVar(&m.TLSCert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; reloaded on SIGHUP")
 	fs.StringVar(&m.TLSKey, "tls-key", "", "PEM private key of --tls-cert")
 	fs.BoolVar(&m.Console, "console", false, "serve the operator's console at /console/: look keys up and purge them, the abandoned keys, traffic and the store, signed in with a token (docs/operations.md, The console)")
+	fs.BoolVar(&m.MetricsTenantUsage, "metrics-tenant-usage", false, "name every tenant's records and stored bytes on the open scrape of /metrics; without it only a bearer token sees them, a tenant's token its own and a platform token every tenant's (docs/auth.md)")
 	fs.BoolVar(&m.ShowVersion, "version", false, "print the version and exit")
 	if m.env, err = parseWithEnv(fs, args); err != nil || m.ShowVersion {
 		return err
@@ -348,6 +351,8 @@ func (m *Main) Open() (err error) {
 		Registry: registry,
 		Tracing:  m.Tracing,
 		Console:  m.console(),
+
+		MetricsTenantUsage: m.MetricsTenantUsage,
 
 		BodyTimeout:  m.BodyTimeout,
 		WriteTimeout: m.WriteTimeout,

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/idemd/idemd/internal/testing/testredis"
@@ -26,6 +27,43 @@ func TestStoreGuardKeepsOtherTenantsServed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fills a Redis of 64 MB")
 	}
+	store := startGuardedDaemon(t)
+	for _, phase := range []struct {
+		size, most int
+	}{{900 << 10, 200}, {16 << 10, 2000}, {0, 20000}} {
+		stored := 0
+		for ; stored < phase.most; stored++ {
+			status, problem := store("alpha-token", fmt.Sprintf("alpha-%d-%d", phase.size, stored), phase.size)
+			if status == 0 {
+				continue
+			}
+			quota, _ := problem["quota"].(map[string]any)
+			if status != http.StatusTooManyRequests || problem["code"] != "quota_exceeded" || quota["limit"] != "fair_share" {
+				t.Fatalf("alpha's result %d of %d bytes: %d %v, want 429 quota_exceeded naming its fair share", stored, phase.size, status, problem)
+			}
+			if detail, _ := problem["detail"].(string); !strings.Contains(detail, "fair_share") {
+				t.Fatalf("the refusal's detail %q does not say why", detail)
+			}
+			break
+		}
+		if stored == phase.most {
+			t.Fatalf("alpha stored %d results of %d bytes and was never refused", stored, phase.size)
+		}
+		t.Logf("alpha stored %d results of %d bytes before the guard refused it", stored, phase.size)
+	}
+	for i := range 20 {
+		if status, problem := store("beta-token", fmt.Sprintf("beta-%d", i), 1024); status != 0 {
+			t.Fatalf("beta's claim and completion %d: %d %v, want both served", i, status, problem)
+		}
+	}
+}
+
+// startGuardedDaemon starts a daemon over a Redis of 64 MB that refuses writes when full
+// (noeviction), with tenants alpha and beta and no quotas, and returns how to store a
+// result: store claims key and completes it with a body of size bytes; it answers the
+// refusal's status and problem, or 0 when both were served.
+func startGuardedDaemon(t *testing.T) func(token, key string, size int) (int, map[string]any) {
+	t.Helper()
 	r := testredis.Start(t, "--maxmemory", "64mb", "--maxmemory-policy", "noeviction")
 	tokenHash := func(token string) string {
 		sum := sha256.Sum256([]byte(token))
@@ -85,32 +123,53 @@ tokens:
 		return 0, nil
 	}
 
-	for _, phase := range []struct {
-		size, most int
-	}{{900 << 10, 200}, {16 << 10, 2000}, {0, 20000}} {
-		stored := 0
-		for ; stored < phase.most; stored++ {
-			status, problem := store("alpha-token", fmt.Sprintf("alpha-%d-%d", phase.size, stored), phase.size)
-			if status == 0 {
-				continue
-			}
-			quota, _ := problem["quota"].(map[string]any)
-			if status != http.StatusTooManyRequests || problem["code"] != "quota_exceeded" || quota["limit"] != "fair_share" {
-				t.Fatalf("alpha's result %d of %d bytes: %d %v, want 429 quota_exceeded naming its fair share", stored, phase.size, status, problem)
-			}
-			if detail, _ := problem["detail"].(string); !strings.Contains(detail, "fair_share") {
-				t.Fatalf("the refusal's detail %q does not say why", detail)
-			}
-			break
-		}
-		if stored == phase.most {
-			t.Fatalf("alpha stored %d results of %d bytes and was never refused", stored, phase.size)
-		}
-		t.Logf("alpha stored %d results of %d bytes before the guard refused it", stored, phase.size)
+	return store
+}
+
+// TestStoreGuardHoldsAgainstConcurrentWriters is TestStoreGuardKeepsOtherTenantsServed
+// with four writers of alpha storing results of 900 KiB at once, as fast as the machine
+// allows: far faster than the daemon reads the store's fill. The guard counts what the
+// daemon wrote since its last read, so it refuses alpha before the fill passes its
+// threshold: Redis never answers OOM to anyone, and beta is served 20 of 20 times.
+func TestStoreGuardHoldsAgainstConcurrentWriters(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fills a Redis of 64 MB")
 	}
-	for i := range 20 {
-		if status, problem := store("beta-token", fmt.Sprintf("beta-%d", i), 1024); status != 0 {
-			t.Fatalf("beta's claim and completion %d: %d %v, want both served", i, status, problem)
+	store := startGuardedDaemon(t)
+	const writers, most = 4, 200
+	refusals := make([]string, writers)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range most {
+				status, problem := store("alpha-token", fmt.Sprintf("alpha-%d-%d", w, i), 900<<10)
+				if status == 0 {
+					continue
+				}
+				quota, _ := problem["quota"].(map[string]any)
+				if status != http.StatusTooManyRequests || problem["code"] != "quota_exceeded" || quota["limit"] != "fair_share" {
+					refusals[w] = fmt.Sprintf("alpha's writer %d, result %d: %d %v, want 429 quota_exceeded naming its fair share", w, i, status, problem)
+				}
+				return
+			}
+			refusals[w] = fmt.Sprintf("alpha's writer %d stored %d results of 900 KiB and was never refused", w, most)
+		})
+	}
+	wg.Wait()
+	for _, refusal := range refusals {
+		if refusal != "" {
+			t.Error(refusal)
 		}
+	}
+	served := 0
+	for i := range 20 {
+		if status, problem := store("beta-token", fmt.Sprintf("beta-%d", i), 1024); status == 0 {
+			served++
+		} else {
+			t.Logf("beta's claim and completion %d: %d %v", i, status, problem)
+		}
+	}
+	if served != 20 {
+		t.Fatalf("beta was served %d of 20 times", served)
 	}
 }

@@ -190,6 +190,8 @@ type Mark struct {
 	LeaseToken string
 	Name       string
 	Data       []byte
+	// Caps are the tenant's, applied by the service before the store runs.
+	Caps Caps
 }
 
 // Caps are what a tenant may store, below the daemon's own limits; a zero field means
@@ -247,14 +249,14 @@ func (e *QuotaError) Error() string {
 		e.Tenant, e.Used, e.Field, e.Limit)
 }
 
-// overQuota returns the *QuotaError for a tenant whose usage u reaches caps' quota at
-// now, or nil.
-func overQuota(tenant string, u Usage, caps Caps, now time.Time) *QuotaError {
+// overQuota returns the *QuotaError for a tenant whose usage u, with need added, would
+// pass caps' quota at now, or nil. A need of no records is not held to max_records.
+func overQuota(tenant string, u, need Usage, caps Caps, now time.Time) *QuotaError {
 	e := &QuotaError{Tenant: tenant, Usage: u}
 	switch {
-	case caps.MaxRecords > 0 && u.Records >= caps.MaxRecords:
+	case caps.MaxRecords > 0 && need.Records > 0 && u.Records+need.Records > caps.MaxRecords:
 		e.Field, e.Used, e.Limit = "max_records", u.Records, caps.MaxRecords
-	case caps.MaxStoredBytes > 0 && u.Bytes >= caps.MaxStoredBytes:
+	case caps.MaxStoredBytes > 0 && u.Bytes+need.Bytes > caps.MaxStoredBytes:
 		e.Field, e.Used, e.Limit = "max_stored_bytes", u.Bytes, caps.MaxStoredBytes
 	default:
 		return nil

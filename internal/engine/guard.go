@@ -61,6 +61,30 @@ type storeGuard struct {
 	fill      Fill
 	read      time.Time
 	reading   chan struct{}
+	// written is about how many bytes this daemon has written since the last fill
+	// read began (keys acquired, results, failures, points, imports), and
+	// writtenBefore what of it was written before the read under way began, which
+	// that read counts. Writers faster than the reads would otherwise take the store
+	// past the threshold between two reads, and on to refusing every write.
+	written, writtenBefore int64
+}
+
+// wrote adds about n bytes that this daemon wrote to the store to what the guard
+// counts on top of the fill it last read.
+func (s *Service) wrote(n int64) {
+	g := &s.guard
+	if g.threshold <= 0 || n <= 0 {
+		return
+	}
+	g.mu.Lock()
+	g.written += n
+	g.mu.Unlock()
+}
+
+// projected is the fill as last read with what this daemon wrote since added; the
+// caller holds the guard's lock.
+func (g *storeGuard) projected() Fill {
+	return Fill{Used: g.fill.Used + g.written, Limit: g.fill.Limit}
 }
 
 // fairShare is the Field of the guard's *QuotaError: the store is nearly full, and
@@ -79,9 +103,10 @@ func (s *Service) StoreFill(ctx context.Context) (Fill, error) {
 	}
 	g := &s.guard
 	g.mu.Lock()
-	fresh := !g.read.IsZero() && time.Since(g.read) < fillRefresh && (g.threshold <= 0 || g.fill.Ratio() < g.threshold-guardWatch)
+	fresh := !g.read.IsZero() && time.Since(g.read) < fillRefresh && (g.threshold <= 0 || g.projected().Ratio() < g.threshold-guardWatch)
 	if !fresh && g.reading == nil {
 		g.reading = make(chan struct{})
+		g.writtenBefore = g.written
 		go s.readFill(reader, g.reading)
 	}
 	fill, read, reading := g.fill, g.read, g.reading
@@ -115,7 +140,9 @@ func (s *Service) readFill(reader FillReader, done chan struct{}) {
 	defer g.mu.Unlock()
 	if err == nil {
 		g.fill, g.read = fill, began
+		g.written -= g.writtenBefore
 	}
+	g.writtenBefore = 0
 	g.reading = nil
 	close(done)
 }
@@ -130,8 +157,15 @@ func (s *Service) guarded(ctx context.Context, tenant string) *QuotaError {
 	if _, ok := s.store.(FillReader); !ok {
 		return nil
 	}
-	fill, err := s.StoreFill(ctx)
-	if err != nil || fill.Ratio() < g.threshold {
+	// What this daemon wrote since the last read counts, so that the guard holds the
+	// largest tenants back before the store passes the threshold, not a read after.
+	if _, err := s.StoreFill(ctx); err != nil {
+		return nil
+	}
+	g.mu.Lock()
+	fill := g.projected()
+	g.mu.Unlock()
+	if fill.Ratio() < g.threshold {
 		return nil
 	}
 	names := g.tenants()

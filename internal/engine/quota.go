@@ -19,7 +19,7 @@ const usageTimeout = 10 * time.Second
 // from the store, for each key it acquires: about what a pending record keeps besides
 // its key, fingerprint and owner. It keeps a burst of acquisitions between two reads
 // from overshooting a quota by more than a few records.
-const acquisitionEstimate = 160
+const acquisitionEstimate = 300
 
 // WithUsageRefresh sets how old the usage a quota is checked against may be; the
 // store is read again, in the background, once it is older.
@@ -60,7 +60,7 @@ type tenantUsage struct {
 // turns it into an acquisition or gives it back.
 type reservation struct {
 	t         *tenantUsage
-	bytes     int64
+	hold      Usage
 	retention time.Duration
 }
 
@@ -69,14 +69,21 @@ type reservation struct {
 // counting.
 type acquisition struct {
 	at, expires time.Time
-	bytes       int64
+	// records is 1 for a key acquired or imported, 0 for a result or point written.
+	records, bytes int64
 }
 
 // Usage returns a tenant's usage as the store counts it, read at most the refresh
-// interval ago (a read that fails leaves the last one), with what this daemon acquired
-// since added. A store that does not count usage answers ErrUnsupported.
+// interval ago (a read that fails leaves the last one) and after whatever this daemon
+// wrote while the last read ran, with what this daemon acquired since added. A store
+// that does not count usage answers ErrUnsupported.
 func (s *Service) Usage(ctx context.Context, tenant string) (Usage, error) {
-	u, _, err := s.tenantUsage(ctx, tenant, time.Time{})
+	u, unsure, err := s.tenantUsage(ctx, tenant, time.Time{})
+	if err == nil && (unsure.Records > 0 || unsure.Bytes > 0) {
+		// The last read ran while this daemon wrote, and may have missed some of it:
+		// a read begun now counts all of it.
+		u, _, err = s.tenantUsage(ctx, tenant, time.Now())
+	}
 	return u, err
 }
 
@@ -145,7 +152,7 @@ func (t *tenantUsage) counted(now time.Time) Usage {
 		if !a.expires.After(now) {
 			continue
 		}
-		u.Records++
+		u.Records += a.records
 		u.Bytes += a.bytes
 		if u.NextDrop.IsZero() || a.expires.Before(u.NextDrop) {
 			u.NextDrop = a.expires
@@ -170,7 +177,7 @@ func (s *Service) readUsage(reader UsageReader, tenant string, t *tenantUsage, b
 		var unsure Usage
 		for _, a := range t.since {
 			if !a.at.Before(began) {
-				unsure.Records++
+				unsure.Records += a.records
 				unsure.Bytes += a.bytes
 			}
 		}
@@ -191,7 +198,7 @@ func (s *Service) acquired(id ID, c Claim) {
 	defer s.usage.mu.Unlock()
 	if t := s.usage.tenants[id.Tenant]; t != nil {
 		now := time.Now()
-		t.since = append(t.since, acquisition{at: now, expires: now.Add(c.Retention), bytes: claimBytes(c)})
+		t.since = append(t.since, acquisition{at: now, expires: now.Add(c.Retention), records: 1, bytes: claimBytes(c)})
 	}
 }
 
@@ -205,10 +212,10 @@ func (s *Service) settle(r *reservation, acquired bool, answered time.Time) {
 	s.usage.mu.Lock()
 	defer s.usage.mu.Unlock()
 	t := r.t
-	t.inflight.Records--
-	t.inflight.Bytes -= r.bytes
+	t.inflight.Records -= r.hold.Records
+	t.inflight.Bytes -= r.hold.Bytes
 	if acquired && !answered.Before(t.read) {
-		t.since = append(t.since, acquisition{at: answered, expires: answered.Add(r.retention), bytes: r.bytes})
+		t.since = append(t.since, acquisition{at: answered, expires: answered.Add(r.retention), records: r.hold.Records, bytes: r.hold.Bytes})
 	}
 }
 
@@ -224,7 +231,9 @@ func (s *Service) admit(ctx context.Context, r ClaimRequest, c Claim) (*reservat
 	var held *reservation
 	over := s.guarded(ctx, r.ID.Tenant)
 	if over == nil {
-		held, over = s.overQuota(ctx, r, c)
+		if r.Caps.HasQuota() {
+			held, over = s.reserve(ctx, r.ID.Tenant, r.Caps, Usage{Records: 1, Bytes: 1}, Usage{Records: 1, Bytes: claimBytes(c)}, c.Retention)
+		}
 	}
 	if over == nil {
 		return held, nil
@@ -243,30 +252,26 @@ func (s *Service) admit(ctx context.Context, r ClaimRequest, c Claim) (*reservat
 	return nil, over
 }
 
-// overQuota returns the refusal of a claim from a tenant at its quota, or, under it,
-// the claim's reservation: what the store last counted, what this daemon acquired since
-// and what its claims in flight hold, with this claim, stays within the quota. A
-// refusal rests on a read of the store begun after the claim arrived, never on the
-// estimates alone (the acquisitions since may have expired, or been smaller), and
-// reports the usage that read found; a usage that cannot be read refuses nothing: the
-// quota protects the store's room, not a key's safety, and the claim answers for the
-// store itself.
-func (s *Service) overQuota(ctx context.Context, r ClaimRequest, c Claim) (*reservation, *QuotaError) {
-	if !r.Caps.HasQuota() {
-		return nil, nil
-	}
+// reserve returns the refusal of a write that would take a tenant past caps' quota,
+// or, within it, the write's reservation of hold until it answers: what the store last
+// counted, what this daemon wrote since and what its writes in flight hold, with need,
+// stays within the quota. A refusal rests on a read of the store begun after the write
+// arrived, never on the estimates alone (the acquisitions since may have expired, or
+// been smaller), and reports the usage that read found; a usage that cannot be read
+// refuses nothing: the quota protects the store's room, not a key's safety, and the
+// write answers for the store itself.
+func (s *Service) reserve(ctx context.Context, tenant string, caps Caps, need, hold Usage, retention time.Duration) (*reservation, *QuotaError) {
 	// The cached usage first, and a read begun now where it would refuse. Both count
-	// this daemon's acquisitions that answered while their read ran, which that read
-	// may not have counted (see readUsage): taken as counted, a tenant near its quota
-	// could be let past it by as many claims as answered during one read.
+	// this daemon's writes that answered while their read ran, which that read may not
+	// have counted (see readUsage): taken as counted, a tenant near its quota could be
+	// let past it by as many claims as answered during one read.
 	arrived := time.Now()
-	bytes := claimBytes(c)
 	var after time.Time
 	for range 2 {
 		// A read is waited for no longer than a store call: a daemon just started does
 		// not hold its first claims up behind a slow count.
 		readCtx, cancel := context.WithTimeout(ctx, s.storeTimeout)
-		t, err := s.tenantRead(readCtx, r.ID.Tenant, after)
+		t, err := s.tenantRead(readCtx, tenant, after)
 		cancel()
 		if err != nil {
 			return nil, nil
@@ -277,18 +282,18 @@ func (s *Service) overQuota(ctx context.Context, r ClaimRequest, c Claim) (*rese
 		u := read
 		u.Records += t.inflight.Records + t.unsure.Records
 		u.Bytes += t.inflight.Bytes + t.unsure.Bytes
-		over := overQuota(r.ID.Tenant, u, r.Caps, now)
+		over := overQuota(tenant, u, need, caps, now)
 		if over == nil {
-			t.inflight.Records++
-			t.inflight.Bytes += bytes
+			t.inflight.Records += hold.Records
+			t.inflight.Bytes += hold.Bytes
 			s.usage.mu.Unlock()
-			return &reservation{t: t, bytes: bytes, retention: c.Retention}, nil
+			return &reservation{t: t, hold: hold, retention: retention}, nil
 		}
 		s.usage.mu.Unlock()
 		if !after.IsZero() {
 			// The usage is the store's, as this read found it, with what this daemon
-			// acquired after the read began; what is in flight, or answered while the
-			// read ran, counts in Used alone.
+			// wrote after the read began; what is in flight, or answered while the read
+			// ran, counts in Used alone.
 			over.Usage = read
 			if over.RetryAfter <= 0 {
 				// Nothing counted is known to expire: what fills the quota is in
@@ -300,4 +305,52 @@ func (s *Service) overQuota(ctx context.Context, r ClaimRequest, c Claim) (*rese
 		after = arrived
 	}
 	return nil, nil
+}
+
+// A tenant with a byte quota keeps the results of the leases it holds whole while they
+// keep it within wholeAllowance (in quarters) of its max_stored_bytes, as this daemon
+// counts it; past that, a result is stored as NotStoredResponse. Its few bytes (under
+// two thirds of what the pending record it completes kept) added to every lease the
+// tenant may hold (claims stop at max_stored_bytes) keep it within twice its
+// max_stored_bytes.
+const wholeAllowance = 5
+
+// NotStoredResponse is what a completion or failure stores in place of a response that
+// would take its tenant past its allowance: a 409 response_not_stored problem, the
+// answer an SDK's middleware stores for a response it cannot keep, so that a replay
+// tells the client that the operation ran and its answer is gone. It is kept short,
+// since every lease a tenant holds may end in one.
+func NotStoredResponse() Response {
+	return Response{Status: 409, Headers: map[string][]string{"content-type": {"application/problem+json"}},
+		Body: []byte(`{"status":409,"code":"response_not_stored","title":"Response not stored"}`)}
+}
+
+// writeEstimate is about what n bytes of a result or point add to a record as a store
+// counts them, rounded up: the embedded store keeps a body in base64, in JSON.
+func writeEstimate(n int) int64 { return int64(n)*3/2 + 64 }
+
+// reserveWrite holds room for a result or point of n bytes that a tenant with a byte
+// quota stores under a lease, within wholeAllowance; nil, false where it would pass
+// that. A tenant without a byte quota, or a store whose usage cannot be read, writes
+// freely (nil, true).
+func (s *Service) reserveWrite(ctx context.Context, tenant string, caps Caps, n int, retention time.Duration) (*reservation, *QuotaError) {
+	if caps.MaxStoredBytes <= 0 || n == 0 {
+		return nil, nil
+	}
+	hold := Usage{Bytes: writeEstimate(n)}
+	return s.reserve(ctx, tenant, Caps{MaxStoredBytes: wholeAllowance * caps.MaxStoredBytes / 4}, hold, hold, retention)
+}
+
+// hold counts what a write of n bytes that is not held to the quota adds, until it
+// answers, as reserveWrite's reservation would.
+func (s *Service) hold(tenant string, n int, retention time.Duration) *reservation {
+	s.usage.mu.Lock()
+	defer s.usage.mu.Unlock()
+	t := s.usage.tenants[tenant]
+	if t == nil {
+		return nil
+	}
+	r := &reservation{t: t, hold: Usage{Bytes: writeEstimate(n)}, retention: retention}
+	t.inflight.Bytes += r.hold.Bytes
+	return r
 }

@@ -170,6 +170,9 @@ func (s *Service) Claim(ctx context.Context, r ClaimRequest) (ClaimResult, error
 	claim := func(ctx context.Context) (ClaimResult, error) {
 		res, err := s.store.Claim(ctx, c)
 		answered = time.Now()
+		if err == nil && res.Outcome == OutcomeAcquired {
+			s.wrote(claimBytes(c))
+		}
 		if err == nil && res.Outcome == OutcomeAcquired && r.Caps.HasQuota() {
 			if held != nil {
 				acquired = true
@@ -267,7 +270,9 @@ func (s *Service) stopped() bool {
 	}
 }
 
-// Complete stores the result of a held key.
+// Complete stores the result of a held key. A result that would take a tenant with a
+// byte quota past its allowance is stored as NotStoredResponse: the work
+// ran, so the key is finished all the same, and its replay says the answer is gone.
 func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 	var err error
 	if c.Retention, err = s.retentionFor(c.ID, c.Retention, c.Caps); err != nil {
@@ -276,20 +281,31 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 	if err := checkSize(c.ID, &c.Response, c.Caps); err != nil {
 		return Record{}, err
 	}
+	held, over := s.reserveWrite(ctx, c.ID.Tenant, c.Caps, c.Response.Size(), c.Retention)
+	if over != nil {
+		c.Response = NotStoredResponse()
+		held = s.hold(c.ID.Tenant, c.Response.Size(), c.Retention)
+	}
 	var blob string
 	if s.blobs.large(&c.Response) {
 		kept, name, err := s.offload(ctx, c.ID, c.LeaseToken, &c.Response, c.Retention)
 		if err != nil {
+			s.settle(held, false, time.Now())
 			return Record{}, err
 		}
 		c.Response, blob = *kept, name
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
+	if err == nil {
+		s.wrote(writeEstimate(c.Response.Size()))
+	}
 	s.settleBlob(c.ID, blob, err)
+	s.settle(held, err == nil, time.Now())
 	return rec, err
 }
 
-// Release gives a held key back.
+// Release gives a held key back. A failure's response is held to the tenant's
+// allowance as a completion's is.
 func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 	var err error
 	if r.Retention, err = s.retentionFor(r.ID, r.Retention, r.Caps); err != nil {
@@ -298,16 +314,30 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 	if err := checkSize(r.ID, r.Response, r.Caps); err != nil {
 		return Record{}, err
 	}
+	var held *reservation
+	if r.Response != nil && r.Mode == ReleaseFail {
+		var over *QuotaError
+		if held, over = s.reserveWrite(ctx, r.ID.Tenant, r.Caps, r.Response.Size(), r.Retention); over != nil {
+			failure := NotStoredResponse()
+			r.Response = &failure
+			held = s.hold(r.ID.Tenant, failure.Size(), r.Retention)
+		}
+	}
 	var blob string
 	if r.Mode == ReleaseFail && s.blobs.large(r.Response) {
 		kept, name, err := s.offload(ctx, r.ID, r.LeaseToken, r.Response, r.Retention)
 		if err != nil {
+			s.settle(held, false, time.Now())
 			return Record{}, err
 		}
 		r.Response, blob = kept, name
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
+	if err == nil && r.Response != nil {
+		s.wrote(writeEstimate(r.Response.Size()))
+	}
 	s.settleBlob(r.ID, blob, err)
+	s.settle(held, err == nil, time.Now())
 	return rec, err
 }
 
@@ -316,9 +346,20 @@ func (s *Service) Extend(ctx context.Context, e Extension) (Record, error) {
 	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Extend(ctx, e) })
 }
 
-// Mark records a recovery point under a held lease.
+// Mark records a recovery point under a held lease. A point whose data would take a
+// tenant with a byte quota past its allowance is refused with a
+// *QuotaError: the holder goes on under its lease, and its result is stored as any is.
 func (s *Service) Mark(ctx context.Context, m Mark) (Record, error) {
-	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Mark(ctx, m) })
+	held, over := s.reserveWrite(ctx, m.ID.Tenant, m.Caps, len(m.Name)+len(m.Data), s.retention)
+	if over != nil {
+		return Record{}, over
+	}
+	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Mark(ctx, m) })
+	if err == nil {
+		s.wrote(writeEstimate(len(m.Name) + len(m.Data)))
+	}
+	s.settle(held, err == nil, time.Now())
+	return rec, err
 }
 
 // Abandoned lists a page of a tenant's abandoned keys.
@@ -399,13 +440,39 @@ func (s *Service) Export(ctx context.Context, fn func(Exported) error) error {
 }
 
 // Import writes a record of a stream where the store holds none of its key (see
-// Porter.Import).
-func (s *Service) Import(ctx context.Context, e Exported) (ImportOutcome, error) {
+// Porter.Import), within caps' quota of the record's tenant: a record that would take
+// it past max_records or max_stored_bytes is refused with a *QuotaError.
+func (s *Service) Import(ctx context.Context, e Exported, caps Caps) (ImportOutcome, error) {
 	p, ok := s.store.(Porter)
 	if !ok {
 		return "", ErrNoPorter
 	}
-	return bounded(s, ctx, func(ctx context.Context) (ImportOutcome, error) { return p.Import(ctx, e) })
+	var held *reservation
+	if caps.HasQuota() && e.ExpiresAt.After(time.Now()) {
+		// The key counts twice on the embedded store (the record and its expiry).
+		size := int64(2*len(e.ID.Key)+len(e.Fingerprint)+len(e.Owner)) + acquisitionEstimate
+		if e.Response != nil {
+			size += writeEstimate(e.Response.Size())
+		}
+		if e.RecoveryPoint != nil {
+			size += writeEstimate(len(e.RecoveryPoint.Name) + len(e.RecoveryPoint.Data))
+		}
+		need := Usage{Records: 1, Bytes: size}
+		var over *QuotaError
+		if held, over = s.reserve(ctx, e.ID.Tenant, caps, need, need, time.Until(e.ExpiresAt)); over != nil {
+			return "", over
+		}
+	}
+	outcome, err := bounded(s, ctx, func(ctx context.Context) (ImportOutcome, error) { return p.Import(ctx, e) })
+	if err == nil && outcome == ImportWritten {
+		size := writeEstimate(len(e.ID.Key)) + acquisitionEstimate
+		if e.Response != nil {
+			size += writeEstimate(e.Response.Size())
+		}
+		s.wrote(size)
+	}
+	s.settle(held, err == nil && outcome == ImportWritten, time.Now())
+	return outcome, err
 }
 
 // ErrNoBackup says that the store keeps no file of its own to copy: Redis's own

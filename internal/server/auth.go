@@ -158,8 +158,10 @@ func tenantLabel(c echo.Context) string {
 }
 
 // caps are the request's tenant's caps on what it stores, which the engine applies.
-func caps(c echo.Context) engine.Caps {
-	l := principalOf(c).Tenant.Limits
+func caps(c echo.Context) engine.Caps { return capsOf(principalOf(c).Tenant.Limits) }
+
+// capsOf are a tenant's caps from its limits in the auth file.
+func capsOf(l auth.Limits) engine.Caps {
 	return engine.Caps{MaxResponseBytes: l.MaxResponseBytes, MaxRetention: l.MaxRetention,
 		MaxStoredBytes: l.MaxStoredBytes, MaxRecords: l.MaxRecords}
 }

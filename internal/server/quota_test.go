@@ -1,6 +1,9 @@
 package server_test
 
 import (
+	"bytes"
+	"encoding/base64"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -250,15 +253,15 @@ func testQuota(t *testing.T, d *authDaemon) {
 		t.Fatalf("Retry-After %q, want the seconds until a record expires", over.header.Get("Retry-After"))
 	}
 
-	metrics := d.metrics()
+	metrics := d.call(cappedUse, http.MethodGet, "/metrics", nil).raw
 	for _, want := range []string{`idemd_tenant_quota_records{tenant="capped"} 3`, `idemd_tenant_quota_bytes{tenant="capped"} 1.048576e+06`,
-		`idemd_tenant_records{tenant="capped"} `, `idemd_tenant_stored_bytes{tenant="free"} `} {
+		`idemd_tenant_records{tenant="capped"} `, `idemd_tenant_stored_bytes{tenant="capped"} `} {
 		if !strings.Contains(metrics, want) {
 			t.Fatalf("the metrics have no %s", want)
 		}
 	}
-	if strings.Contains(metrics, `idemd_tenant_quota_records{tenant="free"}`) {
-		t.Fatal("a tenant without a quota is exported with one")
+	if strings.Contains(metrics, `idemd_tenant_records{tenant="free"}`) || strings.Contains(metrics, `idemd_tenant_stored_bytes{tenant="free"}`) {
+		t.Fatal("a tenant's token is shown another tenant's usage")
 	}
 
 	expectStatus(t, "another tenant claims", claim(freeUse, "fourth"), http.StatusCreated, "")
@@ -313,5 +316,184 @@ func TestQuotaRefusalIsRightTheFirstTime(t *testing.T) {
 					quota["records"], quota["stored_bytes"], u.Records, u.Bytes)
 			}
 		})
+	}
+}
+
+const (
+	importUse   = "import-admin-token"
+	bytesUse    = "bytes-admin-token"
+	completeUse = "complete-use-token"
+)
+
+func writeQuotaAuthFile() string {
+	return `
+tenants:
+  importer: {max_records: 10}
+  byteimporter: {max_stored_bytes: 10000}
+  completer: {max_stored_bytes: 4096}
+tokens:
+  - {name: importer-admin, tenant: importer, scopes: [use, admin], sha256: ` + tokenHash(importUse) + `}
+  - {name: byteimporter-admin, tenant: byteimporter, scopes: [use, admin], sha256: ` + tokenHash(bytesUse) + `}
+  - {name: completer-app, tenant: completer, scopes: [use], sha256: ` + tokenHash(completeUse) + `}
+`
+}
+
+// recordStream is a record stream of n completed records of tenant, each with a
+// response of size bytes.
+func recordStream(t *testing.T, tenant string, n, size int) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	now := time.Now()
+	w, err := engine.NewStreamWriter(&b, "test", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		key := "imported-" + strconv.Itoa(i)
+		e := engine.Exported{KeyDigest: engine.KeyDigest(key)}
+		e.ID = engine.ID{Tenant: tenant, Key: key}
+		e.State, e.Fingerprint, e.Attempt = engine.StateCompleted, "fp", 1
+		e.CreatedAt, e.UpdatedAt, e.ExpiresAt = now, now, now.Add(time.Hour)
+		e.Response = &engine.Response{Status: 200, Body: bytes.Repeat([]byte("x"), size)}
+		if err := w.Write(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestQuotaHoldsForImportsAndCompletions: no path goes around a quota. An import writes
+// a tenant's records only within its max_records and max_stored_bytes, and is refused
+// with quota_exceeded once at either; a tenant that claims small and completes big
+// keeps at most twice its max_stored_bytes, with every lease it can hold completed, each
+// completion answered (the work that
+// ran is never run again), those past the allowance stored without their body, as
+// 409 response_not_stored. On the embedded store, Redis and a Redis Cluster.
+func TestQuotaHoldsForImportsAndCompletions(t *testing.T) {
+	t.Parallel()
+	for name, open := range quotaStores() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			store := open(t)
+			d := newQuotaDaemonWith(t, store, writeQuotaAuthFile(), engine.DefaultUsageRefresh)
+			usage := func(tenant string) engine.Usage {
+				u, err := store.(engine.UsageReader).Usage(t.Context(), tenant)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return u
+			}
+			importStream := func(token string, stream []byte) authAnswer {
+				req, err := http.NewRequest(http.MethodPost, d.url+"/v1/admin/records", bytes.NewReader(stream))
+				if err != nil {
+					t.Fatal(err)
+				}
+				req.Header.Set("Authorization", "Bearer "+token)
+				req.Header.Set("Content-Type", "application/x-ndjson")
+				return d.send(req)
+			}
+
+			a := importStream(importUse, recordStream(t, "importer", 40, 500))
+			expectStatus(t, "an import of 40 records at max_records 10", a, http.StatusTooManyRequests, "quota_exceeded")
+			if u := usage("importer"); u.Records != 10 {
+				t.Fatalf("an import at max_records 10 left the tenant %d records", u.Records)
+			}
+			a = importStream(bytesUse, recordStream(t, "byteimporter", 40, 1000))
+			expectStatus(t, "an import of 40 kB at max_stored_bytes 10000", a, http.StatusTooManyRequests, "quota_exceeded")
+			if u := usage("byteimporter"); u.Bytes > 10000 || u.Records == 0 {
+				t.Fatalf("an import at max_stored_bytes 10000 left the tenant %d records of %d bytes", u.Records, u.Bytes)
+			}
+
+			// As many leases as the quota lets the tenant hold.
+			var leases []string
+			for i := range 100 {
+				a := d.call(completeUse, http.MethodPost, "/v1/claim", map[string]any{"key": "big-" + strconv.Itoa(i), "fingerprint": "fp"})
+				if a.status == http.StatusTooManyRequests {
+					break
+				}
+				expectStatus(t, "a small claim", a, http.StatusCreated, "")
+				leases = append(leases, a.str("lease_token"))
+			}
+			if len(leases) < 5 || len(leases) == 100 {
+				t.Fatalf("the tenant holds %d leases at max_stored_bytes 4096", len(leases))
+			}
+			body := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("y"), 1000))
+			for i, lease := range leases {
+				a := d.call(completeUse, http.MethodPost, "/v1/complete", map[string]any{"key": "big-" + strconv.Itoa(i),
+					"lease_token": lease, "response": map[string]any{"status": 200, "body": body}})
+				expectStatus(t, "a big completion of a lease held", a, http.StatusOK, "")
+			}
+			if u := usage("completer"); u.Bytes > 2*4096 {
+				t.Fatalf("%d completions of 1000 bytes left the tenant %d stored bytes, past twice its max_stored_bytes of 4096", len(leases), u.Bytes)
+			}
+			last := d.call(completeUse, http.MethodPost, "/v1/claim", map[string]any{"key": "big-" + strconv.Itoa(len(leases)-1), "fingerprint": "fp"})
+			if last.status != http.StatusOK {
+				t.Fatalf("the replay of the last completion: %d %s", last.status, last.raw)
+			}
+			resp, _ := last.body["response"].(map[string]any)
+			stored, _ := base64.StdEncoding.DecodeString(fmt.Sprint(resp["body"]))
+			if resp["status"] != float64(http.StatusConflict) || !strings.Contains(string(stored), "response_not_stored") {
+				t.Fatalf("the replay of a completion past the allowance: %s, want 409 response_not_stored", last.raw)
+			}
+		})
+	}
+}
+
+// TestTenantUsageMetricsAreNotOpen: the open scrape of /metrics names no tenant's
+// records or stored bytes unless the operator asks for it; a tenant's token is shown
+// its own tenant's usage alone, and a platform token every tenant's.
+func TestTenantUsageMetricsAreNotOpen(t *testing.T) {
+	t.Parallel()
+	const platform = "platform-token"
+	authFile := quotaAuthFile() + `  - {name: platform, tenant: free, scopes: [use, platform], sha256: ` + tokenHash(platform) + `}
+`
+	for _, open := range []bool{false, true} {
+		store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = store.Close() })
+		path := filepath.Join(t.TempDir(), "auth.yaml")
+		if err := os.WriteFile(path, []byte(authFile), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		keyring, err := auth.Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(server.New(engine.NewService(store, time.Hour), server.Config{Auth: keyring, MetricsTenantUsage: open,
+			Logger: slog.New(slog.NewJSONHandler(&lockedBuffer{}, nil))}))
+		t.Cleanup(hs.Close)
+		d := &authDaemon{t: t, url: hs.URL, logs: &lockedBuffer{}}
+		expectStatus(t, "a claim", d.call(cappedUse, http.MethodPost, "/v1/claim", map[string]any{"key": "k"}), http.StatusCreated, "")
+
+		series := func(metrics string) []string {
+			var names []string
+			for _, line := range strings.Split(metrics, "\n") {
+				for _, tenant := range []string{"capped", "free"} {
+					if strings.HasPrefix(line, "idemd_tenant_") && strings.Contains(line, `tenant="`+tenant+`"`) &&
+						(strings.Contains(line, "_records{") || strings.Contains(line, "_bytes{")) {
+						names = append(names, tenant)
+					}
+				}
+			}
+			return names
+		}
+		has := func(names []string, tenant string) bool { return strings.Contains(strings.Join(names, " "), tenant) }
+		anonymous := series(d.metrics())
+		if open != (has(anonymous, "capped") && has(anonymous, "free")) || !open && len(anonymous) > 0 {
+			t.Fatalf("with --metrics-tenant-usage %v, the open scrape names the usage of %v", open, anonymous)
+		}
+		own := series(d.call(cappedUse, http.MethodGet, "/metrics", nil).raw)
+		if !has(own, "capped") || !open && has(own, "free") {
+			t.Fatalf("with --metrics-tenant-usage %v, a tenant's token is shown the usage of %v, want its own", open, own)
+		}
+		all := series(d.call(platform, http.MethodGet, "/metrics", nil).raw)
+		if !has(all, "capped") || !has(all, "free") {
+			t.Fatalf("a platform token is shown the usage of %v, want every tenant's", all)
+		}
 	}
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/trace"
 
 	contract "github.com/idemd/idemd/api"
@@ -36,7 +35,7 @@ type Engine interface {
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
 	Export(ctx context.Context, fn func(engine.Exported) error) error
-	Import(ctx context.Context, e engine.Exported) (engine.ImportOutcome, error)
+	Import(ctx context.Context, e engine.Exported, caps engine.Caps) (engine.ImportOutcome, error)
 	Backup(ctx context.Context, w io.Writer, size func(int64)) (int64, error)
 }
 
@@ -67,6 +66,10 @@ type Config struct {
 	Tracing trace.TracerProvider
 	// Console, when enabled, serves the operator's console (console.go).
 	Console Console
+	// MetricsTenantUsage puts every tenant's records and stored bytes on the open
+	// scrape of /metrics. Without it, the scrape names them only to a bearer token:
+	// a tenant's token its own tenant's, a platform token every tenant's.
+	MetricsTenantUsage bool
 }
 
 // DefaultTimeout is the default body and write timeout: a client slower than that on
@@ -75,11 +78,14 @@ const DefaultTimeout = 10 * time.Second
 
 // Server serves the idemd API.
 type Server struct {
-	engine   Engine
-	limits   Limits
-	log      *slog.Logger
-	metrics  *metrics
-	registry *prometheus.Registry
+	engine Engine
+	limits Limits
+	// tenantLimits are each tenant's limits in the auth file, for an import that
+	// writes records of tenants other than the caller's.
+	tenantLimits func(string) (auth.Limits, bool)
+	log          *slog.Logger
+	metrics      *metrics
+	registry     *prometheus.Registry
 	// abandoned counts the abandoned keys for the metrics and the console.
 	abandoned *abandonedCollector
 	echo      *echo.Echo
@@ -158,6 +164,7 @@ func New(eng Engine, cfg Config) *Server {
 	}); ok {
 		limits = l.Limits
 	}
+	s.tenantLimits = limits
 	if u, ok := eng.(usageEngine); ok {
 		cfg.Registry.MustRegister(newUsageCollector(u, tenants, limits))
 	}
@@ -167,7 +174,7 @@ func New(eng Engine, cfg Config) *Server {
 	} else {
 		registerConsoleOff(e)
 	}
-	e.GET("/metrics", echo.WrapHandler(promhttp.HandlerFor(cfg.Registry, promhttp.HandlerOpts{})))
+	e.GET("/metrics", s.metricsHandler(cfg.Registry, cfg.MetricsTenantUsage))
 	s.echo = e
 	s.endpoints = endpoints(e)
 	if cfg.Limits.MaxBlobBytes > 0 {
@@ -430,6 +437,7 @@ func (s *Server) RecordRecoveryPoint(c echo.Context) error {
 	if err != nil {
 		return err
 	}
+	req.Caps = caps(c)
 	rec, err := s.engine.Mark(c.Request().Context(), req)
 	if err != nil {
 		return err

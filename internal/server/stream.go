@@ -108,7 +108,19 @@ func (s *Server) ImportRecords(c echo.Context) error {
 			sum.OtherTenant++
 			continue
 		}
-		outcome, err := s.engine.Import(c.Request().Context(), e)
+		var tenantCaps engine.Caps
+		if l, ok := s.tenantLimits(e.ID.Tenant); ok {
+			tenantCaps = capsOf(l)
+		}
+		outcome, err := s.engine.Import(c.Request().Context(), e, tenantCaps)
+		var overQuota *engine.QuotaError
+		if errors.As(err, &overQuota) {
+			// The import stops at the first record past a quota, saying what it wrote
+			// before: importing again once there is room writes the rest.
+			p := toProblem(err)
+			p.detail = fmt.Sprintf("tenant %s: %s%s", e.ID.Tenant, p.detail, counts(sum))
+			return p
+		}
 		if err != nil {
 			return err
 		}

@@ -3,10 +3,14 @@ package server
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/labstack/echo/v4"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/idemd/idemd/internal/auth"
 	"github.com/idemd/idemd/internal/engine"
@@ -105,4 +109,52 @@ func (c *usageCollector) measure() []prometheus.Metric {
 		out = append(out, prometheus.MustNewConstMetric(c.fill, prometheus.GaugeValue, f.Ratio()))
 	}
 	return out
+}
+
+// tenantUsageSeries are the metrics that tell what a tenant keeps in the store.
+var tenantUsageSeries = map[string]bool{
+	"idemd_tenant_stored_bytes": true, "idemd_tenant_records": true,
+	"idemd_tenant_quota_bytes": true, "idemd_tenant_quota_records": true,
+}
+
+// metricsHandler serves the registry, with the tenants' usage series held to whoever
+// may see them: every tenant's to a platform token, the open scrape of a server
+// without an auth file or with open set; a tenant's own to its token; none otherwise.
+// A token that is not known is taken as none: the scrape stays open.
+func (s *Server) metricsHandler(reg *prometheus.Registry, open bool) echo.HandlerFunc {
+	every := promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	return func(c echo.Context) error {
+		seeAll := open || s.auth == nil
+		var only string
+		if token, ok := strings.CutPrefix(c.Request().Header.Get(echo.HeaderAuthorization), "Bearer "); ok {
+			if p, err := s.auth.Authenticate(strings.TrimSpace(token)); err == nil && p != nil {
+				seeAll = seeAll || p.Can(auth.ScopePlatform)
+				only = p.Tenant.Name
+			}
+		}
+		if seeAll {
+			every.ServeHTTP(c.Response(), c.Request())
+			return nil
+		}
+		gather := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+			families, err := reg.Gather()
+			for _, f := range families {
+				if !tenantUsageSeries[f.GetName()] {
+					continue
+				}
+				f.Metric = slices.DeleteFunc(f.Metric, func(m *dto.Metric) bool {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "tenant" {
+							return only == "" || l.GetValue() != only
+						}
+					}
+					return true
+				})
+			}
+			families = slices.DeleteFunc(families, func(f *dto.MetricFamily) bool { return len(f.Metric) == 0 })
+			return families, err
+		})
+		promhttp.HandlerFor(gather, promhttp.HandlerOpts{}).ServeHTTP(c.Response(), c.Request())
+		return nil
+	}
 }
