@@ -217,3 +217,34 @@ func TestUsageFoldsTheEarlierReleasesCounts(t *testing.T) {
 		check(t, testredis.StartCluster(t).URL(), true)
 	})
 }
+
+// TestUsageSentAtClose: a daemon that stops sends what its scripts counted and it had
+// not sent yet, so that another daemon's next read counts it at once.
+func TestUsageSentAtClose(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	writer, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	ctx := t.Context()
+	const tenant, records = "closing", 25
+	for i := range records {
+		c := engine.Claim{ID: engine.ID{Tenant: tenant, Key: fmt.Sprintf("k-%d", i)}, Lease: time.Minute,
+			Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := writer.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := reader.Usage(ctx, tenant); err != nil || u.Records != records {
+		t.Fatalf("usage after the writer closed: %+v %v, want %d records", u, err, records)
+	}
+}
