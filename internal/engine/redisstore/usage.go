@@ -202,18 +202,23 @@ func (s *Store) flushUsage() {
 func (s *Store) sendUsage(ctx context.Context, counts map[string]map[int64]spanCount) bool {
 	failed := false
 	for tenant, spans := range counts {
-		if _, err := s.runUsage(ctx, tenant, spans, false); err != nil {
+		_, sent, err := s.runUsage(ctx, tenant, spans, false)
+		if !sent {
 			s.usage.putBack(tenant, spans)
-			s.reloadOnNetworkError(err)
 			failed = true
+		}
+		if err != nil {
+			s.reloadOnNetworkError(err)
 		}
 	}
 	return failed
 }
 
-// runUsage runs usage.lua for tenant with spans to add, and answers its totals. With
-// sole, the earlier release's one usage hash of the tenant is folded in too.
-func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spanCount, sole bool) (engine.Usage, error) {
+// runUsage runs usage.lua for tenant with spans to add, and answers its totals and
+// whether it added spans. With sole, the earlier release's one usage hash of the tenant
+// is folded in too. A Redis out of memory refuses the script, which writes: the totals
+// are then read without writing, spans added to them here and not sent.
+func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spanCount, sole bool) (engine.Usage, bool, error) {
 	keys := []string{usageTotalsKey(tenant), usageEndsKey(tenant)}
 	if sole {
 		keys = append(keys, soleUsageKey(tenant))
@@ -225,27 +230,37 @@ func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spa
 		}
 	}
 	v, err := usageScript.Run(ctx, s.client, keys, args...).Slice()
-	if err != nil && len(args) == 0 && isOOM(err) {
-		// A Redis that refuses writes still answers a read.
+	sent := err == nil
+	if isOOM(err) {
 		v, err = usageReadScript.Run(ctx, s.client, keys[:2]).Slice()
 	}
 	if err != nil {
-		return engine.Usage{}, err
+		return engine.Usage{}, false, err
 	}
 	if len(v) != 3 {
-		return engine.Usage{}, fmt.Errorf("malformed usage answer %v", v)
+		return engine.Usage{}, sent, fmt.Errorf("malformed usage answer %v", v)
+	}
+	u := engine.Usage{Records: integer(v[0]), Bytes: integer(v[1])}
+	if !sent {
+		for _, n := range spans {
+			u.Records += n[0]
+			u.Bytes += n[1]
+		}
 	}
 	// Counts lost to a daemon that died, or not yet sent by another, may take a span
 	// below nothing until it ends; the usage does not go below nothing.
-	u := engine.Usage{Records: max(integer(v[0]), 0), Bytes: max(integer(v[1]), 0)}
+	u.Records, u.Bytes = max(u.Records, 0), max(u.Bytes, 0)
 	if first := integer(v[2]); first > 0 {
 		u.NextDrop = time.UnixMilli(first * usageSpan.Milliseconds()).Add(time.Millisecond)
 	}
-	return u, nil
+	return u, sent, nil
 }
 
 // isOOM says whether err is Redis refusing a write for want of memory.
 func isOOM(err error) bool {
+	if err == nil {
+		return false
+	}
 	var answered redis.Error
 	return errors.As(err, &answered) && strings.HasPrefix(answered.Error(), "OOM ")
 }
@@ -359,9 +374,11 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 			return engine.Usage{}, s.failed(ctx, err)
 		}
 	}
-	u, err := s.runUsage(ctx, tenant, spans, sole)
-	if err != nil {
+	u, sent, err := s.runUsage(ctx, tenant, spans, sole)
+	if !sent {
 		s.usage.putBack(tenant, spans)
+	}
+	if err != nil {
 		return engine.Usage{}, s.failed(ctx, err)
 	}
 	return u, nil
