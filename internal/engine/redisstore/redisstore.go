@@ -419,7 +419,7 @@ func (s *Store) Close() error {
 	s.agreeWG.Wait()
 	// What the scripts counted and the store has not sent yet goes now, once.
 	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
-	s.sendUsage(ctx, s.usage.take(""))
+	s.sendUsage(ctx, s.usage.takeToSend())
 	cancel()
 	s.pipe.close()
 	s.notifier.close()

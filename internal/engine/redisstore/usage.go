@@ -87,6 +87,9 @@ type usageCounts struct {
 	tenants map[string]map[int64]spanCount
 	// earlier holds, by tenant, slots foldEarlier took from the bitmap and could not read.
 	earlier map[string][]uint16
+	// sending holds, by tenant, a channel closed once the counts being sent have gone
+	// (or are back in tenants): a read of the tenant waits for it, so that it counts them.
+	sending map[string]chan struct{}
 	running bool
 }
 
@@ -145,6 +148,40 @@ func (c *usageCounts) take(tenant string) map[string]map[int64]spanCount {
 	return out
 }
 
+// takeToSend is take("") for sendUsage, which says when each tenant's are sent (sent).
+func (c *usageCounts) takeToSend() map[string]map[int64]spanCount {
+	out := c.take("")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sending == nil {
+		c.sending = make(map[string]chan struct{})
+	}
+	for name := range out {
+		if c.sending[name] == nil {
+			c.sending[name] = make(chan struct{})
+		}
+	}
+	return out
+}
+
+// sent says that tenant's counts taken to send have gone, or are back to send.
+func (c *usageCounts) sent(tenant string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch := c.sending[tenant]; ch != nil {
+		close(ch)
+		delete(c.sending, tenant)
+	}
+}
+
+// inFlight returns the channel that closes once tenant's counts being sent are sent,
+// or nil when none are.
+func (c *usageCounts) inFlight(tenant string) chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sending[tenant]
+}
+
 // putBack returns counts that could not be sent to what is to send.
 func (c *usageCounts) putBack(tenant string, spans map[int64]spanCount) {
 	c.mu.Lock()
@@ -180,7 +217,7 @@ func (s *Store) flushUsage() {
 		case <-time.After(wait):
 		}
 		ctx, cancel := context.WithTimeout(s.closing, usageTimeout)
-		failed := s.sendUsage(ctx, c.take(""))
+		failed := s.sendUsage(ctx, c.takeToSend())
 		cancel()
 		if failed {
 			wait = min(2*wait, time.Second)
@@ -207,6 +244,7 @@ func (s *Store) sendUsage(ctx context.Context, counts map[string]map[int64]spanC
 			s.usage.putBack(tenant, spans)
 			failed = true
 		}
+		s.usage.sent(tenant)
 		if err != nil {
 			s.reloadOnNetworkError(err)
 		}
@@ -351,11 +389,12 @@ func (s *Store) foldEarlier(ctx context.Context, tenant string, spans map[int64]
 }
 
 // Usage implements engine.UsageReader: one script on the tenant's totals (usage.lua),
-// which first adds what this daemon counted and has not sent yet, so that a read counts
-// every write of the daemon that reads, and drops the spans that have ended. On a
-// Cluster a small script goes before it, for what daemons of the release before this one
-// counted (foldEarlier). So a read costs two commands at most, whatever the tenant
-// keeps, wherever it keeps it, and however many daemons write for it.
+// which first adds what this daemon counted and has not sent yet (after a sending of
+// the tenant's under way, if one is), so that a read counts every write of the daemon
+// that reads, and drops the spans that have ended. On a Cluster a small script goes
+// before it, for what daemons of the release before this one counted (foldEarlier).
+// So a read costs two commands at most, whatever the tenant keeps, wherever it keeps
+// it, and however many daemons write for it.
 func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
 	if _, err := s.current(ctx); err != nil {
 		return engine.Usage{}, err
@@ -363,6 +402,14 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 	sole, err := s.soleUsage(ctx)
 	if err != nil {
 		return engine.Usage{}, s.failed(ctx, err)
+	}
+	// Counts this daemon is sending right now go first, or come back to be sent here.
+	if ch := s.usage.inFlight(tenant); ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return engine.Usage{}, fmt.Errorf("redis: %w", ctx.Err())
+		}
 	}
 	spans := s.usage.take(tenant)[tenant]
 	if spans == nil {
