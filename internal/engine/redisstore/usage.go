@@ -90,7 +90,81 @@ type usageCounts struct {
 	// sending holds, by tenant, a channel closed once the counts being sent have gone
 	// (or are back in tenants): a read of the tenant waits for it, so that it counts them.
 	sending map[string]chan struct{}
+	// flights are, by tenant, the writes whose scripts are under way (writing).
+	flights map[string]*flights
 	running bool
+}
+
+// flights are a tenant's writes under way, by the epoch they began in: each read
+// begins an epoch, and waits for the writes of the epochs before to answer, so that it
+// counts a write whose script Redis ran before the read's, as a count kept in Redis
+// would.
+type flights struct {
+	epoch int
+	open  map[int]int
+	waits map[int]chan struct{}
+}
+
+// usageWriteWait bounds how long a read waits for the writes under way when it began.
+const usageWriteWait = time.Second
+
+// writing notes a write of tenant under way, and returns the epoch to hand to wrote.
+func (c *usageCounts) writing(tenant string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.flights == nil {
+		c.flights = make(map[string]*flights)
+	}
+	f := c.flights[tenant]
+	if f == nil {
+		f = &flights{open: make(map[int]int), waits: make(map[int]chan struct{})}
+		c.flights[tenant] = f
+	}
+	f.open[f.epoch]++
+	return f.epoch
+}
+
+// wrote notes that a write that began in epoch has answered, its count taken.
+func (c *usageCounts) wrote(tenant string, epoch int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.flights[tenant]
+	if f == nil {
+		return
+	}
+	if f.open[epoch]--; f.open[epoch] > 0 {
+		return
+	}
+	delete(f.open, epoch)
+	if ch := f.waits[epoch]; ch != nil {
+		close(ch)
+		delete(f.waits, epoch)
+	}
+	if len(f.open) == 0 {
+		delete(c.flights, tenant)
+	}
+}
+
+// underWay begins an epoch of tenant's writes and returns the channels that close as
+// the writes under way until now answer.
+func (c *usageCounts) underWay(tenant string) []chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.flights[tenant]
+	if f == nil {
+		return nil
+	}
+	var chans []chan struct{}
+	for epoch := range f.open {
+		ch := f.waits[epoch]
+		if ch == nil {
+			ch = make(chan struct{})
+			f.waits[epoch] = ch
+		}
+		chans = append(chans, ch)
+	}
+	f.epoch++
+	return chans
 }
 
 // count adds what a script answered it moved in tenant's usage (lua/prelude.lua's
@@ -403,7 +477,24 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 	if err != nil {
 		return engine.Usage{}, s.failed(ctx, err)
 	}
-	// Counts this daemon is sending right now go first, or come back to be sent here.
+	// Writes under way when the read began answer first, for as long as usageWriteWait
+	// (a master that stops answering holds its own writes, not the read), then counts
+	// this daemon is sending right now go first, or come back to be sent here.
+	if chans := s.usage.underWay(tenant); len(chans) > 0 {
+		limit := time.NewTimer(usageWriteWait)
+		for _, ch := range chans {
+			select {
+			case <-ch:
+				continue
+			case <-limit.C:
+			case <-ctx.Done():
+				limit.Stop()
+				return engine.Usage{}, fmt.Errorf("redis: %w", ctx.Err())
+			}
+			break
+		}
+		limit.Stop()
+	}
 	if ch := s.usage.inFlight(tenant); ch != nil {
 		select {
 		case <-ch:
