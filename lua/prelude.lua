@@ -199,21 +199,25 @@ local function account(r, size)
   if size then
     to = math.ceil(tonumber(r.xa) / USAGE_SPAN_MS)
   end
-  if not ACCT then
-    ACCT = {}
-  end
-  local n = #ACCT
+  -- Built whole by one constructor: most scripts account once, and a table grown an
+  -- element at a time is reallocated as it grows.
+  local moved
   if from and from == to then
     if size ~= r.size0 then
-      ACCT[n + 1], ACCT[n + 2], ACCT[n + 3] = to, 0, size - r.size0
+      moved = {to, 0, size - r.size0}
     end
-  else
-    if from then
-      ACCT[n + 1], ACCT[n + 2], ACCT[n + 3] = from, -1, -r.size0
-      n = n + 3
-    end
-    if to then
-      ACCT[n + 1], ACCT[n + 2], ACCT[n + 3] = to, 1, size
+  elseif from and to then
+    moved = {from, -1, -r.size0, to, 1, size}
+  elseif from then
+    moved = {from, -1, -r.size0}
+  elseif to then
+    moved = {to, 1, size}
+  end
+  if not ACCT then
+    ACCT = moved
+  elseif moved then
+    for i = 1, #moved do
+      ACCT[#ACCT + 1] = moved[i]
     end
   end
   -- A second save in the same script moves the count from here.

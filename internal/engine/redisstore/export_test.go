@@ -88,7 +88,7 @@ func UsageKey(tenant string, slot uint16) string { return usageKey(tenant, slot)
 // SendUsage sends what the store's scripts counted to the tenants' totals now, as it
 // does by itself within usageFlushEvery.
 func (s *Store) SendUsage(ctx context.Context) error {
-	if s.sendUsage(ctx, s.usage.take("")) {
+	if s.sendUsage(ctx, s.usage.takeToSend()) {
 		return errors.New("some counts could not be sent")
 	}
 	return nil

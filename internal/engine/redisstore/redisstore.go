@@ -433,7 +433,7 @@ func (s *Store) Close() error {
 	s.agreeWG.Wait()
 	// What the scripts counted and the store has not sent yet goes now, once.
 	ctx, cancel := context.WithTimeout(context.Background(), usageTimeout)
-	s.sendUsage(ctx, s.usage.take(""))
+	s.sendUsage(ctx, s.usage.takeToSend())
 	cancel()
 	s.pipe.close()
 	s.notifier.close()
@@ -446,6 +446,11 @@ func (s *Store) run(ctx context.Context, script script, id engine.ID, args ...an
 
 // runKeys is run on the keys of a record, which id names in the answer.
 func (s *Store) runKeys(ctx context.Context, script script, keys []string, id engine.ID, args ...any) (reply, error) {
+	if script.writes {
+		// A usage read of the tenant that begins meanwhile waits for this write's count.
+		epoch := s.usage.writing(id.Tenant)
+		defer s.usage.wrote(id.Tenant, epoch)
+	}
 	v, err := s.pipe.do(ctx, script, keys, args)
 	var notReplicated *notReplicatedError
 	if errors.As(err, &notReplicated) {

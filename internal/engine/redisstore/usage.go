@@ -87,7 +87,84 @@ type usageCounts struct {
 	tenants map[string]map[int64]spanCount
 	// earlier holds, by tenant, slots foldEarlier took from the bitmap and could not read.
 	earlier map[string][]uint16
+	// sending holds, by tenant, a channel closed once the counts being sent have gone
+	// (or are back in tenants): a read of the tenant waits for it, so that it counts them.
+	sending map[string]chan struct{}
+	// flights are, by tenant, the writes whose scripts are under way (writing).
+	flights map[string]*flights
 	running bool
+}
+
+// flights are a tenant's writes under way, by the epoch they began in: each read
+// begins an epoch, and waits for the writes of the epochs before to answer, so that it
+// counts a write whose script Redis ran before the read's, as a count kept in Redis
+// would.
+type flights struct {
+	epoch int
+	open  map[int]int
+	waits map[int]chan struct{}
+}
+
+// usageWriteWait bounds how long a read waits for the writes under way when it began.
+const usageWriteWait = time.Second
+
+// writing notes a write of tenant under way, and returns the epoch to hand to wrote.
+func (c *usageCounts) writing(tenant string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.flights == nil {
+		c.flights = make(map[string]*flights)
+	}
+	f := c.flights[tenant]
+	if f == nil {
+		f = &flights{open: make(map[int]int), waits: make(map[int]chan struct{})}
+		c.flights[tenant] = f
+	}
+	f.open[f.epoch]++
+	return f.epoch
+}
+
+// wrote notes that a write that began in epoch has answered, its count taken.
+func (c *usageCounts) wrote(tenant string, epoch int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.flights[tenant]
+	if f == nil {
+		return
+	}
+	if f.open[epoch]--; f.open[epoch] > 0 {
+		return
+	}
+	delete(f.open, epoch)
+	if ch := f.waits[epoch]; ch != nil {
+		close(ch)
+		delete(f.waits, epoch)
+	}
+	if len(f.open) == 0 {
+		delete(c.flights, tenant)
+	}
+}
+
+// underWay begins an epoch of tenant's writes and returns the channels that close as
+// the writes under way until now answer.
+func (c *usageCounts) underWay(tenant string) []chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	f := c.flights[tenant]
+	if f == nil {
+		return nil
+	}
+	var chans []chan struct{}
+	for epoch := range f.open {
+		ch := f.waits[epoch]
+		if ch == nil {
+			ch = make(chan struct{})
+			f.waits[epoch] = ch
+		}
+		chans = append(chans, ch)
+	}
+	f.epoch++
+	return chans
 }
 
 // count adds what a script answered it moved in tenant's usage (lua/prelude.lua's
@@ -145,6 +222,40 @@ func (c *usageCounts) take(tenant string) map[string]map[int64]spanCount {
 	return out
 }
 
+// takeToSend is take("") for sendUsage, which says when each tenant's are sent (sent).
+func (c *usageCounts) takeToSend() map[string]map[int64]spanCount {
+	out := c.take("")
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.sending == nil {
+		c.sending = make(map[string]chan struct{})
+	}
+	for name := range out {
+		if c.sending[name] == nil {
+			c.sending[name] = make(chan struct{})
+		}
+	}
+	return out
+}
+
+// sent says that tenant's counts taken to send have gone, or are back to send.
+func (c *usageCounts) sent(tenant string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ch := c.sending[tenant]; ch != nil {
+		close(ch)
+		delete(c.sending, tenant)
+	}
+}
+
+// inFlight returns the channel that closes once tenant's counts being sent are sent,
+// or nil when none are.
+func (c *usageCounts) inFlight(tenant string) chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sending[tenant]
+}
+
 // putBack returns counts that could not be sent to what is to send.
 func (c *usageCounts) putBack(tenant string, spans map[int64]spanCount) {
 	c.mu.Lock()
@@ -180,7 +291,7 @@ func (s *Store) flushUsage() {
 		case <-time.After(wait):
 		}
 		ctx, cancel := context.WithTimeout(s.closing, usageTimeout)
-		failed := s.sendUsage(ctx, c.take(""))
+		failed := s.sendUsage(ctx, c.takeToSend())
 		cancel()
 		if failed {
 			wait = min(2*wait, time.Second)
@@ -202,18 +313,24 @@ func (s *Store) flushUsage() {
 func (s *Store) sendUsage(ctx context.Context, counts map[string]map[int64]spanCount) bool {
 	failed := false
 	for tenant, spans := range counts {
-		if _, err := s.runUsage(ctx, tenant, spans, false); err != nil {
+		_, sent, err := s.runUsage(ctx, tenant, spans, false)
+		if !sent {
 			s.usage.putBack(tenant, spans)
-			s.reloadOnNetworkError(err)
 			failed = true
+		}
+		s.usage.sent(tenant)
+		if err != nil {
+			s.reloadOnNetworkError(err)
 		}
 	}
 	return failed
 }
 
-// runUsage runs usage.lua for tenant with spans to add, and answers its totals. With
-// sole, the earlier release's one usage hash of the tenant is folded in too.
-func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spanCount, sole bool) (engine.Usage, error) {
+// runUsage runs usage.lua for tenant with spans to add, and answers its totals and
+// whether it added spans. With sole, the earlier release's one usage hash of the tenant
+// is folded in too. A Redis out of memory refuses the script, which writes: the totals
+// are then read without writing, spans added to them here and not sent.
+func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spanCount, sole bool) (engine.Usage, bool, error) {
 	keys := []string{usageTotalsKey(tenant), usageEndsKey(tenant)}
 	if sole {
 		keys = append(keys, soleUsageKey(tenant))
@@ -225,27 +342,37 @@ func (s *Store) runUsage(ctx context.Context, tenant string, spans map[int64]spa
 		}
 	}
 	v, err := usageScript.Run(ctx, s.client, keys, args...).Slice()
-	if err != nil && len(args) == 0 && isOOM(err) {
-		// A Redis that refuses writes still answers a read.
+	sent := err == nil
+	if isOOM(err) {
 		v, err = usageReadScript.Run(ctx, s.client, keys[:2]).Slice()
 	}
 	if err != nil {
-		return engine.Usage{}, err
+		return engine.Usage{}, false, err
 	}
 	if len(v) != 3 {
-		return engine.Usage{}, fmt.Errorf("malformed usage answer %v", v)
+		return engine.Usage{}, sent, fmt.Errorf("malformed usage answer %v", v)
+	}
+	u := engine.Usage{Records: integer(v[0]), Bytes: integer(v[1])}
+	if !sent {
+		for _, n := range spans {
+			u.Records += n[0]
+			u.Bytes += n[1]
+		}
 	}
 	// Counts lost to a daemon that died, or not yet sent by another, may take a span
 	// below nothing until it ends; the usage does not go below nothing.
-	u := engine.Usage{Records: max(integer(v[0]), 0), Bytes: max(integer(v[1]), 0)}
+	u.Records, u.Bytes = max(u.Records, 0), max(u.Bytes, 0)
 	if first := integer(v[2]); first > 0 {
 		u.NextDrop = time.UnixMilli(first * usageSpan.Milliseconds()).Add(time.Millisecond)
 	}
-	return u, nil
+	return u, sent, nil
 }
 
 // isOOM says whether err is Redis refusing a write for want of memory.
 func isOOM(err error) bool {
+	if err == nil {
+		return false
+	}
 	var answered redis.Error
 	return errors.As(err, &answered) && strings.HasPrefix(answered.Error(), "OOM ")
 }
@@ -336,11 +463,12 @@ func (s *Store) foldEarlier(ctx context.Context, tenant string, spans map[int64]
 }
 
 // Usage implements engine.UsageReader: one script on the tenant's totals (usage.lua),
-// which first adds what this daemon counted and has not sent yet, so that a read counts
-// every write of the daemon that reads, and drops the spans that have ended. On a
-// Cluster a small script goes before it, for what daemons of the release before this one
-// counted (foldEarlier). So a read costs two commands at most, whatever the tenant
-// keeps, wherever it keeps it, and however many daemons write for it.
+// which first adds what this daemon counted and has not sent yet (after a sending of
+// the tenant's under way, if one is), so that a read counts every write of the daemon
+// that reads, and drops the spans that have ended. On a Cluster a small script goes
+// before it, for what daemons of the release before this one counted (foldEarlier).
+// So a read costs two commands at most, whatever the tenant keeps, wherever it keeps
+// it, and however many daemons write for it.
 func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) {
 	if _, err := s.current(ctx); err != nil {
 		return engine.Usage{}, err
@@ -348,6 +476,31 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 	sole, err := s.soleUsage(ctx)
 	if err != nil {
 		return engine.Usage{}, s.failed(ctx, err)
+	}
+	// Writes under way when the read began answer first, for as long as usageWriteWait
+	// (a master that stops answering holds its own writes, not the read), then counts
+	// this daemon is sending right now go first, or come back to be sent here.
+	if chans := s.usage.underWay(tenant); len(chans) > 0 {
+		limit := time.NewTimer(usageWriteWait)
+		for _, ch := range chans {
+			select {
+			case <-ch:
+				continue
+			case <-limit.C:
+			case <-ctx.Done():
+				limit.Stop()
+				return engine.Usage{}, fmt.Errorf("redis: %w", ctx.Err())
+			}
+			break
+		}
+		limit.Stop()
+	}
+	if ch := s.usage.inFlight(tenant); ch != nil {
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return engine.Usage{}, fmt.Errorf("redis: %w", ctx.Err())
+		}
 	}
 	spans := s.usage.take(tenant)[tenant]
 	if spans == nil {
@@ -359,9 +512,11 @@ func (s *Store) Usage(ctx context.Context, tenant string) (engine.Usage, error) 
 			return engine.Usage{}, s.failed(ctx, err)
 		}
 	}
-	u, err := s.runUsage(ctx, tenant, spans, sole)
-	if err != nil {
+	u, sent, err := s.runUsage(ctx, tenant, spans, sole)
+	if !sent {
 		s.usage.putBack(tenant, spans)
+	}
+	if err != nil {
 		return engine.Usage{}, s.failed(ctx, err)
 	}
 	return u, nil

@@ -256,3 +256,84 @@ func TestUsageFoldsTheEarlierReleasesCounts(t *testing.T) {
 		check(t, testredis.StartCluster(t).URL(), true)
 	})
 }
+
+// TestUsageSentAtClose: a daemon that stops sends what its scripts counted and it had
+// not sent yet, so that another daemon's next read counts it at once.
+func TestUsageSentAtClose(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	writer, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	ctx := t.Context()
+	const tenant, records = "closing", 25
+	for i := range records {
+		c := engine.Claim{ID: engine.ID{Tenant: tenant, Key: fmt.Sprintf("k-%d", i)}, Lease: time.Minute,
+			Retention: time.Hour, Token: engine.NewLeaseToken()}
+		if _, err := writer.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := writer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := reader.Usage(ctx, tenant); err != nil || u.Records != records {
+		t.Fatalf("usage after the writer closed: %+v %v, want %d records", u, err, records)
+	}
+}
+
+// TestUsageReadOutOfMemory: a Redis that refuses writes for want of memory still has
+// the usage read, with what the reading daemon counted and could not send, which it
+// sends once Redis takes writes again.
+func TestUsageReadOutOfMemory(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	s, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	const tenant = "full"
+	claim := func(key string) {
+		t.Helper()
+		c := engine.Claim{ID: engine.ID{Tenant: tenant, Key: key}, Lease: time.Minute, Retention: time.Hour,
+			Token: engine.NewLeaseToken()}
+		if _, err := s.Claim(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claim("sent")
+	if u, err := s.Usage(ctx, tenant); err != nil || u.Records != 1 {
+		t.Fatalf("usage: %+v %v, want 1 record", u, err)
+	}
+	claim("unsent")
+	if reply, err := srv.Command("CONFIG", "SET", "maxmemory", "1"); err != nil || reply != "+OK" {
+		t.Fatalf("CONFIG SET maxmemory: %q %v", reply, err)
+	}
+	if u, err := s.Usage(ctx, tenant); err != nil || u.Records != 2 {
+		t.Fatalf("usage on a Redis out of memory: %+v %v, want 2 records", u, err)
+	}
+	other, err := redisstore.OpenWith(srv.URL(), redisstore.Options{LeanRecords: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	// Redis took none of it: another daemon counts what was sent before.
+	if u, err := other.Usage(ctx, tenant); err != nil || u.Records != 1 {
+		t.Fatalf("another daemon's usage on a Redis out of memory: %+v %v, want 1 record", u, err)
+	}
+	if reply, err := srv.Command("CONFIG", "SET", "maxmemory", "0"); err != nil || reply != "+OK" {
+		t.Fatalf("CONFIG SET maxmemory: %q %v", reply, err)
+	}
+	wait.For(t, 30*time.Second, "the counts held back to be sent", func() bool {
+		u, err := other.Usage(ctx, tenant)
+		return err == nil && u.Records == 2
+	})
+}
