@@ -11,8 +11,8 @@ import (
 // from the store again, when WithUsageRefresh does not say.
 const DefaultUsageRefresh = 2 * time.Second
 
-// usageTimeout bounds one read of a tenant's usage: on a Redis Cluster it reads every
-// slot of the tenant, which takes longer than a transition.
+// usageTimeout bounds one read of a tenant's usage: a read may wait for the daemon's
+// own writes of the tenant under way, which takes longer than a transition.
 const usageTimeout = 10 * time.Second
 
 // acquisitionEstimate is what the Service adds to a tenant's usage, until the next read

@@ -23,8 +23,8 @@ type usageEngine interface {
 	StoreFill(ctx context.Context) (engine.Fill, error)
 }
 
-// How often the usage metrics read the engine: its usage reads cost a Redis one
-// HGETALL per Cluster slot and tenant (docs/operations.md, Quotas).
+// How often the usage metrics read the engine: a usage read costs Redis one or two
+// scripts a tenant (docs/operations.md, Quotas and the store guard).
 const (
 	usageEvery   = 15 * time.Second
 	usageTimeout = 10 * time.Second
