@@ -20,7 +20,7 @@ import (
 // Defaults of the blob store (docs/operations.md, "Large results").
 const (
 	// DefaultBlobThreshold is the stored size over which a result goes to the blob
-	// store when there is one (docs/benchmarks.md, "Large results").
+	// store when there is one (docs/bench-stores.md, "Large results").
 	DefaultBlobThreshold = 64 << 10
 	// DefaultMaxBlobBytes bounds a result kept in the blob store.
 	DefaultMaxBlobBytes = 64 << 20
