@@ -70,7 +70,12 @@ export interface IdempotencyOptions<Req> {
   storedHeaders?: readonly string[];
   /** The largest request body read to fingerprint it; default 10 MiB. */
   maxBodyBytes?: number;
-  /** The largest result stored, body plus stored header names and values; default 1 MiB. */
+  /**
+   * The largest result recorded and stored, body plus stored header names and values;
+   * default 64 MiB, idemd's default --max-blob-bytes. Below it idemd's own limit decides:
+   * one without a blob store refuses a result over its --max-response-bytes (1 MiB by
+   * default) with 413, answered as a result over this bound is (response_not_stored).
+   */
   maxStoredBytes?: number;
   /** Whether an answer of this status is a result to store; default 2xx, 3xx and 402. */
   storeStatus?: (status: number) => boolean;
@@ -267,7 +272,7 @@ export class Guard<Req> {
       leaseMs,
       storedHeaders: stored,
       maxBodyBytes: options.maxBodyBytes ?? 10 << 20,
-      maxStoredBytes: options.maxStoredBytes ?? 1 << 20,
+      maxStoredBytes: options.maxStoredBytes ?? 64 << 20,
       storeStatus: options.storeStatus ?? ((s) => (s >= 200 && s < 400) || s === 402),
       failOpen: options.failOpen ?? false,
       onIncident: options.onIncident,
