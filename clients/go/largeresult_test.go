@@ -99,7 +99,7 @@ func TestMiddlewareLargeResult(t *testing.T) {
 // Without a blob store idemd refuses a result over its --max-response-bytes with 413:
 // the client still gets the whole answer and a retry gets 409 response_not_stored.
 func TestMiddlewareLargeResultWithoutBlobStore(t *testing.T) {
-	body := make([]byte, 2<<20)
+	body := make([]byte, 20<<20)
 	if _, err := rand.Read(body); err != nil {
 		t.Fatal(err)
 	}
