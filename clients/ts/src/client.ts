@@ -1144,7 +1144,7 @@ function sealerOf(sealing: SealingOptions | undefined): Sealer {
  * daemon with a blob store takes such a result up to its --max-blob-bytes; one without
  * answers 413 over its --max-response-bytes, either way.
  */
-const rawResultBytes = 1 << 20;
+export const rawResultBytes = 1 << 20;
 
 /** A response as stored: its status, and its headers and body or their sealed envelope. */
 interface RawResult {

@@ -1,7 +1,7 @@
 // The Idempotency-Key middleware's behaviour, shared by the Express middleware and the
 // Fastify plugin: docs/middleware.md, row by row (the row names are in the comments).
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { IdemClient, Lease, RecoveryPoint, StoredResponse } from "../client.js";
+import { type IdemClient, type Lease, rawResultBytes, type RecoveryPoint, type StoredResponse } from "../client.js";
 import {
   FingerprintMismatchError,
   InProgressError,
@@ -579,6 +579,13 @@ export class Guard<Req> {
     } catch (err) {
       if (err instanceof ProblemError && (err.status === 413 || err.status === 400)) {
         await this.#notStored(req, key, leaseToken, err); // R10: idemd refused to store it.
+        return;
+      }
+      if (err instanceof UnavailableError && (body?.length ?? 0) > rawResultBytes) {
+        // R10a: a daemon without a blob store may answer 413 to a large body before
+        // reading it and close the connection, which reaches the client as a failure to
+        // answer; left claimed (R13), the key would run the handler again later.
+        await this.#notStored(req, key, leaseToken, err);
         return;
       }
       this.#incident(req, { kind: "complete_failed", idemdKey: key, error: err }); // R13
