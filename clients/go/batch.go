@@ -52,6 +52,8 @@ type call struct {
 	body []byte
 	res  result
 	done chan struct{}
+	// alone says that the call went as its own request, under its own context.
+	alone atomic.Bool
 }
 
 // batcher gathers the calls of one Client. At most one batch is in flight: the
@@ -94,6 +96,13 @@ func (c *Client) do(ctx context.Context, item idemapi.BatchItem) result {
 	case <-cl.done:
 		return cl.res
 	case <-ctx.Done():
+		if cl.alone.Load() {
+			// Its own request ends with ctx; an answer that came before is decoded,
+			// however long that takes (a claim that finds a large result), so that a
+			// lease it acquired is not lost.
+			<-cl.done
+			return cl.res
+		}
 		return result{err: transportError(ctx.Err())}
 	}
 }
@@ -108,6 +117,7 @@ func (b *batcher) run() {
 		if len(calls) == 1 {
 			// Alone: the call's own request, under its own context.
 			cl := calls[0]
+			cl.alone.Store(true)
 			cl.res = b.c.single(cl.ctx, cl.op, cl.body)
 			close(cl.done)
 			continue

@@ -157,9 +157,17 @@ func WithStoredHeaders(names ...string) MiddlewareOption {
 // (default 10 MiB); a larger one is refused with 413.
 func WithMaxBody(n int64) MiddlewareOption { return func(s *middlewareSettings) { s.maxBody = n } }
 
+// DefaultMaxStoredBytes is the largest result the middleware records by default:
+// idemd's default --max-blob-bytes. Below it idemd's own limit decides: a daemon with
+// a blob store keeps a result up to its --max-blob-bytes, one without up to its
+// --max-response-bytes (1 MiB by default), and refuses a larger one with 413, which
+// the middleware answers as it answers a result over this bound.
+const DefaultMaxStoredBytes = 64 << 20
+
 // WithMaxStoredBytes bounds the result stored, its body plus its stored header names
-// and values (default 1 MiB, idemd's default --max-response-bytes). A larger result
-// still reaches its client; a retry gets 409 response_not_stored.
+// and values (default DefaultMaxStoredBytes). A larger result still reaches its
+// client; a retry gets 409 response_not_stored. The recorder holds at most this much
+// of an answer in memory.
 func WithMaxStoredBytes(n int) MiddlewareOption {
 	return func(s *middlewareSettings) { s.maxStored = n }
 }
@@ -255,7 +263,7 @@ func Middleware(c *Client, opts ...MiddlewareOption) func(http.Handler) http.Han
 		lease:       30 * time.Second,
 		headers:     []string{"Content-Type", "Location"},
 		maxBody:     10 << 20,
-		maxStored:   1 << 20,
+		maxStored:   DefaultMaxStoredBytes,
 		storeStatus: defaultStoreStatus,
 	}
 	for _, o := range opts {
@@ -529,6 +537,11 @@ func (m *middleware) complete(r *http.Request, key, token string, rec *recorder)
 		m.incident(r, IncidentLeaseLost, key, err)
 	case errors.As(err, &p) && (p.Status == http.StatusRequestEntityTooLarge || p.Status == http.StatusBadRequest):
 		// idemd will not keep this answer (over its size limit, or headers it refuses).
+		m.notStored(r, key, token, err)
+	case errors.Is(err, ErrUnavailable) && rec.body.Len() > rawResultBytes:
+		// A daemon without a blob store may answer 413 to a large body before reading it
+		// and close the connection, which reaches the client as no answer at all. Left
+		// claimed (R13), the key would run the handler again once its lease ran out.
 		m.notStored(r, key, token, err)
 	default:
 		m.incident(r, IncidentCompleteFailed, key, err)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -59,6 +60,8 @@ def order(n: int, body: bytes, status: int) -> tuple[int, dict[str, str], bytes]
 
 
 BIG = b"x" * 4000
+#: What /large answers: 20 MiB of random bytes, the same on every run.
+LARGE = os.urandom(20 << 20)
 
 
 def resumed(key: str, point: Any, status: int) -> tuple[int, dict[str, str], bytes]:
@@ -93,6 +96,10 @@ def starlette_app(state: Orders) -> Starlette:
     async def big(request: Request) -> StarletteResponse:
         state.run("big")
         return StarletteResponse(BIG, 200, media_type="text/plain")
+
+    async def large(request: Request) -> StarletteResponse:
+        state.run("large")
+        return StarletteResponse(LARGE, 201, media_type="application/octet-stream")
 
     async def slow(request: Request) -> StarletteResponse:
         state.run("slow")
@@ -139,6 +146,7 @@ def starlette_app(state: Orders) -> Starlette:
             Route("/boom", boom, methods=["POST"]),
             Route("/stream", stream, methods=["POST"]),
             Route("/big", big, methods=["POST"]),
+            Route("/large", large, methods=["POST"]),
             Route("/late-boom", LateBoom(), methods=["POST"]),
             Route("/resume", resume, methods=["POST"]),
         ]
@@ -190,6 +198,11 @@ def flask_app(state: Orders) -> Any:
     def big() -> Any:
         state.run("big")
         return flask.Response(BIG, 200, mimetype="text/plain")
+
+    @app.post("/large")
+    def large() -> Any:
+        state.run("large")
+        return flask.Response(LARGE, 201, mimetype="application/octet-stream")
 
     @app.post("/late-boom")
     def late_boom() -> Any:
@@ -297,6 +310,13 @@ def _django_big(request: Any) -> Any:
     return HttpResponse(BIG, content_type="text/plain")
 
 
+def _django_large(request: Any) -> Any:
+    from django.http import HttpResponse
+
+    _dstate().run("large")
+    return HttpResponse(LARGE, status=201, content_type="application/octet-stream")
+
+
 def _django_slow(request: Any) -> Any:
     from django.http import HttpResponse
 
@@ -325,6 +345,7 @@ def _urls() -> list[Any]:
         path("boom", csrf_exempt(_django_boom)),
         path("stream", csrf_exempt(_django_stream)),
         path("big", csrf_exempt(_django_big)),
+        path("large", csrf_exempt(_django_large)),
         path("slow", csrf_exempt(_django_slow)),
         path("late-boom", csrf_exempt(_django_late_boom)),
         path("resume", csrf_exempt(_django_resume)),

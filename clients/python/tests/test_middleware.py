@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from apps import BIG, Orders, django_app, flask_app, starlette_app
+from apps import BIG, LARGE, Orders, django_app, flask_app, starlette_app
 from conftest import Daemon, Moving, fresh_key, wait_until
 from proxy import GateProxy
 from slowdown import scale
@@ -503,6 +503,50 @@ def test_an_answer_idemd_refuses_to_store(serve: ServeFn, own_daemon: Callable[.
     assert (again.status_code, again.json()["code"]) == (409, "response_not_stored")
     assert s.state.runs["big"] == 1
     s.expect_incidents(["result_not_stored"])
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["plain", "sealed"])
+def test_a_large_answer_with_a_blob_store(
+    serve: ServeFn, own_daemon: Callable[..., Daemon], sealed: bool
+) -> None:
+    """R10a: a daemon with a blob store keeps a 20 MiB answer, which later requests get
+    back byte for byte, sealed or not, with the middleware's defaults; the handler ran
+    once."""
+    d = own_daemon("--blob-store", "file:")
+    sealing = _sealing("mw-large") if sealed else None
+    s = serve(idemd_url=d.url, sealing=sealing)
+    key = fresh_key("large")
+    first = s.post("/large", key=key)
+    assert first.status_code == 201
+    assert first.content == LARGE
+    again = s.post("/large", key=key)
+    assert again.status_code == 201, again.text[:300]
+    assert again.headers["idempotent-replayed"] == "true"
+    assert again.headers["content-type"] == "application/octet-stream"
+    assert again.content == LARGE
+    # Through another client, past any cache: what idemd keeps.
+    other = serve(idemd_url=d.url, sealing=sealing)
+    third = other.post("/large", key=key)
+    assert third.status_code == 201, third.text[:300]
+    assert third.content == LARGE
+    assert s.state.runs["large"] == 1
+    assert other.state.runs["large"] == 0
+    assert s.incidents == []
+
+
+def test_a_large_answer_without_a_blob_store(serve: ServeFn) -> None:
+    """R10a: without a blob store idemd refuses a 20 MiB answer (over its
+    --max-response-bytes), which is response_not_stored."""
+    s = serve()
+    key = fresh_key("large-no-blobs")
+    first = s.post("/large", key=key)
+    assert first.status_code == 201
+    assert first.content == LARGE
+    wait_until("an incident", lambda: len(s.incidents) > 0)
+    assert s.incidents == ["result_not_stored"], s.errors
+    again = s.post("/large", key=key)
+    assert (again.status_code, again.json()["code"]) == (409, "response_not_stored")
+    assert s.state.runs["large"] == 1
 
 
 def test_idemd_lost_while_the_handler_runs(serve: ServeFn, own_daemon: Callable[..., Daemon]) -> None:

@@ -1,6 +1,7 @@
 // The same small service, written for Express 4, Express 5 and Fastify, behind the
 // idempotency middleware, listening on a loopback port. Its routes exercise the rows of
 // docs/middleware.md; every handler run is counted by Idempotency-Key.
+import { randomBytes } from "node:crypto";
 import { type IncomingMessage, request as httpRequest, type ServerResponse } from "node:http";
 import type { AddressInfo } from "node:net";
 import express5 from "express";
@@ -142,6 +143,13 @@ export async function startApp(
       }
       case "big":
         return json(200, { big: "x".repeat(4000) });
+      case "large": {
+        // 20 MiB of random bytes, the same on every run.
+        const res = raw();
+        res.writeHead(201, { "content-type": "application/octet-stream" });
+        res.end(largeBody());
+        return;
+      }
       case "hints":
         earlyHints({ link: "</style.css>; rel=preload" });
         return json(201, { hinted: true });
@@ -257,10 +265,19 @@ export async function startApp(
   };
 }
 
+let large: Buffer | undefined;
+/** What the route /large answers: 20 MiB of random bytes, made once. */
+export function largeBody(): Buffer {
+  large ??= randomBytes(20 << 20);
+  return large;
+}
+
 export interface Answer {
   status: number;
   headers: Record<string, string | string[] | undefined>;
   body: string;
+  /** The body's bytes. */
+  bytes: Buffer;
 }
 
 /**
@@ -283,9 +300,10 @@ export function send(
       (res) => {
         const chunks: Buffer[] = [];
         res.on("data", (c: Buffer) => chunks.push(c));
-        res.on("end", () =>
-          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString() }),
-        );
+        res.on("end", () => {
+          const bytes = Buffer.concat(chunks);
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: bytes.toString(), bytes });
+        });
         res.on("error", reject);
       },
     );

@@ -28,6 +28,7 @@ from .idemapi.api.claims import batch as batch_api
 from .idemapi.api.claims import claim as claim_api
 from .idemapi.api.claims import complete as complete_api
 from .idemapi.api.claims import extend as extend_api
+from .idemapi.api.claims import put_result as put_result_api
 from .idemapi.api.claims import record_recovery_point as recovery_point_api
 from .idemapi.api.claims import release as release_api
 from .idemapi.api.records import list_abandoned as abandoned_api
@@ -168,6 +169,10 @@ class AsyncClient:
 
     async def complete(self, key: str, token: str, response: Response) -> None:
         """See :meth:`idemd.Client.complete`."""
+        raw = _wire.put_result_args(key, token, response, self.retention, self.sealing)
+        if raw is not None:
+            _wire.expect(await self._call(put_result_api.asyncio_detailed, **raw), KeyRecord)
+            return
         body = _wire.complete_request(key, token, response, self.retention, self.sealing)
         await self._do(Operation("complete", body))
 

@@ -28,6 +28,7 @@ from .idemapi.api.claims import batch as batch_api
 from .idemapi.api.claims import claim as claim_api
 from .idemapi.api.claims import complete as complete_api
 from .idemapi.api.claims import extend as extend_api
+from .idemapi.api.claims import put_result as put_result_api
 from .idemapi.api.claims import record_recovery_point as recovery_point_api
 from .idemapi.api.claims import release as release_api
 from .idemapi.api.records import list_abandoned as abandoned_api
@@ -212,6 +213,10 @@ class Client:
     def complete(self, key: str, token: str, response: Response) -> None:
         """Store the result of the operation the lease was for; repeating it is safe.
         Raises :class:`LeaseLost` when the lease was taken over."""
+        raw = _wire.put_result_args(key, token, response, self.retention, self.sealing)
+        if raw is not None:
+            _wire.expect(self._call(put_result_api.sync_detailed, **raw), KeyRecord)
+            return
         body = _wire.complete_request(key, token, response, self.retention, self.sealing)
         self._do(Operation("complete", body))
 

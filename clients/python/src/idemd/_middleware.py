@@ -16,6 +16,7 @@ import rfc8785
 
 from ._errors import IdemdError, LeaseExpired, LeaseLost, Unavailable
 from ._types import Response
+from ._wire import RAW_RESULT_BYTES
 
 #: Every key the middleware claims begins with this; the service's own keys must not.
 KEY_PREFIX = "idempotency-key:v1:"
@@ -254,7 +255,7 @@ class Options(Generic[R]):
     lease: float = 30.0
     stored_headers: Iterable[str] = ("content-type", "location")
     max_body: int = 10 << 20
-    max_stored_bytes: int = 1 << 20
+    max_stored_bytes: int = 64 << 20
     store_status: Callable[[int], bool] = default_store_status
     fail_open: bool = False
     on_incident: Callable[[R, Incident], None] | None = None
@@ -498,3 +499,13 @@ def cut_short(recorder: Recorder, options: Options[Any], status_sent: bool) -> F
     if status_sent and finish(recorder, options) != "release":
         return "not_stored"
     return "release"
+
+
+def sent_raw(response: Response) -> bool:
+    """Whether the client sends ``response`` as raw bytes (over RAW_RESULT_BYTES). A
+    daemon without a blob store refuses such a body over its --max-response-bytes with
+    413 before reading it and closes the connection, which the client may then see as a
+    transport failure rather than the 413. A large result whose upload fails so is
+    response_not_stored (R10a) rather than left claimed (R13): the handler ran, and a
+    retry after the lease ran out would run it again."""
+    return len(response.body) > RAW_RESULT_BYTES

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import base64
 import datetime
+import json
 import math
 import secrets
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 from ._errors import Problem, Unsealable, problem_class, unexpected_answer
 from ._seal import NO_RESPONSE_STATUS, Outcome, Sealing, point_without_ring, unopened
@@ -78,6 +79,39 @@ def complete_request(
         response=to_stored(key, response, sealing, "completed"),
         retention_ms=millis(retention),
     )
+
+
+#: The largest body a completion sends base64 in JSON; a larger one (or its sealed
+#: envelope) goes as the raw body of PUT /v1/keys/{key}/result, a third fewer bytes and
+#: no base64. A daemon with a blob store takes such a result up to its
+#: --max-blob-bytes; one without answers 413 over its --max-response-bytes, either way.
+RAW_RESULT_BYTES = 1 << 20
+
+
+def put_result_args(
+    key: str, token: str, response: Response, retention: float | None, sealing: Sealing | None
+) -> dict[str, Any] | None:
+    """The arguments of PUT /v1/keys/{key}/result that complete ``key`` with ``response``
+    when its body is over RAW_RESULT_BYTES; None for a smaller one, which goes as JSON."""
+    if len(response.body) <= RAW_RESULT_BYTES:
+        return None
+    args: dict[str, Any] = {
+        "key": key,
+        "idemd_lease_token": token,
+        "idemd_status": response.status,
+        "idemd_retention_ms": millis(retention),
+    }
+    if sealing is not None:
+        payload = sealing.seal_response(key, "completed", response)
+        args["idemd_sealed"] = "1"
+    else:
+        payload = bytes(response.body)
+        if response.headers:
+            args["idemd_result_headers"] = json.dumps({k: list(v) for k, v in response.headers.items()})
+    # Bytes rather than the file the generated type names: httpx sends them from
+    # memory, through the async client too, and can send them again.
+    args["body"] = api_types.File(payload=cast(BinaryIO, payload))
+    return args
 
 
 def release_request(

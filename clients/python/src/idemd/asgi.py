@@ -25,7 +25,7 @@ from typing import Any
 
 from ._async_client import AsyncClient
 from ._current import leased
-from ._errors import IdemdError, LeaseLost, Problem, Unsealable
+from ._errors import IdemdError, LeaseLost, Problem, Unavailable, Unsealable
 from ._lease import AsyncKeeper, AsyncLease, claim_waited, local_deadline
 from ._middleware import (
     NOT_STORED,
@@ -43,6 +43,7 @@ from ._middleware import (
     problem,
     refusal,
     replay,
+    sent_raw,
     taken_over,
     unsealable,
 )
@@ -88,7 +89,7 @@ class IdempotencyMiddleware:
         lease: float = 30.0,
         stored_headers: Iterable[str] = ("content-type", "location"),
         max_body: int = 10 << 20,
-        max_stored_bytes: int = 1 << 20,
+        max_stored_bytes: int = 64 << 20,
         store_status: Callable[[int], bool] = default_store_status,
         fail_open: bool = False,
         on_incident: Callable[[Scope, Incident], None] | None = None,
@@ -359,12 +360,17 @@ class IdempotencyMiddleware:
             await self._release(scope, held)
             return
         if decision == "complete":  # R1
+            response = recorder.response()
             try:
-                await asyncio.shield(self.client.complete(held.key, held.token, recorder.response()))
+                await asyncio.shield(self.client.complete(held.key, held.token, response))
                 return
             except LeaseLost as err:
                 o.incident(scope, "lease_lost", held.key, err)
                 return
+            except Unavailable as err:
+                if not sent_raw(response):  # R13
+                    o.incident(scope, "complete_failed", held.key, err)
+                    return
             except Problem as err:
                 if err.status not in (400, 413):  # R13
                     o.incident(scope, "complete_failed", held.key, err)

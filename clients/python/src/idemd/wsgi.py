@@ -36,7 +36,7 @@ from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from ._client import Client
 from ._current import leased
-from ._errors import IdemdError, LeaseLost, Problem, Unsealable
+from ._errors import IdemdError, LeaseLost, Problem, Unavailable, Unsealable
 from ._lease import Keeper, Lease, claim_waited, local_deadline
 from ._middleware import (
     NOT_STORED,
@@ -54,6 +54,7 @@ from ._middleware import (
     problem,
     refusal,
     replay,
+    sent_raw,
     taken_over,
     unsealable,
 )
@@ -86,7 +87,7 @@ class IdempotencyMiddleware:
         lease: float = 30.0,
         stored_headers: Iterable[str] = ("content-type", "location"),
         max_body: int = 10 << 20,
-        max_stored_bytes: int = 1 << 20,
+        max_stored_bytes: int = 64 << 20,
         store_status: Callable[[int], bool] = default_store_status,
         fail_open: bool = False,
         on_incident: Callable[[WSGIEnvironment, Incident], None] | None = None,
@@ -380,12 +381,17 @@ class _Leased:
             return
         o, held = self._mw.options, self._held
         if decision == "complete":  # R1
+            response = self._recorder.response()
             try:
-                self._mw.client.complete(held.key, held.token, self._recorder.response())
+                self._mw.client.complete(held.key, held.token, response)
                 return
             except LeaseLost as err:
                 o.incident(self._environ, "lease_lost", held.key, err)
                 return
+            except Unavailable as err:
+                if not sent_raw(response):  # R13
+                    o.incident(self._environ, "complete_failed", held.key, err)
+                    return
             except Problem as err:
                 if err.status not in (400, 413):  # R13
                     o.incident(self._environ, "complete_failed", held.key, err)

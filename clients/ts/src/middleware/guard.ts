@@ -1,7 +1,7 @@
 // The Idempotency-Key middleware's behaviour, shared by the Express middleware and the
 // Fastify plugin: docs/middleware.md, row by row (the row names are in the comments).
 import type { IncomingMessage, ServerResponse } from "node:http";
-import type { IdemClient, Lease, RecoveryPoint, StoredResponse } from "../client.js";
+import { type IdemClient, type Lease, rawResultBytes, type RecoveryPoint, type StoredResponse } from "../client.js";
 import {
   FingerprintMismatchError,
   InProgressError,
@@ -70,7 +70,12 @@ export interface IdempotencyOptions<Req> {
   storedHeaders?: readonly string[];
   /** The largest request body read to fingerprint it; default 10 MiB. */
   maxBodyBytes?: number;
-  /** The largest result stored, body plus stored header names and values; default 1 MiB. */
+  /**
+   * The largest result recorded and stored, body plus stored header names and values;
+   * default 64 MiB, idemd's default --max-blob-bytes. Below it idemd's own limit decides:
+   * one without a blob store refuses a result over its --max-response-bytes (1 MiB by
+   * default) with 413, answered as a result over this bound is (response_not_stored).
+   */
   maxStoredBytes?: number;
   /** Whether an answer of this status is a result to store; default 2xx, 3xx and 402. */
   storeStatus?: (status: number) => boolean;
@@ -267,7 +272,7 @@ export class Guard<Req> {
       leaseMs,
       storedHeaders: stored,
       maxBodyBytes: options.maxBodyBytes ?? 10 << 20,
-      maxStoredBytes: options.maxStoredBytes ?? 1 << 20,
+      maxStoredBytes: options.maxStoredBytes ?? 64 << 20,
       storeStatus: options.storeStatus ?? ((s) => (s >= 200 && s < 400) || s === 402),
       failOpen: options.failOpen ?? false,
       onIncident: options.onIncident,
@@ -574,6 +579,13 @@ export class Guard<Req> {
     } catch (err) {
       if (err instanceof ProblemError && (err.status === 413 || err.status === 400)) {
         await this.#notStored(req, key, leaseToken, err); // R10: idemd refused to store it.
+        return;
+      }
+      if (err instanceof UnavailableError && (body?.length ?? 0) > rawResultBytes) {
+        // R10a: a daemon without a blob store may answer 413 to a large body before
+        // reading it and close the connection, which reaches the client as a failure to
+        // answer; left claimed (R13), the key would run the handler again later.
+        await this.#notStored(req, key, leaseToken, err);
         return;
       }
       this.#incident(req, { kind: "complete_failed", idemdKey: key, error: err }); // R13

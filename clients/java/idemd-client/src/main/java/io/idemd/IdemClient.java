@@ -1,6 +1,7 @@
 package io.idemd;
 
 import com.fasterxml.jackson.core.JsonProcessingException;
+import com.fasterxml.jackson.core.StreamReadConstraints;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.NullNode;
@@ -62,6 +63,10 @@ import java.util.stream.StreamSupport;
 public final class IdemClient implements AutoCloseable {
   static final Duration DEFAULT_LEASE = Duration.ofSeconds(30);
   private static final Duration MAX_WAIT = Duration.ofSeconds(30);
+
+  /** The longest JSON string read: a result of 64 MiB, idemd's default --max-blob-bytes, base64. */
+  private static final int MAX_ANSWER_STRING = (64 << 20) / 3 * 4 + 4;
+
   private static final Duration REQUEUE_DELAY = Duration.ofSeconds(1);
   private static final long MIN_RENEWAL_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
   private static final SecureRandom RANDOM = new SecureRandom();
@@ -86,7 +91,13 @@ public final class IdemClient implements AutoCloseable {
         HttpClient.newBuilder()
             .version(HttpClient.Version.HTTP_1_1)
             .connectTimeout(b.connectTimeout);
-    ApiClient api = new ApiClient(http, ApiClient.createDefaultObjectMapper(), b.baseUrl);
+    ObjectMapper json = ApiClient.createDefaultObjectMapper();
+    // A claim or lookup carries a stored result base64 in one JSON string: up to idemd's
+    // --max-blob-bytes (64 MiB by default) with a blob store, over Jackson's default bound.
+    json.getFactory()
+        .setStreamReadConstraints(
+            StreamReadConstraints.builder().maxStringLength(MAX_ANSWER_STRING).build());
+    ApiClient api = new ApiClient(http, json, b.baseUrl);
     api.setReadTimeout(b.timeout);
     if (b.token != null) {
       String authorization = "Bearer " + b.token;

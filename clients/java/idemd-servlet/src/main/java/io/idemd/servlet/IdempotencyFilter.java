@@ -81,8 +81,19 @@ public final class IdempotencyFilter implements Filter {
   /** The largest request body the filter reads unless told otherwise. */
   public static final int DEFAULT_MAX_BODY_BYTES = 10 << 20;
 
-  /** The largest response the filter stores unless told otherwise. */
-  public static final int DEFAULT_MAX_STORED_BYTES = 1 << 20;
+  /**
+   * The largest response the filter records and stores unless told otherwise: idemd's default
+   * --max-blob-bytes. Below it idemd's own limit decides: a daemon without a blob store refuses a
+   * result over its --max-response-bytes (1 MiB by default) with 413, which is response_not_stored
+   * as a result over this bound is.
+   */
+  public static final int DEFAULT_MAX_STORED_BYTES = 64 << 20;
+
+  /**
+   * A result whose body is over this many bytes may meet a daemon that answers 413 before reading
+   * it and closes the connection, which reaches the client as no answer at all.
+   */
+  private static final int LARGE_RESULT_BYTES = 1 << 20;
 
   /**
    * The longest key prefix, in bytes of UTF-8: every derived key has the same length, and idemd's
@@ -378,6 +389,13 @@ public final class IdempotencyFilter implements Filter {
     }
     try {
       client.complete(key, acquired.leaseToken(), new StoredResponse(status, headers, body)); // R1
+    } catch (UnavailableException e) {
+      if (body.length > LARGE_RESULT_BYTES) {
+        // R10a: left claimed (R13), the key would run the handler again once its lease ran out.
+        notStored(req, key, acquired, e);
+        return;
+      }
+      report(req, new Incident(Incident.Kind.COMPLETE_FAILED, key, Optional.of(e))); // R13
     } catch (IdemProblemException e) {
       if (e.status() == 413 || e.status() == 400) {
         notStored(req, key, acquired, e); // R10: idemd refused to store it.
@@ -635,7 +653,10 @@ public final class IdempotencyFilter implements Filter {
       return this;
     }
 
-    /** The largest result stored, body plus stored header names and values; default 1 MiB. */
+    /**
+     * The largest result stored, body plus stored header names and values; default 64 MiB
+     * (DEFAULT_MAX_STORED_BYTES).
+     */
     public Builder maxStoredBytes(int maxStoredBytes) {
       this.maxStoredBytes = maxStoredBytes;
       return this;

@@ -73,6 +73,13 @@ class FilterTest {
     daemon.close();
   }
 
+  /** What /large answers: 20 MiB of random bytes, the same on every run. */
+  static final byte[] LARGE = new byte[20 << 20];
+
+  static {
+    new java.security.SecureRandom().nextBytes(LARGE);
+  }
+
   /** The app behind the filter: every route counts its runs and records the lease it saw. */
   static final class App extends HttpServlet {
     private static final long serialVersionUID = 1L;
@@ -110,6 +117,11 @@ class FilterTest {
         case "/big" -> {
           res.setContentType("text/plain");
           res.getOutputStream().write(new byte[4096]);
+        }
+        case "/large" -> {
+          res.setStatus(201);
+          res.setContentType("application/octet-stream");
+          res.getOutputStream().write(LARGE);
         }
         case "/form" -> res.getWriter().write("a=" + req.getParameter("a"));
         case "/block" -> {
