@@ -475,9 +475,10 @@ export type ClaimErrors = {
      */
     422: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -547,9 +548,10 @@ export type CompleteErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -611,9 +613,10 @@ export type ReleaseErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -671,9 +674,10 @@ export type ExtendErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -735,9 +739,10 @@ export type RecordRecoveryPointErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -837,9 +842,10 @@ export type PurgeErrors = {
      */
     404: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -894,9 +900,10 @@ export type LookupErrors = {
      */
     404: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -951,9 +958,10 @@ export type GetResultErrors = {
      */
     404: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -1050,9 +1058,10 @@ export type PutResultErrors = {
      */
     415: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -1117,9 +1126,10 @@ export type ListAbandonedErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -1161,9 +1171,10 @@ export type ExportRecordsErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -1209,9 +1220,10 @@ export type ImportRecordsErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
@@ -1253,9 +1265,10 @@ export type BackupErrors = {
      */
     403: Problem;
     /**
-     * The tenant is over its request rate (code rate_limited), or, answering a claim
-     * that would acquire a key, at its quota on what the store keeps of it (code
-     * quota_exceeded, with the usage and the limit in `quota`).
+     * The tenant is over its request rate (code rate_limited), or at its quota on what
+     * the store keeps of it (code quota_exceeded, with the usage and the limit in
+     * `quota`): answering a claim that would acquire a key, an import that would write
+     * past the quota, or a recovery point past the tenant's byte allowance.
      *
      */
     429: Problem;
