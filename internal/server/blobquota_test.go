@@ -21,10 +21,18 @@ import (
 // TestQuotaCountsBlobs: a result kept in the blob store counts against its tenant's
 // max_stored_bytes at its full size, not at the size of its reference: two results of
 // 600 KiB fill a quota of 1 MiB, the usage shows their bytes, and a further claim is
-// refused quota_exceeded. On the embedded store.
+// refused quota_exceeded. On the embedded store and Redis.
 func TestQuotaCountsBlobs(t *testing.T) {
 	t.Parallel()
-	store := quotaStores()["embedded"](t)
+	for _, name := range []string{"embedded", "redis"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testQuotaCountsBlobs(t, quotaStores()[name](t))
+		})
+	}
+}
+
+func testQuotaCountsBlobs(t *testing.T, store engine.Store) {
 	t.Cleanup(func() { _ = store.Close() })
 	blobs, err := blobdir.Open(t.TempDir())
 	if err != nil {
