@@ -184,9 +184,13 @@ func checkChart(t *testing.T, objs map[string][]obj, flags map[string]bool, prom
 		t.Errorf("%d PodDisruptionBudgets (over Redis: %v)", n, overRedis)
 	}
 
-	// Every variable names a flag, and the daemon parses the literal values.
+	// Every variable names a flag, and the daemon parses the literal values; the blob
+	// store's credentials, from a Secret, are the AWS SDK's.
 	var vars []string
 	for name := range env {
+		if (name == "AWS_ACCESS_KEY_ID" || name == "AWS_SECRET_ACCESS_KEY") && env[name] == "" {
+			continue
+		}
 		flag := strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, "IDEMD_")), "_", "-")
 		if !strings.HasPrefix(name, "IDEMD_") || !flags[flag] {
 			t.Errorf("the container sets %s, which is no idemd flag", name)
@@ -479,6 +483,38 @@ func TestHelmChartSettings(t *testing.T) {
 	if c := objs["StatefulSet"][0].list("spec", "template", "spec", "containers")[0]; c.get("lifecycle") != nil {
 		t.Errorf("preStopSleepSeconds=0 left a preStop hook: %v", c.get("lifecycle"))
 	}
+
+	// The blob store: its URL and bounds, and its credentials from a Secret or, without
+	// one, none (the pod's identity); a directory of one pod is refused over Redis.
+	_, objs = render(t, helm, "", tokens, "store.redis.url=redis://r:6379", "blobStore.url=s3://b/p?region=eu-west-1",
+		"blobStore.threshold=131072", "blobStore.credentials.existingSecret=blob-keys", "serviceAccount.annotations.eks\\.amazonaws\\.com/role-arn=arn:x")
+	env = envOf(objs)
+	if env["IDEMD_BLOB_STORE"].str("value") != "s3://b/p?region=eu-west-1" || env["IDEMD_BLOB_THRESHOLD"].str("value") != "131072" ||
+		env["IDEMD_MAX_BLOB_BYTES"].str("value") != "67108864" {
+		t.Errorf("a blob store's env: %v", env)
+	}
+	for name, key := range map[string]string{"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"} {
+		if ref := env[name].obj("valueFrom", "secretKeyRef"); ref.str("name") != "blob-keys" || ref.str("key") != key {
+			t.Errorf("%s: %v, want the key %s of the Secret blob-keys", name, env[name], key)
+		}
+	}
+	if a := objs["ServiceAccount"][0].str("metadata", "annotations", "eks.amazonaws.com/role-arn"); a != "arn:x" {
+		t.Errorf("the ServiceAccount's annotations: %v", objs["ServiceAccount"][0].get("metadata"))
+	}
+	_, objs = render(t, helm, "", tokens, "store.redis.url=redis://r:6379", "blobStore.url=s3://b/p?region=eu-west-1")
+	env = envOf(objs)
+	if _, ok := env["AWS_ACCESS_KEY_ID"]; ok || env["IDEMD_BLOB_STORE"].str("value") == "" {
+		t.Errorf("a blob store without a Secret of credentials: %v", env)
+	}
+	_, objs = render(t, helm, "", tokens, "blobStore.url=file:")
+	if env = envOf(objs); env["IDEMD_BLOB_STORE"].str("value") != "file:" {
+		t.Errorf("the embedded store's blob directory: %v", env)
+	}
+	_, objs = render(t, helm, "", tokens)
+	if _, ok := envOf(objs)["IDEMD_BLOB_STORE"]; ok {
+		t.Error("a blob store by default")
+	}
+	refused(t, helm, []string{"blobStore.url"}, tokens, "store.redis.url=redis://r:6379", "blobStore.url=file:")
 
 	cmd := exec.Command(helm, "template", "idemd", chart, "--kube-version", kubeVersions[0], "--set", "auth.file=x", "--set", "auth.existingSecret=y")
 	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "exclude each other") {

@@ -19,7 +19,8 @@
 -- their own and a script reaches only its record's. ACCT is a flat list of triples
 -- {span, records, bytes}, a span being the USAGE_SPAN_MS its record's expiry falls in:
 -- span k holds the expiries in ((k-1)*USAGE_SPAN_MS, k*USAGE_SPAN_MS]. A record's bytes
--- are its key and its stored value as Redis keeps them. save moves a record's count
+-- are its key and its stored value as Redis keeps them, and the size of a result it
+-- keeps in the blob store (blob_bytes). save moves a record's count
 -- from what load read (size0 bytes to expire at xa0) to what it writes, and purge takes
 -- it away; expiry, which no script sees, is the reader's to count (it drops the spans
 -- that have ended). ACCT is nil for a script that changed nothing.
@@ -75,6 +76,20 @@ local LEGACY, LEAN, INDEX = KEYS[1], KEYS[2], KEYS[3]
 local USAGE_SPAN_MS = 10000
 local ACCT = nil
 local W3 = WRITE_LAYOUT == LAYOUT_LEAN
+
+-- blob_bytes is the size of the result a record keeps in the blob store, as the
+-- reference in its headers rh (engine.BlobHeader, 'name size sha256') names it, or 0:
+-- a record counts that size besides its own. rh is packed (an entry 'Idemd-Blob:…'
+-- at its start or after a newline) or JSON ('"Idemd-Blob":["…'); a record without the
+-- name costs one plain find.
+local function blob_bytes(rh)
+  if not rh or not string.find(rh, 'Idemd-Blob', 1, true) then
+    return 0
+  end
+  local n = string.match(rh, '^Idemd%-Blob:%S+ (%d+) ') or string.match(rh, '\nIdemd%-Blob:%S+ (%d+) ') or
+    string.match(rh, '"Idemd%-Blob":%["%S+ (%d+) ')
+  return tonumber(n) or 0
+end
 
 -- The fields of a hash record (layout 1), in the order of the string layouts.
 local function hash_fields()
@@ -136,7 +151,7 @@ local function unpack_legacy()
     end
     moved(r.st, LEGACY)
     r.had_point = r.pt ~= nil
-    r.size0, r.xa0 = size, r.xa
+    r.size0, r.xa0 = size + blob_bytes(r.rh), r.xa
     return r
   end
   local layout, k, t, st, fp, ow, at, tok, lx, rec, ca, ua, xa, rs, rh, rb, cs, w, pn, pd, pa, pt, ms, mx =
@@ -147,7 +162,7 @@ local function unpack_legacy()
   moved(st, LEGACY)
   return {legacy = true, k = k, t = t, st = st, fp = fp, ow = ow, at = at, tok = tok,
     lx = lx, rec = rec, ca = ca, ua = ua, xa = xa, rs = rs, rh = rh, rb = rb, cs = cs, w = w,
-    pn = pn, pd = pd, pa = pa, pt = pt, ms = ms, mx = mx, size0 = #LEGACY + #v, xa0 = xa}
+    pn = pn, pd = pd, pa = pa, pt = pt, ms = ms, mx = mx, size0 = #LEGACY + #v + blob_bytes(rh), xa0 = xa}
 end
 
 local function unpack_lean()
@@ -170,7 +185,7 @@ local function unpack_lean()
   return {lean = true, st = st, fp = fp, ow = ow, at = at, tok = tok, lx = lx,
     rec = rec and '1' or '0', ca = ca, ua = ca + ua, xa = ca + xa, rs = rs, rh = rh, rb = rb,
     cs = cs, w = w and '1' or nil, pn = pn, pd = pd, pa = pa, pt = pt, ms = ms, mx = mx,
-    size0 = #LEAN + #v, xa0 = ca + xa}
+    size0 = #LEAN + #v + blob_bytes(rh), xa0 = ca + xa}
 end
 
 -- load returns the record's fields by name; an absent record has none (r.st is nil).
@@ -193,6 +208,9 @@ end
 -- for many calls at once.
 local function account(r, size)
   local from, to = nil, nil
+  if size then
+    size = size + blob_bytes(r.rh)
+  end
   if r.size0 then
     from = math.ceil(tonumber(r.xa0) / USAGE_SPAN_MS)
   end

@@ -1,6 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,5 +113,100 @@ func TestExportImport(t *testing.T) {
 	expect(t, r, exitOK, "import repeated")
 	if !strings.Contains(r.stdout, "0 written, 2 there already") {
 		t.Fatalf("import repeated: %s", r.stdout)
+	}
+}
+
+// TestExportImportLargeResults: a result kept in a blob store leaves in the stream
+// whole, its body inline as any body, and an import into a daemon with a blob store
+// of its own keeps it there again, replayed byte for byte.
+func TestExportImportLargeResults(t *testing.T) {
+	fromBlobs, toBlobs := t.TempDir(), t.TempDir()
+	from := startDaemon(t, "--blob-store", "file://"+fromBlobs)
+	body := make([]byte, 1<<20)
+	if _, err := rand.Read(body); err != nil {
+		t.Fatal(err)
+	}
+	post := func(base, path string, req any) map[string]any {
+		t.Helper()
+		b, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := http.Post(base+path, "application/json", bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+			t.Fatalf("POST %s: %d, undecodable: %v", path, resp.StatusCode, err)
+		}
+		if resp.StatusCode >= 300 {
+			t.Fatalf("POST %s: %d %v", path, resp.StatusCode, out)
+		}
+		return out
+	}
+	lease := post(from, "/v1/claim", map[string]any{"key": "large"})["lease_token"]
+	post(from, "/v1/complete", map[string]any{"key": "large", "lease_token": lease,
+		"response": map[string]any{"status": 200, "headers": map[string][]string{"Content-Type": {"application/octet-stream"}}, "body": body}})
+	blobs := func(dir string) int {
+		files, err := filepath.Glob(filepath.Join(dir, "*", "*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(files)
+	}
+	if n := blobs(fromBlobs); n != 1 {
+		t.Fatalf("%d blobs after a 1 MiB completion, want 1", n)
+	}
+
+	file := filepath.Join(t.TempDir(), "records.jsonl")
+	expect(t, idemctl(map[string]string{"IDEMD_URL": from}, "export", "--out", file), exitOK, "export")
+	stream, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(stream)), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("the stream has %d lines, want a header, one record and a trailer", len(lines))
+	}
+	var rec struct {
+		Response struct {
+			Headers map[string][]string `json:"headers"`
+			Body    []byte              `json:"body"`
+		} `json:"response"`
+	}
+	if err := json.Unmarshal([]byte(lines[1]), &rec); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(rec.Response.Body, body) {
+		t.Fatalf("the stream's body is %d bytes, not the 1 MiB completed", len(rec.Response.Body))
+	}
+	if _, ok := rec.Response.Headers["Idemd-Blob"]; ok {
+		t.Fatal("the stream carries the blob's reference")
+	}
+
+	to := startDaemon(t, "--blob-store", "file://"+toBlobs)
+	r := idemctl(map[string]string{"IDEMD_URL": to}, "import", file, "--json")
+	expect(t, r, exitOK, "import")
+	if out := r.json(t); out["written"] != float64(1) {
+		t.Fatalf("import: %v", out)
+	}
+	if n := blobs(toBlobs); n != 1 {
+		t.Fatalf("%d blobs after importing a 1 MiB result, want 1", n)
+	}
+	replay := post(to, "/v1/claim", map[string]any{"key": "large"})
+	got, _ := base64.StdEncoding.DecodeString(replay["response"].(map[string]any)["body"].(string))
+	if replay["outcome"] != "completed" || !bytes.Equal(got, body) {
+		t.Fatalf("replay after import: %v, %d bytes; want the 1 MiB completed", replay["outcome"], len(got))
+	}
+	// An import repeated writes nothing, and leaves no blob behind.
+	r = idemctl(map[string]string{"IDEMD_URL": to}, "import", file, "--json")
+	expect(t, r, exitOK, "import again")
+	if out := r.json(t); out["same"] != float64(1) {
+		t.Fatalf("import again: %v", out)
+	}
+	if n := blobs(toBlobs); n != 1 {
+		t.Fatalf("%d blobs after importing the same result again, want 1", n)
 	}
 }

@@ -113,16 +113,27 @@ func (s *Service) offload(ctx context.Context, id ID, token string, resp *Respon
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, "", err
 	}
-	kept := &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}
 	if err != nil || rec.LeaseToken != token || rec.State != StatePending {
-		return kept, "", nil
+		return &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}, "", nil
 	}
-	release, err := s.blobs.hold(ctx)
+	name := BlobName(id, rec.Attempt, time.Now().Add(retention))
+	kept, err := s.putBlob(ctx, name, resp)
 	if err != nil {
 		return nil, "", err
 	}
+	return kept, name, nil
+}
+
+// putBlob writes the body of resp to the blob store under name and answers the
+// response a record keeps in its place: resp without its body, with the reference
+// under BlobHeader.
+func (s *Service) putBlob(ctx context.Context, name string, resp *Response) (*Response, error) {
+	kept := &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}
+	release, err := s.blobs.hold(ctx)
+	if err != nil {
+		return nil, err
+	}
 	defer release()
-	name := BlobName(id, rec.Attempt, time.Now().Add(retention))
 	size := int64(len(resp.Body))
 	ref, err := boundedFor(s.blobTimeout(size), ctx, func(ctx context.Context) (BlobRef, error) {
 		return s.blobs.store.Put(ctx, name, bytes.NewReader(resp.Body), size)
@@ -134,13 +145,46 @@ func (s *Service) offload(ctx context.Context, id ID, token string, resp *Respon
 		// A write cut short leaves no blob under the name, but one that failed after
 		// the bytes arrived might: delete it.
 		s.dropBlob(name)
-		return nil, "", err
+		return nil, err
 	}
 	if kept.Headers == nil {
 		kept.Headers = map[string][]string{}
 	}
 	kept.Headers[BlobHeader] = []string{ref.String()}
-	return kept, name, nil
+	return kept, nil
+}
+
+// exportResult puts back, in a record about to leave in the record stream, the result
+// it keeps in the blob store, read whole and checked: the stream carries every result
+// inline, as any body, and needs no blob store to be read. A result that cannot be
+// read back intact ends the export with ErrResultUnavailable.
+func (s *Service) exportResult(ctx context.Context, e *Exported) error {
+	if _, ok := e.Response.Blob(); !ok {
+		return nil
+	}
+	if err := s.resolve(ctx, &e.Record); err != nil {
+		return fmt.Errorf("export of a record of tenant %q: %w", e.ID.Tenant, err)
+	}
+	return nil
+}
+
+// importResult writes the result of a record arriving from the record stream to the
+// blob store when it is over the threshold, as a completion's would be, and answers
+// the name of the blob ("" when nothing was written); e then keeps the reference.
+func (s *Service) importResult(ctx context.Context, e *Exported) (string, error) {
+	if !s.blobs.large(e.Response) || !e.ExpiresAt.After(time.Now()) {
+		return "", nil
+	}
+	if _, ok := e.Response.Blob(); ok {
+		return "", nil
+	}
+	name := BlobName(e.ID, e.Attempt, e.ExpiresAt)
+	kept, err := s.putBlob(ctx, name, e.Response)
+	if err != nil {
+		return "", err
+	}
+	e.Response = kept
+	return name, nil
 }
 
 // dropBlob deletes a blob the daemon wrote, under a deadline of its own: the

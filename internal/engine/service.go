@@ -429,19 +429,27 @@ func (s *Service) Ready(ctx context.Context) error {
 // ErrNoPorter says that the store cannot move its records.
 var ErrNoPorter = errors.New("the store cannot export or import records")
 
-// Export calls fn for every live record of the store (see Porter.Export). It runs as
-// long as it takes: the store deadline bounds each call, not the walk.
+// Export calls fn for every live record of the store (see Porter.Export), with the
+// results kept in the blob store read back, checked and put inline. It runs as long
+// as it takes: the store deadline bounds each call, not the walk.
 func (s *Service) Export(ctx context.Context, fn func(Exported) error) error {
 	p, ok := s.store.(Porter)
 	if !ok {
 		return ErrNoPorter
 	}
-	return p.Export(ctx, fn)
+	return p.Export(ctx, func(e Exported) error {
+		if err := s.exportResult(ctx, &e); err != nil {
+			return err
+		}
+		return fn(e)
+	})
 }
 
 // Import writes a record of a stream where the store holds none of its key (see
 // Porter.Import), within caps' quota of the record's tenant: a record that would take
-// it past max_records or max_stored_bytes is refused with a *QuotaError.
+// it past max_records or max_stored_bytes is refused with a *QuotaError. With a blob
+// store, a result over the threshold is written there first and the record keeps its
+// reference, as a completion's would.
 func (s *Service) Import(ctx context.Context, e Exported, caps Caps) (ImportOutcome, error) {
 	p, ok := s.store.(Porter)
 	if !ok {
@@ -463,7 +471,20 @@ func (s *Service) Import(ctx context.Context, e Exported, caps Caps) (ImportOutc
 			return "", over
 		}
 	}
+	blob, err := s.importResult(ctx, &e)
+	if err != nil {
+		s.settle(held, false, time.Now())
+		return "", err
+	}
 	outcome, err := bounded(s, ctx, func(ctx context.Context) (ImportOutcome, error) { return p.Import(ctx, e) })
+	switch {
+	case blob == "":
+	case err != nil:
+		s.settleBlob(e.ID, blob, err)
+	case outcome != ImportWritten:
+		// The store kept a record of its own (or the one an earlier import wrote).
+		s.dropBlob(blob)
+	}
 	if err == nil && outcome == ImportWritten {
 		size := writeEstimate(len(e.ID.Key)) + acquisitionEstimate
 		if e.Response != nil {

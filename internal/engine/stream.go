@@ -178,8 +178,9 @@ func (sw *StreamWriter) Close() error {
 }
 
 // MaxStreamLine bounds one line of a stream: a record with the largest response the
-// daemon may be configured to keep, base64-encoded, and room for the rest.
-const MaxStreamLine = 64 << 20
+// daemon may be configured to keep inline, or a result of DefaultMaxBlobBytes that an
+// export read back from the blob store, base64-encoded, and room for the rest.
+const MaxStreamLine = DefaultMaxBlobBytes*4/3 + 8<<20
 
 // StreamReader reads a record stream.
 type StreamReader struct {

@@ -292,7 +292,7 @@ func (t *txn) put(rk []byte, r *stored, oldExpires int64) error {
 	}
 	t.tenant = r.Tenant
 	if before := t.tx.Bucket(bucketRecords).Get(rk); before != nil {
-		t.bytes += int64(len(v) - len(before))
+		t.bytes += recordSize(rk, v) - recordSize(rk, before)
 	} else {
 		t.records++
 		t.bytes += recordSize(rk, v)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -17,10 +18,34 @@ import (
 )
 
 // recordSize is what a record counts against its tenant's quota: its key and encoded
-// record in the records bucket, and its entry in the expiry index (the time and the
-// key again). The pending index's entry of a pending record and bbolt's own page
-// overhead are not counted.
-func recordSize(rk, v []byte) int64 { return int64(len(v) + 2*len(rk) + 8) }
+// record in the records bucket, its entry in the expiry index (the time and the key
+// again), and the size of the result it keeps in the blob store, if it keeps one. The
+// pending index's entry of a pending record and bbolt's own page overhead are not
+// counted.
+func recordSize(rk, v []byte) int64 { return int64(len(v)+2*len(rk)+8) + blobSize(v) }
+
+// blobMark is how an encoded record that keeps its result in the blob store shows it:
+// the header's name as a key of rh. Only a record that holds it is decoded.
+var blobMark = []byte(`"` + engine.BlobHeader + `":[`)
+
+// blobSize is the size of the result the encoded record v keeps in the blob store, as
+// its reference says; 0 when it keeps none.
+func blobSize(v []byte) int64 {
+	if !bytes.Contains(v, blobMark) {
+		return 0
+	}
+	var r struct {
+		Headers map[string][]string `json:"rh"`
+	}
+	if json.Unmarshal(v, &r) != nil {
+		return 0
+	}
+	ref, ok := (&engine.Response{Headers: r.Headers}).Blob()
+	if !ok || ref.Size < 0 {
+		return 0
+	}
+	return ref.Size
+}
 
 // tenantUsage counts each tenant's records and bytes. It is loaded at open and moved
 // after each commit, as stateCounts is; a record past its retention counts until the

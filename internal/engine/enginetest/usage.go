@@ -56,6 +56,27 @@ func testUsage(t *testing.T, s engine.Store) {
 		t.Fatalf("usage %+v does not say when it will fall", done)
 	}
 
+	// A result kept in the blob store counts at the size its reference names, and
+	// leaves with its record.
+	ref := engine.BlobRef{Name: "00000000000/blob", Size: 5_000_000, SHA256: strings.Repeat("ab", 32)}
+	for _, headers := range []map[string][]string{
+		{engine.BlobHeader: {ref.String()}},
+		{engine.BlobHeader: {ref.String()}, "Content-Type": {"application/octet-stream"}, "X-Other": {"Idemd-Blob:x 9 y"}},
+	} {
+		d := claim(id("d"))
+		mustAcquire(t, s, d)
+		complete(t, s, d.ID, d.Token, engine.Response{Status: 200, Headers: headers})
+		if u := usage(); u.Records != 2 || u.Bytes < done.Bytes+ref.Size || u.Bytes > done.Bytes+ref.Size+2000 {
+			t.Fatalf("after completing by a reference to %d bytes: %+v, want 2 records of %d bytes and the reference's", ref.Size, u, done.Bytes+ref.Size)
+		}
+		if err := s.Purge(ctx(t), d.ID); err != nil {
+			t.Fatal(err)
+		}
+		if u := usage(); u != done {
+			t.Fatalf("after purging the key completed by reference: %+v, want %+v as before it", u, done)
+		}
+	}
+
 	b := claim(id("b"))
 	mustAcquire(t, s, b)
 	if _, err := s.Release(ctx(t), engine.Release{ID: b.ID, LeaseToken: b.Token, Mode: engine.ReleaseRetry, Retention: time.Hour}); err != nil {

@@ -157,6 +157,29 @@ spec:
         - name: IDEMD_TLS_KEY
           value: /etc/idemd/tls/tls.key
         {{- end }}
+        {{- with .Values.blobStore.url }}
+        {{- if and (hasPrefix "file:" .) (include "idemd.overRedis" $) }}
+        {{- fail "blobStore.url: a file: blob store is one pod's directory; over Redis, every daemon must share an s3:// bucket" }}
+        {{- end }}
+        - name: IDEMD_BLOB_STORE
+          value: {{ . | quote }}
+        - name: IDEMD_BLOB_THRESHOLD
+          value: {{ $.Values.blobStore.threshold | int64 | quote }}
+        - name: IDEMD_MAX_BLOB_BYTES
+          value: {{ $.Values.blobStore.maxBytes | int64 | quote }}
+        {{- with $.Values.blobStore.credentials.existingSecret }}
+        - name: AWS_ACCESS_KEY_ID
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $.Values.blobStore.credentials.accessKeyIdKey }}
+        - name: AWS_SECRET_ACCESS_KEY
+          valueFrom:
+            secretKeyRef:
+              name: {{ . }}
+              key: {{ $.Values.blobStore.credentials.secretAccessKeyKey }}
+        {{- end }}
+        {{- end }}
         {{- with .Values.extraEnv }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
