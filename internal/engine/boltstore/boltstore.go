@@ -428,7 +428,12 @@ func (s *Store) transition(ctx context.Context, id engine.ID, rule func(*engine.
 		t.to, t.notify = step.Next.State, step.Next.State != engine.StatePending
 		return t.put(rk, encode(step.Next), old)
 	})
-	return step, err
+	if err != nil {
+		// A call whose deadline ended may still be committed later, writing step
+		// meanwhile: it is read only once the commit has answered.
+		return engine.Step{}, err
+	}
+	return step, nil
 }
 
 // readLive reads a record in any transaction; an expired one is absent.

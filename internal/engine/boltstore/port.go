@@ -122,7 +122,12 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 		outcome, t.to = engine.ImportWritten, entry.State
 		return t.put(rk, encode(entry), 0)
 	})
-	return outcome, err
+	if err != nil {
+		// A call whose deadline ended may still be committed later, writing outcome
+		// meanwhile: it is read only once the commit has answered.
+		return "", err
+	}
+	return outcome, nil
 }
 
 // digestKey is recordKey for a key known by its digest only.
