@@ -49,7 +49,7 @@
 --   pn  recovery point's name     pd  its data, raw bytes
 --   pa  the attempt that recorded it                  pt  when, ms (ms after ca in lean)
 -- The key expires at xa.
--- Markers: a live move to another store (docs/operations.md) replaces a record it
+-- Markers: a live move to another store (docs/moving.md) replaces a record it
 -- hands over with a marker, st 'm' (moving) or 'x' (moved), in any layout. load
 -- refuses a marker, and any state but p, r, c and f, with the error STOREMOVED, which
 -- the daemon answers as the key moved (engine.ErrStoreMoved): no script reads it as

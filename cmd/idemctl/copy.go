@@ -18,7 +18,7 @@ import (
 
 // copyCmd copies every record of one store into another, lease tokens and all, while
 // no daemon serves either: the move between stores with downtime
-// (docs/operations.md, "Growing out of one machine").
+// (docs/moving.md, "Growing out of one machine").
 func (a *app) copyCmd(args []string) int {
 	fs := a.flags("copy")
 	from := fs.String("from", "", "the store to copy: bolt:///abs/path/idemd.db or a Redis URL as idemd's --store")

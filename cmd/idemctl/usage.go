@@ -32,7 +32,7 @@ type usageReport struct {
 
 // runUsage prints the usage of the store against its quota of each tenant the token
 // may see (its own; every tenant for a platform token), and how full the store is, as
-// the daemon's metrics say (docs/operations.md, Quotas and the store
+// the daemon's metrics say (docs/sizing.md, Quotas and the store
 // guard): every daemon sharing a store reads the same usage.
 func (a *app) runUsage(args []string) int {
 	fs := a.flags("usage")

@@ -1,7 +1,7 @@
 // Command idemd-soak runs idemd over its own Redis for a long time under load and
 // faults, prints a row per sample, and fails when an acknowledged completion is lost
 // or a resource grows without levelling off. It starts and stops every process it
-// uses, on loopback; see the Soak section of docs/operations.md.
+// uses, on loopback; see the Soak section of docs/failures.md.
 package main
 
 import (

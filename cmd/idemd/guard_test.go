@@ -19,7 +19,7 @@ import (
 )
 
 // TestStoreGuardKeepsOtherTenantsServed is a tenant with no quota filling a Redis of
-// 64 MB that refuses writes when full (noeviction, as docs/operations.md asks): alpha
+// 64 MB that refuses writes when full (noeviction, as docs/redis.md asks): alpha
 // stores results of 900 KiB, then 16 KiB, then empty ones, each until it is refused.
 // The store guard refuses alpha, naming its fair share, before Redis refuses anyone;
 // beta, which stored nothing, then claims and completes 20 keys, every one served.

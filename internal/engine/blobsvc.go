@@ -17,7 +17,7 @@ import (
 // answers ErrResultUnavailable; a purge deletes it; a sweep deletes the blobs whose
 // records have expired.
 
-// Defaults of the blob store (docs/operations.md, "Large results").
+// Defaults of the blob store (docs/sizing.md, "Large results").
 const (
 	// DefaultBlobThreshold is the stored size over which a result goes to the blob
 	// store when there is one (docs/bench-stores.md, "Large results").

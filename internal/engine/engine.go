@@ -38,7 +38,7 @@ const (
 	StateFailed    State = "failed"
 )
 
-// The marker states: a live move to another store (docs/operations.md, "Moving to
+// The marker states: a live move to another store (docs/moving.md, "Moving to
 // another store while serving") leaves one of them in the old store in place of each
 // record it hands over, moving while the handover runs and moved once the new store
 // holds the record. No transition of this release reads a marker as a record, nor

@@ -205,7 +205,7 @@ func TestConsoleServesItsFiles(t *testing.T) {
 		}
 	}
 	if n := server.ConsoleAssetBytes(); n > 64<<10 {
-		t.Errorf("the console's files are %d bytes; docs/operations.md says they are small", n)
+		t.Errorf("the console's files are %d bytes; docs/console.md says they are small", n)
 	}
 }
 

@@ -132,7 +132,7 @@ func toProblem(err error) *problem {
 			detail: "lease_token: not the key's current lease (released, finished, or taken over after expiry)"}
 	case errors.Is(err, engine.ErrNoBackup):
 		return &problem{status: http.StatusNotImplemented, code: codeNotSupported,
-			detail: "this daemon's store keeps no file of its own to back up: back a Redis up with its own persistence (docs/operations.md, Backup and restore), or export its records"}
+			detail: "this daemon's store keeps no file of its own to back up: back a Redis up with its own persistence (docs/backup.md, Backup and restore), or export its records"}
 	case errors.Is(err, engine.ErrNoPorter):
 		return &problem{status: http.StatusNotImplemented, code: codeNotSupported, detail: "this daemon's store cannot export or import records"}
 	case errors.Is(err, engine.ErrBadCursor):

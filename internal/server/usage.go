@@ -24,7 +24,7 @@ type usageEngine interface {
 }
 
 // How often the usage metrics read the engine: a usage read costs Redis one or two
-// scripts a tenant (docs/operations.md, Quotas and the store guard).
+// scripts a tenant (docs/sizing.md, Quotas and the store guard).
 const (
 	usageEvery   = 15 * time.Second
 	usageTimeout = 10 * time.Second
@@ -49,7 +49,7 @@ func newUsageCollector(eng usageEngine, tenants func() []string, limits func(str
 	return &usageCollector{
 		engine: eng, tenants: tenants, limits: limits,
 		bytes: prometheus.NewDesc("idemd_tenant_stored_bytes",
-			"Bytes of the tenant's records as the store counts them for its quota (docs/operations.md, Quotas), by tenant; read at most every 15 s.",
+			"Bytes of the tenant's records as the store counts them for its quota (docs/sizing.md, Quotas), by tenant; read at most every 15 s.",
 			[]string{"tenant"}, nil),
 		records: prometheus.NewDesc("idemd_tenant_records",
 			"The tenant's records in the store, by tenant; read at most every 15 s.", []string{"tenant"}, nil),

@@ -52,7 +52,7 @@ RULE_REFUSALS = [
     re.compile(r"^Idemd-Result-Headers(\[.*\])?: "),
     # A cursor is one the feed gave.
     re.compile(r"^cursor is not a next_cursor of this feed"),
-    # An import's body is a record stream (docs/operations.md), which random bytes are not.
+    # An import's body is a record stream (docs/moving.md), which random bytes are not.
     re.compile(r"^body: not a record stream: "),
     # format: byte is a format, which JSON Schema validators need not enforce: the
     # fuzzer now and then sends a string that is not base64.

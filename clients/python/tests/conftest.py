@@ -219,7 +219,7 @@ return 1"""
 @dataclass
 class Moving:
     """An idemd over a Redis of its own, with the strings layout, whose records a test
-    can mark as being moved to another store (docs/operations.md, "Moving to another
+    can mark as being moved to another store (docs/moving.md, "Moving to another
     store while serving")."""
 
     daemon: Daemon

@@ -1,4 +1,4 @@
-// A key whose record is being moved to another store (docs/operations.md, "Moving to
+// A key whose record is being moved to another store (docs/moving.md, "Moving to
 // another store while serving") answers 503 store_moved. The key is not free: the client
 // reports a ProblemError with the daemon's wait, not an UnavailableError, and the
 // middlewares refuse the request even with failOpen (docs/middleware.md, C6).

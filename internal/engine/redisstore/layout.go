@@ -17,7 +17,7 @@ import (
 
 // Layout names how a store keeps records in Redis, as --redis-record-layout does. The
 // layouts after LayoutAuto are the steps of the move to the lean layout
-// (docs/operations.md, "Upgrading"), in order: a daemon runs safely beside daemons of
+// (docs/upgrading.md, "Upgrading"), in order: a daemon runs safely beside daemons of
 // its own step and of the steps next to it, and nowhere else.
 type Layout string
 
@@ -321,7 +321,7 @@ func (s *Store) watchLayout(mine Layout) {
 		was := s.apart.Load()
 		switch {
 		case !beside(mine, now) && was == nil:
-			err := fmt.Errorf("%w: the layout key %s now says %q, which cannot run beside this daemon's %s: it answers 503 until the key names a layout beside %s again (docs/operations.md, Upgrading)",
+			err := fmt.Errorf("%w: the layout key %s now says %q, which cannot run beside this daemon's %s: it answers 503 until the key names a layout beside %s again (docs/upgrading.md, Upgrading)",
 				ErrLayoutConflict, LayoutKey, now, mine, mine)
 			s.apart.Store(&err)
 			s.logger.Error("redis record layout refused", "err", err)
@@ -349,7 +349,7 @@ func (s *Store) settle(ctx context.Context) (a Agreement, loud bool, err error) 
 		case after.step() < 0:
 			return a, false, fmt.Errorf("%w: the layout key %s says %q, a layout this release does not know: daemons of a later release use this Redis", ErrLayoutConflict, LayoutKey, after)
 		case !beside(asked, after):
-			return a, false, fmt.Errorf("%w: %s cannot run beside the daemons of this Redis, which use %s (the layout key %s says so): they would not see each other's records. Take %s or %s; going further back is in docs/operations.md, Upgrading",
+			return a, false, fmt.Errorf("%w: %s cannot run beside the daemons of this Redis, which use %s (the layout key %s says so): they would not see each other's records. Take %s or %s; going further back is in docs/upgrading.md, Upgrading",
 				ErrLayoutConflict, asked, after, LayoutKey, after, layoutSteps[after.step()-1])
 		case before == "":
 			a.Reason = "as asked; the layout key was absent and now says so"
@@ -469,7 +469,7 @@ func (s *Store) survey(ctx context.Context) (Layout, string, error) {
 	case lean != "":
 		return LayoutLean, fmt.Sprintf("the Redis holds lean records (%q) but no layout key, which a failover may have lost; lean reads every layout", lean), nil
 	case earlier != "":
-		return LayoutStrings, fmt.Sprintf("the Redis holds records of an earlier layout (%s): daemons of the previous release may share it, and they read strings only; the move to the lean layout is in docs/operations.md, Upgrading", earlier), nil
+		return LayoutStrings, fmt.Sprintf("the Redis holds records of an earlier layout (%s): daemons of the previous release may share it, and they read strings only; the move to the lean layout is in docs/upgrading.md, Upgrading", earlier), nil
 	case len(unsure) > 0:
 		slices.Sort(unsure)
 		return LayoutStrings, fmt.Sprintf("no record among about %d of the Redis's %d keys, where the scan of %s stopped after %s; records of an earlier layout may be among the rest, so strings, as the previous release writes; --redis-record-layout lean-only takes the lean layout where no daemon of an earlier release runs",

@@ -27,7 +27,7 @@ const (
 )
 
 // TestRollingUpgrade runs daemons of two kinds over one Redis, as a rolling upgrade
-// does (docs/operations.md): daemons of the release before strings beside daemons of
+// does (docs/upgrading.md): daemons of the release before strings beside daemons of
 // this one writing hashes (HashRecords), then beside daemons writing strings; daemons of
 // the release before the lean layout beside daemons of this one as they start
 // (strings), and each step of the move to the lean layout beside the next: strings,

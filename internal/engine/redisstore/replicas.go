@@ -34,7 +34,7 @@ type Options struct {
 	// Without Layout, the store writes records as strings at the keys of earlier
 	// releases, as the release before this one does, which sees no other layout, and
 	// reads strings and hashes there. The lean layout takes about half the memory;
-	// moving to it takes three steps (docs/operations.md, "Upgrading"):
+	// moving to it takes three steps (docs/upgrading.md, "Upgrading"):
 	//
 	//   - LeanReady also reads records at their lean keys, for a rollout of LeanRecords
 	//     beside it;

@@ -102,7 +102,7 @@ type Sample struct {
 	RedisKeys  int64            `json:"redis_keys"`
 	RedisMem   int64            `json:"redis_used_memory_bytes"`
 	// StoreRecords are the records in Redis, counted by SCAN, and UsageRecords what the
-	// store's usage counts of them right after (docs/operations.md, Quotas): it may
+	// store's usage counts of them right after (docs/sizing.md, Quotas): it may
 	// count a record up to a span after it expired, never fewer than are there.
 	StoreRecords int64 `json:"store_records"`
 	UsageRecords int64 `json:"usage_records"`

@@ -8,7 +8,7 @@ import java.util.HexFormat;
 
 /**
  * An idemd over a Redis of its own, with the strings layout, whose records a test marks as being
- * moved to another store (docs/operations.md, "Moving to another store while serving"): idemd then
+ * moved to another store (docs/moving.md, "Moving to another store while serving"): idemd then
  * answers 503 store_moved for them.
  */
 public final class Moving implements AutoCloseable {
