@@ -61,8 +61,9 @@ func TestConsoleOverviewPendingCapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := newQuotaDaemon(t, store, server.Console{Enabled: true})
+	// Leases long enough that none runs out while a slow machine makes the claims.
 	for i := range 1001 {
-		expectStatus(t, "a claim", d.call(freeUse, http.MethodPost, "/v1/claim", map[string]any{"key": fmt.Sprintf("job-%04d", i)}), http.StatusCreated, "")
+		expectStatus(t, "a claim", d.call(freeUse, http.MethodPost, "/v1/claim", map[string]any{"key": fmt.Sprintf("job-%04d", i), "lease_ms": 3_600_000}), http.StatusCreated, "")
 	}
 	a := d.call(freeUse, http.MethodGet, "/console/api/overview", nil)
 	expectStatus(t, "the overview", a, http.StatusOK, "")
