@@ -281,27 +281,8 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 	if err := checkSize(c.ID, &c.Response, c.Caps); err != nil {
 		return Record{}, err
 	}
-	held, over := s.reserveWrite(ctx, c.ID.Tenant, c.Caps, c.Response.Size(), c.Retention)
-	if over != nil {
-		c.Response = NotStoredResponse()
-		held = s.hold(c.ID.Tenant, c.Response.Size(), c.Retention)
-	}
-	var blob string
-	if s.blobs.large(&c.Response) {
-		kept, name, err := s.offload(ctx, c.ID, c.LeaseToken, &c.Response, c.Retention)
-		if err != nil {
-			s.settle(held, false, time.Now())
-			return Record{}, err
-		}
-		c.Response, blob = *kept, name
-	}
-	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
-	if err == nil {
-		s.wrote(writeEstimate(c.Response.Size()))
-	}
-	s.settleBlob(c.ID, blob, err)
-	s.settle(held, err == nil, time.Now())
-	return rec, err
+	return s.storeResult(ctx, c.ID, c.LeaseToken, c.Caps, c.Retention, &c.Response,
+		func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
 }
 
 // Release gives a held key back. A failure's response is held to the tenant's
@@ -314,29 +295,44 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 	if err := checkSize(r.ID, r.Response, r.Caps); err != nil {
 		return Record{}, err
 	}
-	var held *reservation
 	if r.Response != nil && r.Mode == ReleaseFail {
-		var over *QuotaError
-		if held, over = s.reserveWrite(ctx, r.ID.Tenant, r.Caps, r.Response.Size(), r.Retention); over != nil {
-			failure := NotStoredResponse()
-			r.Response = &failure
-			held = s.hold(r.ID.Tenant, failure.Size(), r.Retention)
-		}
-	}
-	var blob string
-	if r.Mode == ReleaseFail && s.blobs.large(r.Response) {
-		kept, name, err := s.offload(ctx, r.ID, r.LeaseToken, r.Response, r.Retention)
-		if err != nil {
-			s.settle(held, false, time.Now())
-			return Record{}, err
-		}
-		r.Response, blob = kept, name
+		failure := *r.Response
+		r.Response = &failure
+		return s.storeResult(ctx, r.ID, r.LeaseToken, r.Caps, r.Retention, r.Response,
+			func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
 	if err == nil && r.Response != nil {
 		s.wrote(writeEstimate(r.Response.Size()))
 	}
-	s.settleBlob(r.ID, blob, err)
+	return rec, err
+}
+
+// storeResult runs write, the transition that stores resp under the lease of id: held
+// to the tenant's byte allowance (past it, resp becomes NotStoredResponse, since the
+// work ran and the key is finished all the same), kept in the blob store by reference
+// when large, and counted for the quota and the store guard once it answers.
+func (s *Service) storeResult(ctx context.Context, id ID, token string, caps Caps, retention time.Duration,
+	resp *Response, write func(context.Context) (Record, error)) (Record, error) {
+	held, over := s.reserveWrite(ctx, id.Tenant, caps, resp.Size(), retention)
+	if over != nil {
+		*resp = NotStoredResponse()
+		held = s.hold(id.Tenant, resp.Size(), retention)
+	}
+	var blob string
+	if s.blobs.large(resp) {
+		kept, name, err := s.offload(ctx, id, token, resp, retention)
+		if err != nil {
+			s.settle(held, false, time.Now())
+			return Record{}, err
+		}
+		*resp, blob = *kept, name
+	}
+	rec, err := bounded(s, ctx, write)
+	if err == nil {
+		s.wrote(writeEstimate(resp.Size()))
+	}
+	s.settleBlob(id, blob, err)
 	s.settle(held, err == nil, time.Now())
 	return rec, err
 }
