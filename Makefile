@@ -53,8 +53,11 @@ PYVENV := $(PY)/.venv
 # loopback ports; without redis-server on the PATH the Redis tests say so and skip.
 # The payments example's test (examples/payments) also runs its API with node and its
 # Python charger in the Python client's venv, and starts RabbitMQ and PostgreSQL.
+# A package's tests may take far longer than go test's default ten minutes on a busy
+# machine (cmd/idemd does under make test-busy); GOTEST_TIMEOUT bounds only a hang.
+GOTEST_TIMEOUT ?= 40m
 test-go: payments-api $(PYVENV)/installed
-	go test -race ./... ./clients/go/...
+	go test -race -timeout $(GOTEST_TIMEOUT) ./... ./clients/go/...
 
 # The TypeScript client: its linter, the strict compile of all its code, and its tests,
 # which build idemd from this repository and run real Express and Fastify apps (and a
