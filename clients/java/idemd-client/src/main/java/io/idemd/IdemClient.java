@@ -2,6 +2,7 @@ package io.idemd;
 
 import com.fasterxml.jackson.core.JsonProcessingException;
 import com.fasterxml.jackson.core.StreamReadConstraints;
+import com.fasterxml.jackson.core.json.JsonWriteFeature;
 import com.fasterxml.jackson.databind.JsonNode;
 import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.NullNode;
@@ -22,10 +23,14 @@ import io.idemd.api.model.ExtendRequest;
 import io.idemd.api.model.RecoveryPointRequest;
 import io.idemd.api.model.ReleaseRequest;
 import java.io.IOException;
+import java.io.InputStream;
 import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpHeaders;
+import java.net.http.HttpRequest;
+import java.net.http.HttpResponse;
 import java.net.http.HttpTimeoutException;
+import java.nio.ByteBuffer;
 import java.security.SecureRandom;
 import java.time.Duration;
 import java.util.ArrayList;
@@ -33,6 +38,7 @@ import java.util.Collections;
 import java.util.HexFormat;
 import java.util.Iterator;
 import java.util.List;
+import java.util.Map;
 import java.util.NoSuchElementException;
 import java.util.Objects;
 import java.util.Optional;
@@ -67,6 +73,14 @@ public final class IdemClient implements AutoCloseable {
   /** The longest JSON string read: a result of 64 MiB, idemd's default --max-blob-bytes, base64. */
   private static final int MAX_ANSWER_STRING = (64 << 20) / 3 * 4 + 4;
 
+  /**
+   * The largest body (or sealed envelope) a completion sends base64 in JSON; a larger one goes as
+   * the raw body of PUT /v1/keys/{key}/result, streamed, a third fewer bytes and no base64, as
+   * every idemd client sends it. A daemon with a blob store takes such a result up to its
+   * --max-blob-bytes; one without refuses one over its --max-response-bytes with 413, either way.
+   */
+  public static final int RAW_RESULT_BYTES = 1 << 20;
+
   private static final Duration REQUEUE_DELAY = Duration.ofSeconds(1);
   private static final long MIN_RENEWAL_NANOS = TimeUnit.MILLISECONDS.toNanos(10);
   private static final SecureRandom RANDOM = new SecureRandom();
@@ -85,6 +99,9 @@ public final class IdemClient implements AutoCloseable {
   private final ExecutorService renewalCalls;
   private final Batcher batcher;
   private final Sealing sealing;
+  private final String baseUrl;
+  private final String authorization;
+  private final HttpClient rawResults;
 
   private IdemClient(Builder b) {
     HttpClient.Builder http =
@@ -99,10 +116,13 @@ public final class IdemClient implements AutoCloseable {
             StreamReadConstraints.builder().maxStringLength(MAX_ANSWER_STRING).build());
     ApiClient api = new ApiClient(http, json, b.baseUrl);
     api.setReadTimeout(b.timeout);
-    if (b.token != null) {
-      String authorization = "Bearer " + b.token;
+    this.baseUrl = b.baseUrl;
+    this.authorization = b.token == null ? null : "Bearer " + b.token;
+    if (authorization != null) {
       api.setRequestInterceptor(request -> request.header("Authorization", authorization));
     }
+    // The raw results go by hand: the generated call sends its body as JSON.
+    this.rawResults = http.build();
     this.claims = new ClaimsApi(api);
     this.records = new RecordsApi(api);
     // A waiting claim gets the longest wait on top of the timeout (on its own connections).
@@ -239,23 +259,165 @@ public final class IdemClient implements AutoCloseable {
    * Stores response as the key's result; retention null keeps it for the client's retention
    * (default the daemon's 24 h). A LeaseLostException says that the lease is no longer this
    * caller's. With sealing ({@link Builder#sealing}) its headers and body go sealed, bound to the
-   * key and the status, which stays readable.
+   * key and the status, which stays readable. A body (or envelope) over {@link #RAW_RESULT_BYTES}
+   * goes as the raw body of PUT /v1/keys/{key}/result rather than base64 in JSON: idemd without a
+   * blob store refuses one over its --max-response-bytes with a {@link PayloadTooLargeException},
+   * or, when it closes the connection before reading it, the completion gets no answer (an {@link
+   * UnavailableException}).
    */
   public void complete(String key, String leaseToken, StoredResponse response, Duration retention) {
-    CompleteRequest body =
-        new CompleteRequest()
-            .key(key)
-            .leaseToken(leaseToken)
-            .response(sealing.toWire(key, false, response));
-    Duration keep = retention != null ? retention : this.retention;
-    if (keep != null) {
-      body.retentionMs(keep.toMillis());
-    }
-    exec(new BatchItem().complete(body));
+    complete(
+        key,
+        leaseToken,
+        response.status(),
+        response.headers(),
+        ByteBuffer.wrap(response.bodyUncopied()),
+        retention);
   }
 
   public void complete(String key, String leaseToken, StoredResponse response) {
     complete(key, leaseToken, response, null);
+  }
+
+  /**
+   * {@link #complete(String, String, StoredResponse, Duration)} of a result whose body is body's
+   * remaining bytes, read where they are: neither copied (a large body is streamed to idemd from
+   * them) nor changed, nor is body's position. Nothing may change them until it returns. headers
+   * have lowercase names.
+   */
+  public void complete(
+      String key,
+      String leaseToken,
+      int status,
+      Map<String, List<String>> headers,
+      ByteBuffer body,
+      Duration retention) {
+    Objects.requireNonNull(key, "key");
+    Objects.requireNonNull(leaseToken, "leaseToken");
+    Sealing.Stored stored =
+        sealing.stored(
+            key,
+            false,
+            status,
+            headers == null ? Map.of() : Map.copyOf(headers),
+            body == null ? ByteBuffer.allocate(0) : body);
+    Duration keep = retention != null ? retention : this.retention;
+    if (stored.size() > RAW_RESULT_BYTES) {
+      putResult(key, leaseToken, stored, keep);
+      return;
+    }
+    CompleteRequest request =
+        new CompleteRequest().key(key).leaseToken(leaseToken).response(stored.toWire());
+    if (keep != null) {
+      request.retentionMs(keep.toMillis());
+    }
+    exec(new BatchItem().complete(request));
+  }
+
+  /**
+   * Completes key with stored as raw bytes (PUT /v1/keys/{key}/result): the same transition as POST
+   * /v1/complete, on its own rather than in a batch.
+   */
+  private void putResult(String key, String leaseToken, Sealing.Stored stored, Duration keep) {
+    HttpRequest.Builder request =
+        HttpRequest.newBuilder(
+                URI.create(baseUrl + "/v1/keys/" + ApiClient.urlEncode(key) + "/result"))
+            .timeout(timeout)
+            .header("Content-Type", "application/octet-stream")
+            .header("Accept", "application/json, application/problem+json")
+            .header("Idemd-Lease-Token", leaseToken)
+            .header("Idemd-Status", Integer.toString(stored.status()));
+    if (stored.sealed()) {
+      request.header("Idemd-Sealed", "1");
+    } else if (!stored.headers().isEmpty()) {
+      try {
+        // Escaped to ASCII: a header's value carries no other bytes as they are.
+        request.header(
+            "Idemd-Result-Headers",
+            mapper
+                .writer()
+                .with(JsonWriteFeature.ESCAPE_NON_ASCII)
+                .writeValueAsString(stored.headers()));
+      } catch (JsonProcessingException e) {
+        throw new IdemException("idem: the headers of the result of \"" + key + "\"", e);
+      }
+    }
+    if (keep != null) {
+      request.header("Idemd-Retention-Ms", Long.toString(keep.toMillis()));
+    }
+    if (authorization != null) {
+      request.header("Authorization", authorization);
+    }
+    ByteBuffer bytes = stored.bytes();
+    // Streamed from the bytes where they are, with their length; a resend after a transport
+    // failure reads them again from the start.
+    request.PUT(
+        HttpRequest.BodyPublishers.fromPublisher(
+            HttpRequest.BodyPublishers.ofInputStream(() -> new BufferInput(bytes.duplicate())),
+            bytes.remaining()));
+    HttpRequest built = request.build();
+    JsonNode record =
+        call(
+            () -> {
+              HttpResponse<String> answer;
+              try {
+                answer = rawResults.send(built, HttpResponse.BodyHandlers.ofString());
+              } catch (IOException e) {
+                throw new ApiException(e);
+              } catch (InterruptedException e) {
+                Thread.currentThread().interrupt();
+                throw new ApiException(e);
+              }
+              if (answer.statusCode() / 100 != 2) {
+                throw new ApiException(
+                    answer.statusCode(),
+                    "putResult call failed with: " + answer.statusCode(),
+                    answer.headers(),
+                    answer.body());
+              }
+              try {
+                return mapper.readTree(answer.body());
+              } catch (JsonProcessingException e) {
+                throw new ApiException(e);
+              }
+            });
+    if (record == null || !record.path("state").isTextual()) {
+      throw new IdemException(
+          "idem: the result was answered without the record; is the base URL idemd's?");
+    }
+  }
+
+  /** Reads a buffer's remaining bytes as a stream, without copying them first. */
+  private static final class BufferInput extends InputStream {
+    private final ByteBuffer from;
+
+    BufferInput(ByteBuffer from) {
+      this.from = from;
+    }
+
+    @Override
+    public int read() {
+      return from.hasRemaining() ? from.get() & 0xFF : -1;
+    }
+
+    @Override
+    public int read(byte[] b, int off, int len) {
+      Objects.checkFromIndexSize(off, len, b.length);
+      if (len == 0) {
+        return 0;
+      }
+      if (!from.hasRemaining()) {
+        return -1;
+      }
+      int n = Math.min(len, from.remaining());
+      from.get(b, off, n);
+      return n;
+    }
+
+    @Override
+    public int available() {
+      return from.remaining();
+    }
   }
 
   /** Frees the key for the next claim (mode retry): nothing is stored. */

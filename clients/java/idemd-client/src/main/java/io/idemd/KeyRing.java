@@ -253,23 +253,47 @@ public final class KeyRing {
 
   /** {@link #seal} in the given version; only the shared vectors' tests write version 1. */
   byte[] seal(int version, Context ctx, byte[] plaintext, Consumer<byte[]> random) {
+    return seal(version, ctx, plaintext, ByteBuffer.allocate(0), random);
+  }
+
+  /**
+   * Seals head followed by body's remaining bytes, as {@link #seal} seals the two together, but
+   * encrypts both straight into the envelope: a large result's body is read where it is, never
+   * copied into a plaintext first. body's position is left as it was.
+   */
+  byte[] seal(Context ctx, byte[] head, ByteBuffer body, Consumer<byte[]> random) {
+    return seal(VERSION, ctx, head, body, random);
+  }
+
+  private byte[] seal(
+      int version, Context ctx, byte[] plainHead, ByteBuffer body, Consumer<byte[]> random) {
     byte[] id = sealingKeyId.getBytes(StandardCharsets.US_ASCII);
     int head = 3 + id.length;
     byte[] drawn = new byte[RANDOM_BYTES];
     random.accept(drawn);
     byte[] salt = Arrays.copyOfRange(drawn, 0, SALT_BYTES);
     byte[] nonce = Arrays.copyOfRange(drawn, SALT_BYTES, RANDOM_BYTES);
-    ByteBuffer env = ByteBuffer.allocate(head + RANDOM_BYTES + plaintext.length + TAG_BYTES);
-    env.put((byte) MARKER).put((byte) version).put((byte) id.length).put(id).put(drawn);
-    byte[] sealed;
+    int sealedBytes = Math.addExact(Math.addExact(plainHead.length, body.remaining()), TAG_BYTES);
+    byte[] env = new byte[Math.addExact(head + RANDOM_BYTES, sealedBytes)];
+    ByteBuffer.wrap(env)
+        .put((byte) MARKER)
+        .put((byte) version)
+        .put((byte) id.length)
+        .put(id)
+        .put(drawn);
     try {
       Cipher gcm = cipher(Cipher.ENCRYPT_MODE, keys.get(sealingKeyId), salt, nonce);
-      gcm.updateAAD(ctx.aad(Arrays.copyOf(env.array(), head)));
-      sealed = gcm.doFinal(plaintext);
+      gcm.updateAAD(ctx.aad(Arrays.copyOf(env, head)));
+      ByteBuffer out = ByteBuffer.wrap(env, head + RANDOM_BYTES, sealedBytes);
+      gcm.update(ByteBuffer.wrap(plainHead), out);
+      gcm.doFinal(body.duplicate(), out);
+      if (out.hasRemaining()) {
+        throw new IllegalStateException("idem: AES-256-GCM sealed fewer bytes than it takes");
+      }
     } catch (GeneralSecurityException e) {
       throw new IllegalStateException("idem: AES-256-GCM is not available to seal with", e);
     }
-    return env.put(sealed).array();
+    return env;
   }
 
   /**
@@ -343,6 +367,14 @@ public final class KeyRing {
    * len, value | body}.
    */
   static byte[] responsePlaintext(Map<String, List<String>> headers, byte[] body) {
+    byte[] head = responseHead(headers);
+    byte[] plain = Arrays.copyOf(head, head.length + body.length);
+    System.arraycopy(body, 0, plain, head.length, body.length);
+    return plain;
+  }
+
+  /** The part of a result's plaintext ({@link #responsePlaintext}) before its body. */
+  static byte[] responseHead(Map<String, List<String>> headers) {
     // Byte order of the names' UTF-8, as every client sorts them.
     TreeMap<byte[], List<String>> names = new TreeMap<>(Arrays::compareUnsigned);
     headers.forEach((name, values) -> names.put(name.getBytes(StandardCharsets.UTF_8), values));
@@ -359,7 +391,6 @@ public final class KeyRing {
             b.writeBytes(value);
           }
         });
-    b.writeBytes(body);
     return b.toByteArray();
   }
 

@@ -1,6 +1,8 @@
 package io.idemd;
 
+import java.nio.ByteBuffer;
 import java.security.SecureRandom;
+import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.function.Consumer;
@@ -43,23 +45,55 @@ final class Sealing {
    * with a ring, plain without.
    */
   io.idemd.api.model.StoredResponse toWire(String key, boolean failed, StoredResponse r) {
-    io.idemd.api.model.StoredResponse wire =
-        new io.idemd.api.model.StoredResponse().status(r.status());
-    if (ring != null) {
-      byte[] plain = KeyRing.responsePlaintext(r.headers(), r.body());
-      // The generated model starts with empty headers, which would go out beside the envelope.
-      return wire.headers(null)
-          .sealed(
-              ring.seal(KeyRing.Context.result(tenant, key, failed, r.status()), plain, random));
+    return stored(key, failed, r.status(), r.headers(), ByteBuffer.wrap(r.bodyUncopied())).toWire();
+  }
+
+  /**
+   * A result as idemd stores it: with a ring, its status and the envelope of its headers and body;
+   * without, the three as they are, body read where it is.
+   */
+  Stored stored(
+      String key, boolean failed, int status, Map<String, List<String>> headers, ByteBuffer body) {
+    if (ring == null) {
+      return new Stored(status, headers, body.duplicate(), false);
     }
-    if (!r.headers().isEmpty()) {
-      wire.headers(r.headers());
+    byte[] sealed =
+        ring.seal(
+            KeyRing.Context.result(tenant, key, failed, status),
+            KeyRing.responseHead(headers),
+            body,
+            random);
+    return new Stored(status, Map.of(), ByteBuffer.wrap(sealed), true);
+  }
+
+  /**
+   * A result as idemd stores it: its status, and its headers and body, or (sealed) an envelope in
+   * bytes and no headers. bytes is a view that is read, never written.
+   */
+  record Stored(int status, Map<String, List<String>> headers, ByteBuffer bytes, boolean sealed) {
+    /** The body's, or the envelope's, length: what decides how it goes to idemd. */
+    int size() {
+      return bytes.remaining();
     }
-    byte[] body = r.body();
-    if (body.length > 0) {
-      wire.body(body);
+
+    /** The result as JSON carries it, base64 in the body or sealed field. */
+    io.idemd.api.model.StoredResponse toWire() {
+      io.idemd.api.model.StoredResponse wire =
+          new io.idemd.api.model.StoredResponse().status(status);
+      byte[] b = new byte[bytes.remaining()];
+      bytes.duplicate().get(b);
+      if (sealed) {
+        // The generated model starts with empty headers, which would go out beside the envelope.
+        return wire.headers(null).sealed(b);
+      }
+      if (!headers.isEmpty()) {
+        wire.headers(headers);
+      }
+      if (b.length > 0) {
+        wire.body(b);
+      }
+      return wire;
     }
-    return wire;
   }
 
   /**
@@ -100,8 +134,7 @@ final class Sealing {
       if (requireSealed) {
         throw new UnsealableException(UnsealableException.Reason.NOT_SEALED, "");
       }
-      Map<String, java.util.List<String>> headers =
-          wire.getHeaders() == null ? Map.of() : wire.getHeaders();
+      Map<String, List<String>> headers = wire.getHeaders() == null ? Map.of() : wire.getHeaders();
       return Optional.of(new StoredResponse(status, headers, wire.getBody()));
     }
     if (ring == null) {

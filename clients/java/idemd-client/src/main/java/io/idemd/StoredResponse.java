@@ -27,6 +27,11 @@ public record StoredResponse(int status, Map<String, List<String>> headers, byte
     return body.clone();
   }
 
+  /** The body itself, not a copy, for the client to read and never change. */
+  byte[] bodyUncopied() {
+    return body;
+  }
+
   /** The body as UTF-8 text. */
   public String bodyText() {
     return new String(body, StandardCharsets.UTF_8);

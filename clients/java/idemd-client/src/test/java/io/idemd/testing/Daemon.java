@@ -82,6 +82,28 @@ public final class Daemon implements AutoCloseable {
     throw new IllegalStateException("idemd was not ready within 20 s:\n" + logs);
   }
 
+  /**
+   * The requests idemd has answered to endpoint, such as "PUT /v1/keys/:key/result", whatever their
+   * outcome and tenant, as its /metrics counts them (an item of a batch counts as a request to its
+   * operation's endpoint too).
+   */
+  public long requests(String endpoint) throws IOException, InterruptedException {
+    String metrics =
+        HttpClient.newHttpClient()
+            .send(
+                HttpRequest.newBuilder(URI.create(url + "/metrics")).build(),
+                HttpResponse.BodyHandlers.ofString())
+            .body();
+    String series = "idemd_requests_total{endpoint=\"" + endpoint + "\"";
+    long n = 0;
+    for (String line : metrics.split("\n")) {
+      if (line.startsWith(series)) {
+        n += (long) Double.parseDouble(line.substring(line.lastIndexOf(' ') + 1));
+      }
+    }
+    return n;
+  }
+
   /** The directory of the daemon's embedded store: what its operator, or a backup, can read. */
   public Path dataDir() {
     return dataDir;

@@ -24,6 +24,7 @@ import jakarta.servlet.http.HttpServletResponse;
 import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.InputStream;
+import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.Collections;
@@ -88,12 +89,6 @@ public final class IdempotencyFilter implements Filter {
    * as a result over this bound is.
    */
   public static final int DEFAULT_MAX_STORED_BYTES = 64 << 20;
-
-  /**
-   * A result whose body is over this many bytes may meet a daemon that answers 413 before reading
-   * it and closes the connection, which reaches the client as no answer at all.
-   */
-  private static final int LARGE_RESULT_BYTES = 1 << 20;
 
   /**
    * The longest key prefix, in bytes of UTF-8: every derived key has the same length, and idemd's
@@ -381,17 +376,20 @@ public final class IdempotencyFilter implements Filter {
       release(req, key, acquired); // R2, R3
       return;
     }
-    byte[] body = recorder.body();
+    // The recording itself, which the client streams to idemd when it is large (R10a).
+    ByteBuffer body = recorder.body();
     Map<String, List<String>> headers = recorder.storedHeaders(storedHeaders);
     if (recorder.errorSent() || body == null || storedBytes(body, headers) > maxStoredBytes) {
       notStored(req, key, acquired, null); // R10
       return;
     }
     try {
-      client.complete(key, acquired.leaseToken(), new StoredResponse(status, headers, body)); // R1
+      client.complete(key, acquired.leaseToken(), status, headers, body, null); // R1
     } catch (UnavailableException e) {
-      if (body.length > LARGE_RESULT_BYTES) {
-        // R10a: left claimed (R13), the key would run the handler again once its lease ran out.
+      if (body.remaining() > IdemClient.RAW_RESULT_BYTES) {
+        // R10a: a daemon without a blob store may answer 413 to a large body before reading it
+        // and close the connection, which reaches the client as no answer at all. Left claimed
+        // (R13), the key would run the handler again once its lease ran out.
         notStored(req, key, acquired, e);
         return;
       }
@@ -525,8 +523,8 @@ public final class IdempotencyFilter implements Filter {
     return out.toByteArray();
   }
 
-  private static int storedBytes(byte[] body, Map<String, List<String>> headers) {
-    int n = body.length;
+  private static long storedBytes(ByteBuffer body, Map<String, List<String>> headers) {
+    long n = body.remaining();
     for (Map.Entry<String, List<String>> h : headers.entrySet()) {
       for (String v : h.getValue()) {
         n += h.getKey().length() + v.getBytes(StandardCharsets.UTF_8).length;

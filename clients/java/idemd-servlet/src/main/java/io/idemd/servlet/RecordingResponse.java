@@ -8,6 +8,7 @@ import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.OutputStreamWriter;
 import java.io.PrintWriter;
+import java.nio.ByteBuffer;
 import java.nio.charset.Charset;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
@@ -22,7 +23,7 @@ import java.util.Map;
  */
 final class RecordingResponse extends HttpServletResponseWrapper {
   private final int maxBytes;
-  private final ByteArrayOutputStream recorded = new ByteArrayOutputStream();
+  private final Recorded recorded = new Recorded();
   private boolean overflowed;
   private boolean errorSent;
   private boolean finishing;
@@ -129,9 +130,12 @@ final class RecordingResponse extends HttpServletResponseWrapper {
     return errorSent;
   }
 
-  /** The body written, or null when it went over the limit. */
-  byte[] body() {
-    return overflowed ? null : recorded.toByteArray();
+  /**
+   * The body written, or null when it went over the limit: a view of the recording itself, not a
+   * copy, so that a large answer is held once.
+   */
+  ByteBuffer body() {
+    return overflowed ? null : recorded.view();
   }
 
   /** The values of the stored headers the handler set, by lowercase name. */
@@ -163,6 +167,13 @@ final class RecordingResponse extends HttpServletResponseWrapper {
       return;
     }
     recorded.write(b, off, len);
+  }
+
+  /** The recording, which hands out what it holds without copying it. */
+  private static final class Recorded extends ByteArrayOutputStream {
+    synchronized ByteBuffer view() {
+      return ByteBuffer.wrap(buf, 0, count).slice();
+    }
   }
 
   /** Writes to the container's stream and records what went through. */

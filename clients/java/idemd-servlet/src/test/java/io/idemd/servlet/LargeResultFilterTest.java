@@ -23,9 +23,14 @@ import org.junit.jupiter.params.provider.ValueSource;
 /**
  * Large results (docs/middleware.md R10a) through the filter in a real Tomcat against real idemd
  * daemons: with a blob store a 20 MiB answer is stored and replayed byte for byte, sealed or not,
- * with the filter's defaults; without one it is response_not_stored.
+ * with the filter's defaults; without one it is response_not_stored. Either way the answer goes to
+ * idemd as the raw body of PUT /v1/keys/{key}/result, never base64 in POST /v1/complete, as idemd's
+ * request counts by endpoint show.
  */
 class LargeResultFilterTest {
+  static final String RAW_PUT = "PUT /v1/keys/:key/result";
+  static final String COMPLETE = "POST /v1/complete";
+
   private static Daemon blobs;
   private static Daemon plain;
   private static KeyRing ring;
@@ -68,6 +73,8 @@ class LargeResultFilterTest {
         IdemClient other = client(blobs, sealed);
         FilterTest.Server s = new FilterTest.Server(b -> {}, c);
         FilterTest.Server t = new FilterTest.Server(b -> {}, other)) {
+      long raw = blobs.requests(RAW_PUT);
+      long json = blobs.requests(COMPLETE);
       HttpResponse<byte[]> first = post(s, key);
       assertEquals(201, first.statusCode());
       assertArrayEquals(FilterTest.LARGE, first.body());
@@ -80,6 +87,8 @@ class LargeResultFilterTest {
       assertEquals(
           "application/octet-stream", again.headers().firstValue("Content-Type").orElse(""));
       assertArrayEquals(FilterTest.LARGE, again.body());
+      assertEquals(raw + 1, blobs.requests(RAW_PUT), "the answer was stored by the raw PUT, once");
+      assertEquals(json, blobs.requests(COMPLETE), "the answer was sent base64 in JSON");
       // Through another client, past any cache: what idemd keeps.
       HttpResponse<byte[]> third = post(t, key);
       assertEquals(201, third.statusCode());
@@ -96,6 +105,8 @@ class LargeResultFilterTest {
     String key = UUID.randomUUID().toString();
     try (IdemClient c = client(plain, sealed);
         FilterTest.Server s = new FilterTest.Server(b -> {}, c)) {
+      long raw = plain.requests(RAW_PUT);
+      long json = plain.requests(COMPLETE);
       HttpResponse<byte[]> first = post(s, key);
       assertEquals(201, first.statusCode());
       assertArrayEquals(FilterTest.LARGE, first.body());
@@ -106,6 +117,8 @@ class LargeResultFilterTest {
       assertEquals(409, again.statusCode());
       assertTrue(new String(again.body(), StandardCharsets.UTF_8).contains("response_not_stored"));
       assertEquals(1, s.app.runs.get());
+      assertTrue(plain.requests(RAW_PUT) > raw, "the answer was offered by the raw PUT");
+      assertEquals(json, plain.requests(COMPLETE), "the answer was sent base64 in JSON");
     }
   }
 }
