@@ -585,3 +585,25 @@ def test_the_readme_snippet(daemon: Daemon, monkeypatch: pytest.MonkeyPatch) -> 
     key = namespace["key"]
     assert key_id_of(envelope_of(raw_record(daemon.url, key))) == "k-new"
     assert namespace["result"].replayed is True
+
+
+def test_a_sealed_result_goes_raw_by_its_envelopes_size() -> None:
+    """The rule of every client: what is stored decides, so a body just under
+    RAW_RESULT_BYTES whose envelope is over it goes raw, and the middleware's sent_raw
+    says the same."""
+    from idemd._middleware import sent_raw
+    from idemd._wire import RAW_RESULT_BYTES, put_result_args
+
+    s = sealing(NEW)
+    under = idemd.Response(200, {"Content-Type": ["application/octet-stream"]}, b"x" * (RAW_RESULT_BYTES - 8))
+    args = put_result_args("k", "t", under, None, s)
+    assert args is not None, "a sealed envelope over RAW_RESULT_BYTES went as JSON"
+    assert len(args["body"].payload) == s.envelope_len(under) > RAW_RESULT_BYTES
+    assert s.envelope_len(RESULT) == len(s.seal_response("k", "completed", RESULT))
+    assert args["idemd_sealed"] == "1"
+    assert sent_raw(under, s)
+    assert put_result_args("k", "t", under, None, None) is None
+    assert not sent_raw(under, None)
+    small = idemd.Response(200, {}, b"x" * 1000)
+    assert put_result_args("k", "t", small, None, s) is None
+    assert not sent_raw(small, s)

@@ -15,8 +15,9 @@ from typing import Any, Generic, Literal, TypeVar
 import rfc8785
 
 from ._errors import IdemdError, LeaseExpired, LeaseLost, Unavailable
+from ._seal import Sealing
 from ._types import Response
-from ._wire import RAW_RESULT_BYTES
+from ._wire import RAW_RESULT_BYTES, stored_bytes
 
 #: Every key the middleware claims begins with this; the service's own keys must not.
 KEY_PREFIX = "idempotency-key:v1:"
@@ -501,11 +502,12 @@ def cut_short(recorder: Recorder, options: Options[Any], status_sent: bool) -> F
     return "release"
 
 
-def sent_raw(response: Response) -> bool:
-    """Whether the client sends ``response`` as raw bytes (over RAW_RESULT_BYTES). A
+def sent_raw(response: Response, sealing: Sealing | None) -> bool:
+    """Whether the client sends ``response`` as raw bytes (what is stored of it, its
+    body or its sealed envelope, over RAW_RESULT_BYTES). A
     daemon without a blob store refuses such a body over its --max-response-bytes with
     413 before reading it and closes the connection, which the client may then see as a
     transport failure rather than the 413. A large result whose upload fails so is
     response_not_stored (R10a) rather than left claimed (R13): the handler ran, and a
     retry after the lease ran out would run it again."""
-    return len(response.body) > RAW_RESULT_BYTES
+    return stored_bytes(response, sealing) > RAW_RESULT_BYTES

@@ -235,6 +235,15 @@ def response_plaintext(headers: dict[str, list[str]], body: bytes) -> bytes:
     return bytes(out)
 
 
+def response_plaintext_len(headers: dict[str, list[str]], body: bytes) -> int:
+    """The length of response_plaintext(headers, body), counted without building it."""
+    n = 2
+    for name, values in headers.items():
+        n += 2 + len(name.encode("utf-8")) + 2
+        n += sum(4 + len(value.encode("utf-8")) for value in values)
+    return n + len(body)
+
+
 def parse_response_plaintext(plain: bytes) -> tuple[dict[str, list[str]], bytes]:
     """The headers and the body a result's envelope held; Unsealable (invalid) when its
     layout is broken, which an envelope that opened holds only when its sealer erred."""
@@ -294,6 +303,12 @@ class Sealing:
             response_plaintext(response.headers, response.body),
             self.random,
         )
+
+    def envelope_len(self, response: Response) -> int:
+        """The length of seal_response's envelope of ``response``, counted without
+        sealing it."""
+        head = len(envelope_head_of(self.ring.sealing_key_id))
+        return head + SALT_LEN + NONCE_LEN + response_plaintext_len(response.headers, response.body) + TAG_LEN
 
     def seal_no_response(self, key: str) -> bytes:
         """The envelope of a failure released without a response, stored under

@@ -88,12 +88,20 @@ def complete_request(
 RAW_RESULT_BYTES = 1 << 20
 
 
+def stored_bytes(response: Response, sealing: Sealing | None) -> int:
+    """The size of what idemd stores of ``response``: its body, or its sealed envelope."""
+    if sealing is None:
+        return len(response.body)
+    return sealing.envelope_len(response)
+
+
 def put_result_args(
     key: str, token: str, response: Response, retention: float | None, sealing: Sealing | None
 ) -> dict[str, Any] | None:
     """The arguments of PUT /v1/keys/{key}/result that complete ``key`` with ``response``
-    when its body is over RAW_RESULT_BYTES; None for a smaller one, which goes as JSON."""
-    if len(response.body) <= RAW_RESULT_BYTES:
+    when what is stored of it (its body, or its sealed envelope) is over RAW_RESULT_BYTES;
+    None for a smaller one, which goes as JSON."""
+    if stored_bytes(response, sealing) <= RAW_RESULT_BYTES:
         return None
     args: dict[str, Any] = {
         "key": key,

@@ -368,7 +368,7 @@ class IdempotencyMiddleware:
                 o.incident(scope, "lease_lost", held.key, err)
                 return
             except Unavailable as err:
-                if not sent_raw(response):  # R13
+                if not sent_raw(response, self.client.sealing):  # R13
                     o.incident(scope, "complete_failed", held.key, err)
                     return
             except Problem as err:

@@ -389,7 +389,7 @@ class _Leased:
                 o.incident(self._environ, "lease_lost", held.key, err)
                 return
             except Unavailable as err:
-                if not sent_raw(response):  # R13
+                if not sent_raw(response, self._mw.client.sealing):  # R13
                     o.incident(self._environ, "complete_failed", held.key, err)
                     return
             except Problem as err:
