@@ -134,18 +134,20 @@ func (s *Service) offload(ctx context.Context, id ID, token string, resp *Respon
 
 // putBlob writes the body of resp to the blob store under name and answers the
 // response a record keeps in its place: resp without its body, with the reference
-// under BlobHeader. body, when set, is that body streamed (size bytes): it is never
-// held whole, so it takes none of the places hold keeps for bodies held in memory,
-// and a failure to read it is the sender's, not the blob store's.
+// under BlobHeader. body, when set, is that body streamed (size bytes), and a failure
+// to read it is the sender's, not the blob store's. A streamed body is never held
+// whole, yet it takes one of hold's places all the same, before its first byte is
+// read: the places bound the writes the blob store serves at once, each under a
+// deadline for its size, and a body waiting its turn stays in its connection.
 func (s *Service) putBlob(ctx context.Context, name string, resp *Response, body io.Reader, size int64) (*Response, error) {
 	kept := &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}
+	release, err := s.blobs.hold(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	var src *sourceReader
 	if body == nil {
-		release, err := s.blobs.hold(ctx)
-		if err != nil {
-			return nil, err
-		}
-		defer release()
 		body, size = bytes.NewReader(resp.Body), int64(len(resp.Body))
 	} else {
 		src = &sourceReader{r: body}
