@@ -137,8 +137,11 @@ func (s *Service) offload(ctx context.Context, id ID, token string, resp *Respon
 // under BlobHeader. body, when set, is that body streamed (size bytes), and a failure
 // to read it is the sender's, not the blob store's. A streamed body is never held
 // whole, yet it takes one of hold's places all the same, before its first byte is
-// read: the places bound the writes the blob store serves at once, each under a
-// deadline for its size, and a body waiting its turn stays in its connection.
+// read: the places bound the writes the blob store serves at once, and a body waiting
+// its turn stays in its connection. Its write arrives at the sender's pace, which the
+// server's body deadline bounds, so the blob store's deadline runs from the last
+// bytes it took rather than from the start: a store that stops taking them, or stops
+// answering once it has them all, fails the write as a held body's would.
 func (s *Service) putBlob(ctx context.Context, name string, resp *Response, body io.Reader, size int64) (*Response, error) {
 	kept := &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}
 	release, err := s.blobs.hold(ctx)
@@ -146,16 +149,28 @@ func (s *Service) putBlob(ctx context.Context, name string, resp *Response, body
 		return nil, err
 	}
 	defer release()
+	var ref BlobRef
 	var src *sourceReader
 	if body == nil {
-		body, size = bytes.NewReader(resp.Body), int64(len(resp.Body))
+		ref, err = boundedFor(s.blobTimeout(int64(len(resp.Body))), ctx, func(ctx context.Context) (BlobRef, error) {
+			return s.blobs.store.Put(ctx, name, bytes.NewReader(resp.Body), int64(len(resp.Body)))
+		})
 	} else {
-		src = &sourceReader{r: body}
-		body = src
+		timeout := s.blobTimeout(size)
+		putCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		idle := time.AfterFunc(timeout, cancel)
+		defer idle.Stop()
+		src = &sourceReader{r: body, progress: func() { idle.Reset(timeout) }}
+		ref, err = s.blobs.store.Put(putCtx, name, src, size)
+		switch {
+		case err == nil || src.err != nil:
+		case ctx.Err() != nil:
+			err = ctx.Err()
+		case putCtx.Err() != nil:
+			err = &StoreTimeoutError{Timeout: timeout, cause: err}
+		}
 	}
-	ref, err := boundedFor(s.blobTimeout(size), ctx, func(ctx context.Context) (BlobRef, error) {
-		return s.blobs.store.Put(ctx, name, body, size)
-	})
 	if err != nil {
 		if src != nil && src.err != nil {
 			err = src.err
@@ -210,13 +225,18 @@ func (s *Service) importResult(ctx context.Context, e *Exported) (string, error)
 // sourceReader keeps the error its reader answered other than io.EOF: a body that
 // could not be read (the sender hung up, sent too little, or too slowly) is told
 // apart from a blob store that could not write it.
+// progress is called after each read that gave bytes.
 type sourceReader struct {
-	r   io.Reader
-	err error
+	r        io.Reader
+	progress func()
+	err      error
 }
 
 func (s *sourceReader) Read(p []byte) (int, error) {
 	n, err := s.r.Read(p)
+	if n > 0 {
+		s.progress()
+	}
 	if err != nil && err != io.EOF && s.err == nil {
 		s.err = err
 	}

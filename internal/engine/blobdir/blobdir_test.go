@@ -434,3 +434,47 @@ func TestStreamedReplayIsWholeOrShort(t *testing.T) {
 		})
 	}
 }
+
+// A streamed body arrives at its sender's pace: a sender slower in all than the blob
+// store's deadline for the size, yet never idle that long, completes, since the
+// deadline runs from the last bytes the store took.
+func TestStreamedCompletionAtTheSendersPace(t *testing.T) {
+	ctx := context.Background()
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	blobs, err := blobdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The deadline for 1 MiB: 2 s and 250 ms for the MiB; the sender takes 3.2 s.
+	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(2*time.Second),
+		engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10}))
+	body := make([]byte, 1<<20)
+	_, _ = rand.Read(body)
+	id, token := acquire(t, s, "slow")
+	slow := &pacedReader{r: bytes.NewReader(body), chunk: 64 << 10, pause: 200 * time.Millisecond}
+	began := time.Now()
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: engine.Response{Status: 200},
+		Body: slow, BodySize: int64(len(body))}); err != nil {
+		t.Fatalf("a body sent in 16 parts 200 ms apart, %s in all: %v", time.Since(began), err)
+	}
+	looked, err := s.Lookup(ctx, id)
+	if err != nil || !bytes.Equal(looked.Response.Body, body) {
+		t.Fatalf("lookup: %v, %d bytes", err, len(looked.Response.Body))
+	}
+}
+
+// pacedReader gives at most chunk bytes a read, each after pause: a slow sender.
+type pacedReader struct {
+	r     io.Reader
+	chunk int
+	pause time.Duration
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	time.Sleep(p.pause)
+	return p.r.Read(b[:min(len(b), p.chunk)])
+}
