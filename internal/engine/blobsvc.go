@@ -391,7 +391,9 @@ func (s *Service) LookupResult(ctx context.Context, id ID) (Record, *ResultBody,
 	return rec, body, nil
 }
 
-// openBlob opens the blob of ref to stream, under a deadline for its size.
+// openBlob opens the blob of ref to stream, under a deadline for its size that runs
+// from the last bytes read: the stream goes at its reader's pace, which the server's
+// write deadline bounds, and a blob store that stops giving bytes still fails it.
 func (s *Service) openBlob(ctx context.Context, ref BlobRef) (*ResultBody, error) {
 	if s.blobs == nil {
 		return nil, &ResultError{Ref: ref, cause: errors.New("the daemon has no blob store (--blob-store)")}
@@ -401,7 +403,9 @@ func (s *Service) openBlob(ctx context.Context, ref BlobRef) (*ResultBody, error
 		return nil, &ResultError{Ref: ref, cause: errors.New("the record's reference to its blob is malformed")}
 	}
 	timeout := s.blobTimeout(ref.Size)
-	callCtx, cancel := context.WithTimeout(ctx, timeout)
+	callCtx, cancelCall := context.WithCancel(ctx)
+	idle := time.AfterFunc(timeout, cancelCall)
+	cancel := func() { idle.Stop(); cancelCall() }
 	r, err := s.blobs.store.Get(callCtx, ref.Name)
 	if err != nil {
 		cancel()
@@ -424,8 +428,8 @@ func (s *Service) openBlob(ctx context.Context, ref BlobRef) (*ResultBody, error
 		s.blobs.onError("verify")
 		return nil, &ResultError{Ref: ref, cause: fmt.Errorf("the blob holds %d bytes, not %d", n, ref.Size)}
 	}
-	return &ResultBody{ctx: callCtx, ref: ref, src: r, h: NewHashingReader(io.LimitReader(r, ref.Size+1)),
-		cancel: cancel, onError: s.blobs.onError}, nil
+	return &ResultBody{ctx: ctx, ref: ref, src: r, h: NewHashingReader(io.LimitReader(r, ref.Size+1)),
+		progress: func() { idle.Reset(timeout) }, cancel: cancel, onError: s.blobs.onError}, nil
 }
 
 // blobSize is the size of the blob r reads, when r can tell it before its bytes: a
@@ -449,13 +453,16 @@ func blobSize(r io.Reader) (int64, bool) {
 // less than the whole body, so a receiver told the body's length (Size) never takes
 // what it got for the result.
 type ResultBody struct {
-	ctx     context.Context
-	ref     BlobRef
-	src     io.ReadCloser
-	h       *HashingReader
-	cancel  context.CancelFunc
-	onError func(op string)
-	read    int64
+	// ctx is the caller's: a failure once it ended is not the blob store's.
+	ctx context.Context
+	ref BlobRef
+	src io.ReadCloser
+	h   *HashingReader
+	// progress is called after each read that gave bytes; cancel ends the stream.
+	progress func()
+	cancel   func()
+	onError  func(op string)
+	read     int64
 	// last is the body's last byte, kept back from the reader until the whole is
 	// checked; lastRead says it was read from the blob.
 	last     [1]byte
@@ -485,6 +492,9 @@ func (b *ResultBody) Read(p []byte) (int, error) {
 	if left := b.ref.Size - b.read; left > 1 {
 		n, err := b.h.Read(p[:min(int64(len(p)), left-1)])
 		b.read += int64(n)
+		if n > 0 {
+			b.progress()
+		}
 		switch {
 		case err == io.EOF:
 			return n, b.fail("verify", fmt.Errorf("the blob holds %d bytes, not %d", b.read, b.ref.Size))

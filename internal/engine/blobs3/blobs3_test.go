@@ -167,6 +167,30 @@ func TestStreamedResultOverS3(t *testing.T) {
 	if got, err := read(); err != nil || !bytes.Equal(got, body) {
 		t.Fatalf("replay of an intact object: %v, %d bytes", err, len(got))
 	}
+	// A reader slower in all than the deadline for the size (2 s and 250 ms for the
+	// 300 KiB), yet never idle that long, reads the whole: the deadline runs from the
+	// last bytes read.
+	paced := engine.NewService(store, time.Hour, engine.WithStoreTimeout(2*time.Second), engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+	_, rb, err := paced.LookupResult(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	for part := make([]byte, 20<<10); ; {
+		time.Sleep(200 * time.Millisecond) // a slow reader
+		n, err := rb.Read(part)
+		got.Write(part[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("a slow reader, after %d bytes: %v", got.Len(), err)
+		}
+	}
+	_ = rb.Close()
+	if !bytes.Equal(got.Bytes(), body) {
+		t.Fatalf("a slow reader got %d bytes, want the %d", got.Len(), len(body))
+	}
 	raw, err := store.Lookup(ctx, id)
 	if err != nil {
 		t.Fatal(err)
