@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"time"
 )
@@ -100,15 +101,22 @@ func (b *blobs) hold(ctx context.Context) (release func(), err error) {
 
 // large says whether resp goes to the blob store.
 func (b *blobs) large(resp *Response) bool {
-	return b != nil && resp != nil && len(resp.Body) > 0 && resp.Size() > b.threshold
+	return resp != nil && b.largeSize(resp.Size()-len(resp.Body), int64(len(resp.Body)))
+}
+
+// largeSize says whether a response of headers bytes of headers and a body of body
+// bytes goes to the blob store.
+func (b *blobs) largeSize(headers int, body int64) bool {
+	return b != nil && body > 0 && int64(headers)+body > int64(b.threshold)
 }
 
 // offload writes the body of a large response to the blob store for the key's current
 // attempt and answers the response the record keeps in its place, and the name of
 // the blob ("" when nothing was written). A key the token does not hold now is
 // answered with the body left out, unwritten: the store's transition refuses it (or
-// answers the repeat of a completion already stored) without needing it.
-func (s *Service) offload(ctx context.Context, id ID, token string, resp *Response, retention time.Duration) (*Response, string, error) {
+// answers the repeat of a completion already stored) without needing it. body, when
+// set, is resp's body streamed (size bytes), read only once the lease is seen held.
+func (s *Service) offload(ctx context.Context, id ID, token string, resp *Response, body io.Reader, size int64, retention time.Duration) (*Response, string, error) {
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return nil, "", err
@@ -117,7 +125,7 @@ func (s *Service) offload(ctx context.Context, id ID, token string, resp *Respon
 		return &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}, "", nil
 	}
 	name := BlobName(id, rec.Attempt, time.Now().Add(retention))
-	kept, err := s.putBlob(ctx, name, resp)
+	kept, err := s.putBlob(ctx, name, resp, body, size)
 	if err != nil {
 		return nil, "", err
 	}
@@ -126,20 +134,47 @@ func (s *Service) offload(ctx context.Context, id ID, token string, resp *Respon
 
 // putBlob writes the body of resp to the blob store under name and answers the
 // response a record keeps in its place: resp without its body, with the reference
-// under BlobHeader.
-func (s *Service) putBlob(ctx context.Context, name string, resp *Response) (*Response, error) {
+// under BlobHeader. body, when set, is that body streamed (size bytes), and a failure
+// to read it is the sender's, not the blob store's. A streamed body is never held
+// whole, yet it takes one of hold's places all the same, before its first byte is
+// read: the places bound the writes the blob store serves at once, and a body waiting
+// its turn stays in its connection. Its write arrives at the sender's pace, which the
+// server's body deadline bounds, so the blob store's deadline runs from the last
+// bytes it took rather than from the start: a store that stops taking them, or stops
+// answering once it has them all, fails the write as a held body's would.
+func (s *Service) putBlob(ctx context.Context, name string, resp *Response, body io.Reader, size int64) (*Response, error) {
 	kept := &Response{Status: resp.Status, Headers: maps.Clone(resp.Headers)}
 	release, err := s.blobs.hold(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer release()
-	size := int64(len(resp.Body))
-	ref, err := boundedFor(s.blobTimeout(size), ctx, func(ctx context.Context) (BlobRef, error) {
-		return s.blobs.store.Put(ctx, name, bytes.NewReader(resp.Body), size)
-	})
+	var ref BlobRef
+	var src *sourceReader
+	if body == nil {
+		ref, err = boundedFor(s.blobTimeout(int64(len(resp.Body))), ctx, func(ctx context.Context) (BlobRef, error) {
+			return s.blobs.store.Put(ctx, name, bytes.NewReader(resp.Body), int64(len(resp.Body)))
+		})
+	} else {
+		timeout := s.blobTimeout(size)
+		putCtx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		idle := time.AfterFunc(timeout, cancel)
+		defer idle.Stop()
+		src = &sourceReader{r: body, progress: func() { idle.Reset(timeout) }}
+		ref, err = s.blobs.store.Put(putCtx, name, src, size)
+		switch {
+		case err == nil || src.err != nil:
+		case ctx.Err() != nil:
+			err = ctx.Err()
+		case putCtx.Err() != nil:
+			err = &StoreTimeoutError{Timeout: timeout, cause: err}
+		}
+	}
 	if err != nil {
-		if ctx.Err() == nil {
+		if src != nil && src.err != nil {
+			err = src.err
+		} else if ctx.Err() == nil {
 			s.blobs.onError("put")
 		}
 		// A write cut short leaves no blob under the name, but one that failed after
@@ -179,12 +214,33 @@ func (s *Service) importResult(ctx context.Context, e *Exported) (string, error)
 		return "", nil
 	}
 	name := BlobName(e.ID, e.Attempt, e.ExpiresAt)
-	kept, err := s.putBlob(ctx, name, e.Response)
+	kept, err := s.putBlob(ctx, name, e.Response, nil, 0)
 	if err != nil {
 		return "", err
 	}
 	e.Response = kept
 	return name, nil
+}
+
+// sourceReader keeps the error its reader answered other than io.EOF: a body that
+// could not be read (the sender hung up, sent too little, or too slowly) is told
+// apart from a blob store that could not write it.
+// progress is called after each read that gave bytes.
+type sourceReader struct {
+	r        io.Reader
+	progress func()
+	err      error
+}
+
+func (s *sourceReader) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if n > 0 {
+		s.progress()
+	}
+	if err != nil && err != io.EOF && s.err == nil {
+		s.err = err
+	}
+	return n, err
 }
 
 // dropBlob deletes a blob the daemon wrote, under a deadline of its own: the
@@ -303,6 +359,201 @@ func (s *Service) readBlob(ctx context.Context, ref BlobRef) ([]byte, error) {
 		return nil, &ResultError{Ref: ref, cause: errors.New("the blob's SHA-256 is not the one stored")}
 	}
 	return buf.Bytes(), nil
+}
+
+// LookupResult returns a record as Lookup does, except that a result kept in the blob
+// store is left there: the record's response comes without its body and without
+// BlobHeader, and the body is answered as a ResultBody to stream, which the caller
+// closes (nil for a result the record holds). A blob missing, or of another size than
+// its reference says when the blob store tells the size before the bytes, is
+// ErrResultUnavailable before a byte is read. A streamed body takes none of the places
+// hold keeps for bodies held whole: it holds only what its reader is given.
+func (s *Service) LookupResult(ctx context.Context, id ID) (Record, *ResultBody, error) {
+	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
+	if err != nil {
+		return Record{}, nil, err
+	}
+	ref, ok := rec.Response.Blob()
+	if !ok {
+		return rec, nil, nil
+	}
+	body, err := s.openBlob(ctx, ref)
+	if err != nil {
+		return Record{}, nil, err
+	}
+	resp := *rec.Response
+	resp.Headers = maps.Clone(resp.Headers)
+	delete(resp.Headers, BlobHeader)
+	if len(resp.Headers) == 0 {
+		resp.Headers = nil
+	}
+	rec.Response = &resp
+	return rec, body, nil
+}
+
+// openBlob opens the blob of ref to stream, under a deadline for its size that runs
+// from the last bytes read: the stream goes at its reader's pace, which the server's
+// write deadline bounds, and a blob store that stops giving bytes still fails it.
+func (s *Service) openBlob(ctx context.Context, ref BlobRef) (*ResultBody, error) {
+	if s.blobs == nil {
+		return nil, &ResultError{Ref: ref, cause: errors.New("the daemon has no blob store (--blob-store)")}
+	}
+	if ref.Size < 0 || len(ref.SHA256) != sha256.Size*2 {
+		s.blobs.onError("verify")
+		return nil, &ResultError{Ref: ref, cause: errors.New("the record's reference to its blob is malformed")}
+	}
+	timeout := s.blobTimeout(ref.Size)
+	callCtx, cancelCall := context.WithCancel(ctx)
+	idle := time.AfterFunc(timeout, cancelCall)
+	cancel := func() { idle.Stop(); cancelCall() }
+	r, err := s.blobs.store.Get(callCtx, ref.Name)
+	if err != nil {
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil, ctx.Err()
+		case errors.Is(err, ErrBlobNotFound):
+			s.blobs.onError("get")
+			return nil, &ResultError{Ref: ref, cause: err}
+		case callCtx.Err() != nil:
+			s.blobs.onError("get")
+			return nil, &StoreTimeoutError{Timeout: timeout, cause: err}
+		}
+		s.blobs.onError("get")
+		return nil, err
+	}
+	if n, ok := blobSize(r); ok && n != ref.Size {
+		_ = r.Close()
+		cancel()
+		s.blobs.onError("verify")
+		return nil, &ResultError{Ref: ref, cause: fmt.Errorf("the blob holds %d bytes, not %d", n, ref.Size)}
+	}
+	return &ResultBody{ctx: ctx, ref: ref, src: r, h: NewHashingReader(io.LimitReader(r, ref.Size+1)),
+		progress: func() { idle.Reset(timeout) }, cancel: cancel, onError: s.blobs.onError}, nil
+}
+
+// blobSize is the size of the blob r reads, when r can tell it before its bytes: a
+// file can, and so can a reader with a Size method.
+func blobSize(r io.Reader) (int64, bool) {
+	switch r := r.(type) {
+	case interface{ Size() int64 }:
+		return r.Size(), true
+	case interface{ Stat() (fs.FileInfo, error) }:
+		if fi, err := r.Stat(); err == nil && fi.Mode().IsRegular() {
+			return fi.Size(), true
+		}
+	}
+	return 0, false
+}
+
+// ResultBody streams the body of a result kept in the blob store and checks it
+// against its reference as it goes. It keeps the body's last byte back until it has
+// read the whole blob and found its size and SHA-256 right: a reader that meets an
+// error instead (a *ResultError for a blob that is not the one stored) has been given
+// less than the whole body, so a receiver told the body's length (Size) never takes
+// what it got for the result.
+type ResultBody struct {
+	// ctx is the caller's: a failure once it ended is not the blob store's.
+	ctx context.Context
+	ref BlobRef
+	src io.ReadCloser
+	h   *HashingReader
+	// progress is called after each read that gave bytes; cancel ends the stream.
+	progress func()
+	cancel   func()
+	onError  func(op string)
+	read     int64
+	// last is the body's last byte, kept back from the reader until the whole is
+	// checked; lastRead says it was read from the blob.
+	last     [1]byte
+	lastRead bool
+	err      error
+}
+
+// Size is the body's length in bytes.
+func (b *ResultBody) Size() int64 { return b.ref.Size }
+
+// Err is the error the body met, other than its end: a *ResultError, or the blob
+// store's failure to read it.
+func (b *ResultBody) Err() error {
+	if b.err == io.EOF {
+		return nil
+	}
+	return b.err
+}
+
+func (b *ResultBody) Read(p []byte) (int, error) {
+	if b.err != nil {
+		return 0, b.err
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if left := b.ref.Size - b.read; left > 1 {
+		n, err := b.h.Read(p[:min(int64(len(p)), left-1)])
+		b.read += int64(n)
+		if n > 0 {
+			b.progress()
+		}
+		switch {
+		case err == io.EOF:
+			return n, b.fail("verify", fmt.Errorf("the blob holds %d bytes, not %d", b.read, b.ref.Size))
+		case err != nil:
+			return n, b.fail("get", err)
+		}
+		return n, nil
+	}
+	held := b.read < b.ref.Size
+	if held && !b.lastRead {
+		if _, err := io.ReadFull(b.h, b.last[:]); err != nil {
+			if err == io.EOF {
+				return 0, b.fail("verify", fmt.Errorf("the blob holds %d bytes, not %d", b.read, b.ref.Size))
+			}
+			return 0, b.fail("get", err)
+		}
+		b.lastRead = true
+	}
+	var more [1]byte
+	switch n, err := b.h.Read(more[:]); {
+	case n > 0:
+		return 0, b.fail("verify", fmt.Errorf("the blob holds more than %d bytes", b.ref.Size))
+	case err == nil:
+		// A reader may answer nothing and no error; the end is read on the next call.
+		return 0, nil
+	case err != io.EOF:
+		return 0, b.fail("get", err)
+	}
+	if b.h.Sum() != b.ref.SHA256 {
+		return 0, b.fail("verify", errors.New("the blob's SHA-256 is not the one stored"))
+	}
+	b.err = io.EOF
+	if !held {
+		return 0, io.EOF
+	}
+	b.read++
+	p[0] = b.last[0]
+	return 1, nil
+}
+
+// fail ends the body with the error of op: a *ResultError for "verify", the blob
+// store's own error for "get" (not counted when the caller went away).
+func (b *ResultBody) fail(op string, cause error) error {
+	if op == "verify" {
+		b.err = &ResultError{Ref: b.ref, cause: cause}
+	} else {
+		b.err = cause
+	}
+	if op == "verify" || b.ctx.Err() == nil {
+		b.onError(op)
+	}
+	return b.err
+}
+
+// Close releases the blob.
+func (b *ResultBody) Close() error {
+	err := b.src.Close()
+	b.cancel()
+	return err
 }
 
 // SweepBlobs deletes up to limit blobs whose records expired more than BlobSweepGrace

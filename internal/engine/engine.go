@@ -24,6 +24,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 )
 
@@ -333,6 +334,12 @@ type Completion struct {
 	Retention  time.Duration
 	// Caps are the tenant's, applied by the service before the store runs.
 	Caps Caps
+	// Body, when set, is the response's body as a stream of BodySize bytes, in place
+	// of Response.Body: a result large enough for the blob store goes there as it
+	// arrives, never held whole; a smaller one is read whole first. The service reads
+	// it only while the key is held, and hands the store a Completion without it.
+	Body     io.Reader
+	BodySize int64
 }
 
 // Release gives a held key back.

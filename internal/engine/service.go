@@ -249,8 +249,8 @@ func (s *Service) retentionFor(id ID, asked time.Duration, caps Caps) (time.Dura
 
 // checkSize holds a stored response to the tenant's cap, which can only lower the
 // daemon-wide limit the HTTP layer checked while decoding.
-func checkSize(id ID, r *Response, caps Caps) error {
-	if n := r.Size(); caps.MaxResponseBytes > 0 && n > caps.MaxResponseBytes {
+func checkSize(id ID, r *Response, streamed int64, caps Caps) error {
+	if n := int64(r.Size()) + streamed; caps.MaxResponseBytes > 0 && n > int64(caps.MaxResponseBytes) {
 		return &CapError{Tenant: id.Tenant, Field: "response", Value: int64(n), Limit: int64(caps.MaxResponseBytes)}
 	}
 	return nil
@@ -278,10 +278,26 @@ func (s *Service) Complete(ctx context.Context, c Completion) (Record, error) {
 	if c.Retention, err = s.retentionFor(c.ID, c.Retention, c.Caps); err != nil {
 		return Record{}, err
 	}
-	if err := checkSize(c.ID, &c.Response, c.Caps); err != nil {
+	body, bodySize := c.Body, c.BodySize
+	c.Body, c.BodySize = nil, 0
+	if body == nil {
+		bodySize = 0
+	} else if bodySize < 0 || len(c.Response.Body) > 0 {
+		return Record{}, errors.New("a completion's body is streamed with its size, or held in its response, not both")
+	}
+	if err := checkSize(c.ID, &c.Response, bodySize, c.Caps); err != nil {
 		return Record{}, err
 	}
-	return s.storeResult(ctx, c.ID, c.LeaseToken, c.Caps, c.Retention, &c.Response,
+	if body != nil && !s.blobs.largeSize(c.Response.Size(), bodySize) {
+		// A body that stays in the record is read whole: it is no larger than the
+		// threshold, itself within the stored response's limit.
+		c.Response.Body = make([]byte, bodySize)
+		if _, err := io.ReadFull(body, c.Response.Body); err != nil {
+			return Record{}, err
+		}
+		body, bodySize = nil, 0
+	}
+	return s.storeResult(ctx, c.ID, c.LeaseToken, c.Caps, c.Retention, &c.Response, body, bodySize,
 		func(ctx context.Context) (Record, error) { return s.store.Complete(ctx, c) })
 }
 
@@ -292,13 +308,13 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 	if r.Retention, err = s.retentionFor(r.ID, r.Retention, r.Caps); err != nil {
 		return Record{}, err
 	}
-	if err := checkSize(r.ID, r.Response, r.Caps); err != nil {
+	if err := checkSize(r.ID, r.Response, 0, r.Caps); err != nil {
 		return Record{}, err
 	}
 	if r.Response != nil && r.Mode == ReleaseFail {
 		failure := *r.Response
 		r.Response = &failure
-		return s.storeResult(ctx, r.ID, r.LeaseToken, r.Caps, r.Retention, r.Response,
+		return s.storeResult(ctx, r.ID, r.LeaseToken, r.Caps, r.Retention, r.Response, nil, 0,
 			func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
 	}
 	rec, err := bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Release(ctx, r) })
@@ -311,17 +327,19 @@ func (s *Service) Release(ctx context.Context, r Release) (Record, error) {
 // storeResult runs write, the transition that stores resp under the lease of id: held
 // to the tenant's byte allowance (past it, resp becomes NotStoredResponse, since the
 // work ran and the key is finished all the same), kept in the blob store by reference
-// when large, and counted for the quota and the store guard once it answers.
+// when large, and counted for the quota and the store guard once it answers. body,
+// when set, is resp's body streamed (bodySize bytes), which must then be large.
 func (s *Service) storeResult(ctx context.Context, id ID, token string, caps Caps, retention time.Duration,
-	resp *Response, write func(context.Context) (Record, error)) (Record, error) {
-	held, over := s.reserveWrite(ctx, id.Tenant, caps, resp.Size(), retention)
+	resp *Response, body io.Reader, bodySize int64, write func(context.Context) (Record, error)) (Record, error) {
+	held, over := s.reserveWrite(ctx, id.Tenant, caps, resp.Size()+int(bodySize), retention)
 	if over != nil {
 		*resp = NotStoredResponse()
+		body, bodySize = nil, 0
 		held = s.hold(id.Tenant, resp.Size(), retention)
 	}
 	var blob string
-	if s.blobs.large(resp) {
-		kept, name, err := s.offload(ctx, id, token, resp, retention)
+	if s.blobs.large(resp) || body != nil {
+		kept, name, err := s.offload(ctx, id, token, resp, body, bodySize, retention)
 		if err != nil {
 			s.settle(held, false, time.Now())
 			return Record{}, err

@@ -91,6 +91,27 @@ func testQuotaCountsBlobs(t *testing.T, store engine.Store) {
 		t.Fatalf("the second result's replay: %v, want the stored 409 response_not_stored", replay.body)
 	}
 	expectStatus(t, "a replay of the first", claim("first"), http.StatusOK, "")
+
+	// The raw form streams its body into the blob store, and is held to the same
+	// allowance at its full size before a byte of it is read.
+	third := claim("third")
+	expectStatus(t, "claim third", third, http.StatusCreated, "")
+	req, err := http.NewRequest(http.MethodPut, hs.URL+"/v1/keys/third/result", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+cappedUse)
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Idemd-Lease-Token", third.str("lease_token"))
+	req.Header.Set("Idemd-Status", "200")
+	expectStatus(t, "raw PUT of 600 KiB past the allowance", d.send(req), http.StatusOK, "")
+	if n := countFiles(t, blobs); n != 1 {
+		t.Fatalf("%d blobs, want the raw result past the allowance not kept", n)
+	}
+	replay = claim("third")
+	if status, _ := replay.body["response"].(map[string]any)["status"].(float64); status != http.StatusConflict {
+		t.Fatalf("the raw result's replay: %v, want the stored 409 response_not_stored", replay.body)
+	}
 }
 
 // countFiles counts the blobs the store lists.

@@ -342,15 +342,20 @@ func (s *Server) sealedResponse(field string, r api.StoredResponse) (engine.Resp
 // MaxResponseBytes, the whole within MaxBlobBytes when the body may go to the blob
 // store. what says what the size counts.
 func (l Limits) check(field string, resp *engine.Response, what string) error {
-	n := resp.Size()
+	return l.checkSizes(field, int64(resp.Size()), int64(len(resp.Body)), what)
+}
+
+// checkSizes is check for a response of n bytes in all, body bytes of which are its
+// body.
+func (l Limits) checkSizes(field string, n, body int64, what string) error {
 	switch {
-	case n <= l.MaxResponseBytes:
+	case n <= int64(l.MaxResponseBytes):
 		return nil
-	case l.MaxBlobBytes > 0 && n <= l.MaxBlobBytes && n-len(resp.Body) <= l.MaxResponseBytes:
+	case l.MaxBlobBytes > 0 && n <= int64(l.MaxBlobBytes) && n-body <= int64(l.MaxResponseBytes):
 		return nil
-	case l.MaxBlobBytes > 0 && n <= l.MaxBlobBytes:
+	case l.MaxBlobBytes > 0 && n <= int64(l.MaxBlobBytes):
 		return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
-			detail: fmt.Sprintf("%s's headers are %d bytes, over the limit of %d", field, n-len(resp.Body), l.MaxResponseBytes)}
+			detail: fmt.Sprintf("%s's headers are %d bytes, over the limit of %d", field, n-body, l.MaxResponseBytes)}
 	}
 	return &problem{status: http.StatusRequestEntityTooLarge, code: codePayloadTooLarge,
 		detail: fmt.Sprintf("%s is %d bytes (%s), over the limit of %d", field, n, what, max(l.MaxResponseBytes, l.MaxBlobBytes))}

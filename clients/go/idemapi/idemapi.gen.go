@@ -862,8 +862,10 @@ type ClientInterface interface {
 	// The body (or sealed envelope) of the key's stored response, byte for byte, as
 	// the raw answer body, with its status and headers in the answer's headers; 404
 	// when the key has no record or no stored response. A result kept in the blob
-	// store is checked against its size and SHA-256 before any byte is sent: one
-	// missing, short or altered answers 502 result_unavailable, never the result.
+	// store streams from it, checked against its size and SHA-256 as it goes: one
+	// missing or of another size answers 502 result_unavailable before any byte is
+	// sent; one found altered once the answer has begun has its connection cut short
+	// of the Content-Length, so that no client takes it for the result.
 	//
 	// Corresponds with GET /v1/keys/{key}/result (the `GetResult` operationId).
 	GetResult(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1254,8 +1256,10 @@ func (c *Client) Extend(ctx context.Context, body ExtendJSONRequestBody, reqEdit
 // The body (or sealed envelope) of the key's stored response, byte for byte, as
 // the raw answer body, with its status and headers in the answer's headers; 404
 // when the key has no record or no stored response. A result kept in the blob
-// store is checked against its size and SHA-256 before any byte is sent: one
-// missing, short or altered answers 502 result_unavailable, never the result.
+// store streams from it, checked against its size and SHA-256 as it goes: one
+// missing or of another size answers 502 result_unavailable before any byte is
+// sent; one found altered once the answer has begun has its connection cut short
+// of the Content-Length, so that no client takes it for the result.
 //
 // Corresponds with GET /v1/keys/{key}/result (the `GetResult` operationId).
 func (c *Client) GetResult(ctx context.Context, key string, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2310,8 +2314,10 @@ type ClientWithResponsesInterface interface {
 	// The body (or sealed envelope) of the key's stored response, byte for byte, as
 	// the raw answer body, with its status and headers in the answer's headers; 404
 	// when the key has no record or no stored response. A result kept in the blob
-	// store is checked against its size and SHA-256 before any byte is sent: one
-	// missing, short or altered answers 502 result_unavailable, never the result.
+	// store streams from it, checked against its size and SHA-256 as it goes: one
+	// missing or of another size answers 502 result_unavailable before any byte is
+	// sent; one found altered once the answer has begun has its connection cut short
+	// of the Content-Length, so that no client takes it for the result.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4385,8 +4391,10 @@ func (c *ClientWithResponses) ExtendWithResponse(ctx context.Context, body Exten
 // The body (or sealed envelope) of the key's stored response, byte for byte, as
 // the raw answer body, with its status and headers in the answer's headers; 404
 // when the key has no record or no stored response. A result kept in the blob
-// store is checked against its size and SHA-256 before any byte is sent: one
-// missing, short or altered answers 502 result_unavailable, never the result.
+// store streams from it, checked against its size and SHA-256 as it goes: one
+// missing or of another size answers 502 result_unavailable before any byte is
+// sent; one found altered once the answer has begun has its connection cut short
+// of the Content-Length, so that no client takes it for the result.
 //
 // Returns a wrapper object for the known response body format(s).
 //

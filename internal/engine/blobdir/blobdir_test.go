@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -253,4 +254,227 @@ func TestSealedResultByReference(t *testing.T) {
 	if got := res.Record.Response.Sealed(); !bytes.Equal(got, env) {
 		t.Fatalf("the replay's envelope: %d bytes, want the %d sealed", len(got), len(env))
 	}
+}
+
+// A completion whose body streams goes to the directory as it is read: Put reads from
+// the completion's reader, which has not yet reached its end when the blob's first
+// bytes are written; a small one is read whole into the record; one under a lease not
+// held is not read at all and leaves no blob.
+func TestStreamedCompletion(t *testing.T) {
+	ctx := context.Background()
+	s, store, dir := service(t)
+	body := make([]byte, 1<<20)
+	_, _ = rand.Read(body)
+
+	id, token := acquire(t, s, "streamed")
+	src := &watchedReader{r: bytes.NewReader(body), dir: dir}
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: engine.Response{Status: 200},
+		Body: src, BodySize: int64(len(body))}); err != nil {
+		t.Fatal(err)
+	}
+	if !src.sawTemp {
+		t.Fatal("the blob's file was not begun before the body's last byte was read: the body was held whole")
+	}
+	looked, err := s.Lookup(ctx, id)
+	if err != nil || !bytes.Equal(looked.Response.Body, body) {
+		t.Fatalf("lookup of a streamed result: %v, %d bytes", err, len(looked.Response.Body))
+	}
+
+	small, token := acquire(t, s, "small")
+	if _, err := s.Complete(ctx, engine.Completion{ID: small, LeaseToken: token, Response: engine.Response{Status: 200},
+		Body: bytes.NewReader([]byte("ok")), BodySize: 2}); err != nil {
+		t.Fatal(err)
+	}
+	if raw, _ := store.Lookup(ctx, small); string(raw.Response.Body) != "ok" {
+		t.Fatalf("a small streamed result: %+v, want it inline", raw.Response)
+	}
+
+	lost, _ := acquire(t, s, "lost")
+	unread := &watchedReader{r: bytes.NewReader(body), dir: dir}
+	if _, err := s.Complete(ctx, engine.Completion{ID: lost, LeaseToken: "not-the-token", Response: engine.Response{Status: 200},
+		Body: unread, BodySize: int64(len(body))}); !errors.Is(err, engine.ErrLeaseLost) {
+		t.Fatalf("a streamed completion with a wrong token: %v", err)
+	}
+	if unread.n != 0 || len(blobFiles(t, dir)) != 1 {
+		t.Fatalf("under a lease not held, %d bytes were read and %d blobs kept; want none read and only the first blob", unread.n, len(blobFiles(t, dir)))
+	}
+
+	short, token := acquire(t, s, "short")
+	if _, err := s.Complete(ctx, engine.Completion{ID: short, LeaseToken: token, Response: engine.Response{Status: 200},
+		Body: bytes.NewReader(body[:1000]), BodySize: int64(len(body))}); err == nil {
+		t.Fatal("a streamed body shorter than its size was taken")
+	}
+	if files := blobFiles(t, dir); len(files) != 1 {
+		t.Fatalf("after a body cut short: %v, want only the first blob", files)
+	}
+}
+
+// watchedReader counts what is read through it and notes whether, before its last
+// byte was read, a temporary blob file existed in dir.
+type watchedReader struct {
+	r       io.Reader
+	dir     string
+	n       int
+	sawTemp bool
+}
+
+func (w *watchedReader) Read(p []byte) (int, error) {
+	if w.n > 0 && !w.sawTemp {
+		tmps, _ := filepath.Glob(filepath.Join(w.dir, "*", "*.tmp"))
+		w.sawTemp = len(tmps) > 0
+	}
+	n, err := w.r.Read(p)
+	w.n += n
+	return n, err
+}
+
+// A streamed replay never hands over the whole body of a blob that is not the one
+// stored: its reader meets ErrResultUnavailable having given fewer bytes than the
+// body's size, wherever the damage lies; a blob of the wrong size, or missing, is
+// refused before a byte is read. Each failure is counted.
+func TestStreamedReplayIsWholeOrShort(t *testing.T) {
+	ctx := context.Background()
+	const size = 300 << 10
+	flip := func(at int64) func(string) error {
+		return func(p string) error {
+			f, err := os.OpenFile(p, os.O_RDWR, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			b := make([]byte, 1)
+			if _, err := f.ReadAt(b, at); err != nil {
+				return err
+			}
+			b[0] ^= 0xff
+			_, err = f.WriteAt(b, at)
+			return err
+		}
+	}
+	for _, c := range []struct {
+		name    string
+		damage  func(path string) error
+		upFront bool // refused before a byte is read
+		op      string
+	}{
+		{"intact", func(string) error { return nil }, false, ""},
+		{"first byte altered", flip(0), false, "verify"},
+		{"a middle byte altered", flip(size / 2), false, "verify"},
+		{"last byte altered", flip(size - 1), false, "verify"},
+		{"short", func(p string) error { return os.Truncate(p, size-1) }, true, "verify"},
+		{"long", func(p string) error {
+			f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY, 0)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			_, err = f.Write([]byte("x"))
+			return err
+		}, true, "verify"},
+		{"missing", os.Remove, true, "get"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = store.Close() })
+			dir := t.TempDir()
+			blobs, err := blobdir.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var errs []string
+			s := engine.NewService(store, time.Hour, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10,
+				OnError: func(op string) { errs = append(errs, op) }}))
+			body := make([]byte, size)
+			_, _ = rand.Read(body)
+			id, token := acquire(t, s, "k")
+			if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: engine.Response{Status: 200},
+				Body: bytes.NewReader(body), BodySize: size}); err != nil {
+				t.Fatal(err)
+			}
+			files := blobFiles(t, dir)
+			if len(files) != 1 {
+				t.Fatalf("blob files: %v", files)
+			}
+			if err := c.damage(files[0]); err != nil {
+				t.Fatal(err)
+			}
+			rec, rb, err := s.LookupResult(ctx, id)
+			if c.upFront {
+				if !errors.Is(err, engine.ErrResultUnavailable) {
+					t.Fatalf("LookupResult of a %s blob: %v, want ErrResultUnavailable before any byte", c.name, err)
+				}
+			} else {
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer rb.Close()
+				if rec.Response.Status != 200 || len(rec.Response.Body) != 0 || len(rec.Response.Headers) != 0 || rb.Size() != size {
+					t.Fatalf("LookupResult: %+v, size %d; want status 200, no header, the body to stream", rec.Response, rb.Size())
+				}
+				var got bytes.Buffer
+				buf := make([]byte, 4096)
+				_, err = io.CopyBuffer(struct{ io.Writer }{&got}, rb, buf)
+				switch {
+				case c.op == "" && (err != nil || !bytes.Equal(got.Bytes(), body)):
+					t.Fatalf("an intact blob streamed: %v, %d bytes", err, got.Len())
+				case c.op != "" && (!errors.Is(err, engine.ErrResultUnavailable) || got.Len() >= size):
+					t.Fatalf("a blob with its %s streamed: %v after %d of %d bytes; want ErrResultUnavailable short of the whole",
+						c.name, err, got.Len(), size)
+				}
+			}
+			if c.op != "" && (len(errs) != 1 || errs[0] != c.op) {
+				t.Fatalf("blob errors counted: %v, want one %q", errs, c.op)
+			}
+			if c.op == "" && len(errs) != 0 {
+				t.Fatalf("blob errors counted for an intact blob: %v", errs)
+			}
+		})
+	}
+}
+
+// A streamed body arrives at its sender's pace: a sender slower in all than the blob
+// store's deadline for the size, yet never idle that long, completes, since the
+// deadline runs from the last bytes the store took.
+func TestStreamedCompletionAtTheSendersPace(t *testing.T) {
+	ctx := context.Background()
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	blobs, err := blobdir.Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The deadline for 1 MiB: 2 s and 250 ms for the MiB; the sender takes 3.2 s.
+	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(2*time.Second),
+		engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10}))
+	body := make([]byte, 1<<20)
+	_, _ = rand.Read(body)
+	id, token := acquire(t, s, "slow")
+	slow := &pacedReader{r: bytes.NewReader(body), chunk: 64 << 10, pause: 200 * time.Millisecond}
+	began := time.Now()
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: engine.Response{Status: 200},
+		Body: slow, BodySize: int64(len(body))}); err != nil {
+		t.Fatalf("a body sent in 16 parts 200 ms apart, %s in all: %v", time.Since(began), err)
+	}
+	looked, err := s.Lookup(ctx, id)
+	if err != nil || !bytes.Equal(looked.Response.Body, body) {
+		t.Fatalf("lookup: %v, %d bytes", err, len(looked.Response.Body))
+	}
+}
+
+// pacedReader gives at most chunk bytes a read, each after pause: a slow sender.
+type pacedReader struct {
+	r     io.Reader
+	chunk int
+	pause time.Duration
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	time.Sleep(p.pause)
+	return p.r.Read(b[:min(len(b), p.chunk)])
 }

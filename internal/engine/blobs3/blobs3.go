@@ -183,7 +183,8 @@ func (s *Store) Put(ctx context.Context, name string, r io.Reader, size int64) (
 // second pass over a stream that has none: the body's SHA-256 is idemd's own check.
 var unsignedPayload = v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware
 
-// Get streams the object.
+// Get streams the object; the reader's Size is the object's length as S3 answered it,
+// so that a replay can refuse an object of the wrong size before it sends a byte.
 func (s *Store) Get(ctx context.Context, name string) (io.ReadCloser, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: aws.String(s.o.Bucket), Key: aws.String(s.key(name))})
 	if err != nil {
@@ -194,8 +195,20 @@ func (s *Store) Get(ctx context.Context, name string) (io.ReadCloser, error) {
 		}
 		return nil, unavailable(ctx, err)
 	}
-	return out.Body, nil
+	if out.ContentLength == nil {
+		return out.Body, nil
+	}
+	return object{ReadCloser: out.Body, size: *out.ContentLength}, nil
 }
+
+// object is an object's body with its length.
+type object struct {
+	io.ReadCloser
+	size int64
+}
+
+// Size is the object's length.
+func (o object) Size() int64 { return o.size }
 
 // Delete removes the object; S3 answers a missing one as deleted.
 func (s *Store) Delete(ctx context.Context, name string) error {

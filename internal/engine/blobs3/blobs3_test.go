@@ -3,7 +3,9 @@ package blobs3_test
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
+	"io"
 	"testing"
 	"time"
 
@@ -117,5 +119,95 @@ func TestSweepAfterRedisExpiry(t *testing.T) {
 	res, err := s.Claim(ctx, engine.ClaimRequest{ID: engine.ID{Tenant: engine.DefaultTenant, Key: "long"}, Fingerprint: "fp"})
 	if err != nil || res.Outcome != engine.OutcomeCompleted || len(res.Record.Response.Body) != 4096 {
 		t.Fatalf("the live record's replay after the sweep: %v %v", res.Outcome, err)
+	}
+}
+
+// Over Redis with its blobs in S3, a completion's body streams into the bucket and its
+// replay streams back checked: whole when the object is intact; refused before a byte
+// when the object is of another size; short of the whole, with ErrResultUnavailable,
+// when its bytes were replaced by others of the same length.
+func TestStreamedResultOverS3(t *testing.T) {
+	ctx := context.Background()
+	srv := tests3.Start(t)
+	store, err := redisstore.Open(testredis.Start(t).URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	o, err := blobs3.ParseURL(srv.URL("stream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bucket, err := blobs3.Open(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute), engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+	body := make([]byte, 300<<10)
+	_, _ = rand.Read(body)
+	id := engine.ID{Tenant: engine.DefaultTenant, Key: "streamed"}
+	res, err := s.Claim(ctx, engine.ClaimRequest{ID: id, Fingerprint: "fp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: res.Record.LeaseToken, Response: engine.Response{Status: 200},
+		Body: bytes.NewReader(body), BodySize: int64(len(body))}); err != nil {
+		t.Fatal(err)
+	}
+	read := func() ([]byte, error) {
+		_, rb, err := s.LookupResult(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		defer rb.Close()
+		var got bytes.Buffer
+		_, err = io.CopyBuffer(struct{ io.Writer }{&got}, rb, make([]byte, 8192))
+		return got.Bytes(), err
+	}
+	if got, err := read(); err != nil || !bytes.Equal(got, body) {
+		t.Fatalf("replay of an intact object: %v, %d bytes", err, len(got))
+	}
+	// A reader slower in all than the deadline for the size (2 s and 250 ms for the
+	// 300 KiB), yet never idle that long, reads the whole: the deadline runs from the
+	// last bytes read.
+	paced := engine.NewService(store, time.Hour, engine.WithStoreTimeout(2*time.Second), engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+	_, rb, err := paced.LookupResult(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	for part := make([]byte, 20<<10); ; {
+		time.Sleep(200 * time.Millisecond) // a slow reader
+		n, err := rb.Read(part)
+		got.Write(part[:n])
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("a slow reader, after %d bytes: %v", got.Len(), err)
+		}
+	}
+	_ = rb.Close()
+	if !bytes.Equal(got.Bytes(), body) {
+		t.Fatalf("a slow reader got %d bytes, want the %d", got.Len(), len(body))
+	}
+	raw, err := store.Lookup(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := raw.Response.Blob()
+	if _, err := bucket.Put(ctx, ref.Name, bytes.NewReader(body[:1000]), 1000); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(); !errors.Is(err, engine.ErrResultUnavailable) || got != nil {
+		t.Fatalf("replay of a short object: %v after %d bytes, want ErrResultUnavailable before any", err, len(got))
+	}
+	altered := bytes.Clone(body)
+	altered[len(altered)/2] ^= 0xff
+	if _, err := bucket.Put(ctx, ref.Name, bytes.NewReader(altered), int64(len(altered))); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := read(); !errors.Is(err, engine.ErrResultUnavailable) || len(got) >= len(body) {
+		t.Fatalf("replay of an altered object: %v after %d of %d bytes, want ErrResultUnavailable short of the whole", err, len(got), len(body))
 	}
 }

@@ -154,8 +154,10 @@ export const lookup = <ThrowOnError extends boolean = false>(options: Options<Lo
  * The body (or sealed envelope) of the key's stored response, byte for byte, as
  * the raw answer body, with its status and headers in the answer's headers; 404
  * when the key has no record or no stored response. A result kept in the blob
- * store is checked against its size and SHA-256 before any byte is sent: one
- * missing, short or altered answers 502 result_unavailable, never the result.
+ * store streams from it, checked against its size and SHA-256 as it goes: one
+ * missing or of another size answers 502 result_unavailable before any byte is
+ * sent; one found altered once the answer has begun has its connection cut short
+ * of the Content-Length, so that no client takes it for the result.
  *
  */
 export const getResult = <ThrowOnError extends boolean = false>(options: Options<GetResultData, ThrowOnError>) => (options.client ?? client).get<GetResultResponses, GetResultErrors, ThrowOnError>({

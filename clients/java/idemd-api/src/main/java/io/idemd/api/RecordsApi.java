@@ -167,7 +167,7 @@ public class RecordsApi {
 
   /**
    * The stored result of a finished key as raw bytes.
-   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store is checked against its size and SHA-256 before any byte is sent: one missing, short or altered answers 502 result_unavailable, never the result. 
+   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store streams from it, checked against its size and SHA-256 as it goes: one missing or of another size answers 502 result_unavailable before any byte is sent; one found altered once the answer has begun has its connection cut short of the Content-Length, so that no client takes it for the result. 
    * @param key The idempotency key, path-escaped (keys may contain &#x60;/&#x60;, &#x60;?&#x60;, &#x60;#&#x60;, spaces). (required)
    * @return File
    * @throws ApiException if fails to make API call
@@ -178,7 +178,7 @@ public class RecordsApi {
 
   /**
    * The stored result of a finished key as raw bytes.
-   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store is checked against its size and SHA-256 before any byte is sent: one missing, short or altered answers 502 result_unavailable, never the result. 
+   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store streams from it, checked against its size and SHA-256 as it goes: one missing or of another size answers 502 result_unavailable before any byte is sent; one found altered once the answer has begun has its connection cut short of the Content-Length, so that no client takes it for the result. 
    * @param key The idempotency key, path-escaped (keys may contain &#x60;/&#x60;, &#x60;?&#x60;, &#x60;#&#x60;, spaces). (required)
    * @param headers Optional headers to include in the request
    * @return File
@@ -191,7 +191,7 @@ public class RecordsApi {
 
   /**
    * The stored result of a finished key as raw bytes.
-   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store is checked against its size and SHA-256 before any byte is sent: one missing, short or altered answers 502 result_unavailable, never the result. 
+   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store streams from it, checked against its size and SHA-256 as it goes: one missing or of another size answers 502 result_unavailable before any byte is sent; one found altered once the answer has begun has its connection cut short of the Content-Length, so that no client takes it for the result. 
    * @param key The idempotency key, path-escaped (keys may contain &#x60;/&#x60;, &#x60;?&#x60;, &#x60;#&#x60;, spaces). (required)
    * @return ApiResponse&lt;File&gt;
    * @throws ApiException if fails to make API call
@@ -202,7 +202,7 @@ public class RecordsApi {
 
   /**
    * The stored result of a finished key as raw bytes.
-   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store is checked against its size and SHA-256 before any byte is sent: one missing, short or altered answers 502 result_unavailable, never the result. 
+   * The body (or sealed envelope) of the key&#39;s stored response, byte for byte, as the raw answer body, with its status and headers in the answer&#39;s headers; 404 when the key has no record or no stored response. A result kept in the blob store streams from it, checked against its size and SHA-256 as it goes: one missing or of another size answers 502 result_unavailable before any byte is sent; one found altered once the answer has begun has its connection cut short of the Content-Length, so that no client takes it for the result. 
    * @param key The idempotency key, path-escaped (keys may contain &#x60;/&#x60;, &#x60;?&#x60;, &#x60;#&#x60;, spaces). (required)
    * @param headers Optional headers to include in the request
    * @return ApiResponse&lt;File&gt;
