@@ -97,7 +97,7 @@ func (s *Server) Endpoint() string { return "http://127.0.0.1:" + strconv.Itoa(s
 
 // URL is the blob store URL of idemd for the bucket, under prefix.
 func (s *Server) URL(prefix string) string {
-	return "s3://" + Bucket + "/" + prefix + "?endpoint=" + s.Endpoint() + "&region=us-east-1&path_style=true&anonymous=true"
+	return URLOf(s.Endpoint(), Bucket, prefix)
 }
 
 // Restart starts the server again on the same ports and data after Stop.
@@ -238,4 +238,44 @@ func (s *Server) Stop() {
 		<-s.exited
 	}
 	s.cmd, s.exited = nil, nil
+}
+
+// Pause stops weed (SIGSTOP) without closing its connections, as a hung machine
+// would: connections are still accepted by the kernel, and nothing answers them.
+// Resume lets it go on.
+func (s *Server) Pause() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused server.
+func (s *Server) Resume() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// MakeBucket makes a bucket of this name (anonymous CreateBucket); one that exists
+// already is fine.
+func (s *Server) MakeBucket(name string) error {
+	req, err := http.NewRequest(http.MethodPut, s.Endpoint()+"/"+name, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
+		return fmt.Errorf("CreateBucket %s answered %s", name, resp.Status)
+	}
+	return nil
+}
+
+// URLOf is the blob store URL of idemd for bucket, under prefix, reached at endpoint
+// (the server's own, or a relay's in front of it).
+func URLOf(endpoint, bucket, prefix string) string {
+	return "s3://" + bucket + "/" + prefix + "?endpoint=" + endpoint + "&region=us-east-1&path_style=true&anonymous=true"
 }
