@@ -164,8 +164,10 @@ func (s *Service) putBlob(ctx context.Context, name string, resp *Response) (*Re
 			s.blobs.onError("put")
 		}
 		// A write cut short leaves no blob under the name, but one that failed after
-		// the bytes arrived might: delete it.
-		s.dropBlob(name)
+		// the bytes arrived might: delete it, without holding the answer for it (a
+		// blob store past its deadline would hold it for another deadline). No record
+		// refers to the name; a delete that fails leaves it to the sweep.
+		go s.dropBlob(name)
 		return nil, err
 	}
 	if kept.Headers == nil {
