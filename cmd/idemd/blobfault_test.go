@@ -294,13 +294,15 @@ func (r *relay) delay(t *testing.T, d time.Duration) {
 // TestLargeResultsThroughBlobStoreFaults runs the real binary, on Redis with its blobs
 // in a real S3 server, through the S3 server paused (SIGSTOP), slowed past every
 // deadline (a relay in front of it), and answering errors (a bucket it does not have
-// until the fault heals); and on the embedded store with a blob directory that cannot
+// until the fault heals: weed answers a PutObject 403 AccessDenied, a GetObject
+// NoSuchBucket); and on the embedded store with a blob directory that cannot
 // be used (a file in its place). Each goes through throughBlobFault.
 func TestLargeResultsThroughBlobStoreFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the daemon, Redis and an S3 server")
 	}
-	s3srv := tests3.Start(t)
+	// Room for the volumes of the bucket made when the errors heal, besides Bucket's.
+	s3srv := tests3.Start(t, "-volume.max=16")
 	bin := buildDaemon(t)
 	// A deadline short enough for the faults to pass it soon; the results are 256 KiB,
 	// so each blob call gets 1.25 s.
@@ -310,6 +312,11 @@ func TestLargeResultsThroughBlobStoreFaults(t *testing.T) {
 		base := func() string { return p.base }
 		auth, shop, other := twoTenants(t, base)
 		p = startWith(t, bin, append(flags, "--blob-store", blobStore, "--store-timeout", timeout, "--auth-file", auth)...)
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("the daemon's log:\n%s", p.logs)
+			}
+		})
 		return shop, other
 	}
 

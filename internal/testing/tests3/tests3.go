@@ -33,6 +33,8 @@ type Server struct {
 	// Port is the S3 port; the other ports weed needs are picked beside it.
 	Port  int
 	ports []int
+	// extra are flags of weed server's after the harness's own, which they override.
+	extra []string
 	cmd   *exec.Cmd
 	// exited is closed once the process has exited and been reaped.
 	exited chan struct{}
@@ -73,11 +75,13 @@ func freePorts(t testing.TB, n int) []int {
 const attempts = 3
 
 // Start runs weed with an S3 gateway and makes Bucket; the server stops when the test
-// ends.
-func Start(t testing.TB) *Server {
+// ends. extra are flags of weed server's, given after the harness's own: weed gives
+// each bucket volumes of its own (7 at its first write), and a test that makes a second
+// bucket gives "-volume.max=16", the harness's being 8.
+func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	bin := Binary(t)
-	s := &Server{t: t, Dir: t.TempDir()}
+	s := &Server{t: t, Dir: t.TempDir(), extra: extra}
 	t.Cleanup(s.Stop)
 	var err error
 	for range attempts {
@@ -132,7 +136,7 @@ func (s *Server) launch(bin string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, append(args, s.extra...)...)
 	cmd.Dir = s.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
