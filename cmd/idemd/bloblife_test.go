@@ -191,12 +191,6 @@ func blobsFollowRecords(t *testing.T, bin string, s3srv *tests3.Server, storeURL
 		}
 	}
 	written := time.Now()
-	for key, body := range run.kept {
-		a := claimKey(t, p.base, key)
-		if a.Status != http.StatusOK || a.Response == nil || !bytes.Equal(a.Response.Body, body) {
-			t.Fatalf("replay of %s after the kills: %d %s; want the %d bytes acknowledged", key, a.Status, a.Code, len(body))
-		}
-	}
 	t.Logf("%d short completions acknowledged, %d killed under, of %d short keys; %d daemons killed", run.acked, run.unanswered, len(run.short), rounds)
 
 	// The records, read from the store itself, and the bucket, read from the S3 server.
@@ -216,29 +210,43 @@ func blobsFollowRecords(t *testing.T, bin string, s3srv *tests3.Server, storeURL
 	if err != nil {
 		t.Fatal(err)
 	}
-	exact := func() error {
-		ctx := context.Background()
-		var objects []string
-		if err := bucket.List(ctx, "", func(n string) bool { objects = append(objects, n); return true }); err != nil {
-			return err
-		}
-		live := map[string]engine.BlobRef{}
+	// references are the blobs the records of every key claimed refer to, by name,
+	// with the key of each.
+	references := func(ctx context.Context) (map[string]engine.BlobRef, map[string]string, error) {
+		refs, keys := map[string]engine.BlobRef{}, map[string]string{}
 		for _, key := range run.keys {
 			rec, err := store.Lookup(ctx, engine.ID{Tenant: engine.DefaultTenant, Key: key})
 			switch {
 			case errors.Is(err, engine.ErrNotFound):
 				continue
 			case err != nil:
-				return err
+				return nil, nil, err
 			}
-			ref, ok := rec.Response.Blob()
-			if !ok {
-				continue
+			if ref, ok := rec.Response.Blob(); ok {
+				refs[ref.Name], keys[ref.Name] = ref, key
 			}
-			if _, kept := run.kept[key]; !kept {
-				return fmt.Errorf("%s, completed for seconds or purged, is still live", key)
+		}
+		return refs, keys, nil
+	}
+	list := func(ctx context.Context) ([]string, error) {
+		var objects []string
+		err := bucket.List(ctx, "", func(n string) bool { objects = append(objects, n); return true })
+		return objects, err
+	}
+	exact := func() error {
+		ctx := context.Background()
+		objects, err := list(ctx)
+		if err != nil {
+			return err
+		}
+		live, keys, err := references(ctx)
+		if err != nil {
+			return err
+		}
+		for name := range live {
+			if _, kept := run.kept[keys[name]]; !kept {
+				return fmt.Errorf("%s, completed for seconds or purged, is still live", keys[name])
 			}
-			live[ref.Name] = ref
 		}
 		for _, name := range objects {
 			if _, ok := live[name]; !ok {
@@ -265,13 +273,30 @@ func blobsFollowRecords(t *testing.T, bin string, s3srv *tests3.Server, storeURL
 		}
 		return nil
 	}
-	// The bound: the last short record expires 3 s after it was written; its blob goes
-	// at the first sweep past the grace, one period later at most.
-	var first []string
-	if err := bucket.List(context.Background(), "", func(n string) bool { first = append(first, n); return true }); err != nil {
+	first, err := list(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the bucket held %d objects once the writes ended, %d of them kept an hour", len(first), len(run.kept))
+	refs, _, err := references(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphans := 0
+	for _, name := range first {
+		if _, ok := refs[name]; !ok {
+			orphans++
+		}
+	}
+	t.Logf("the bucket held %d objects once the writes ended: %d kept an hour, %d of records still live for seconds, %d of no record (purged, expired, or written by a daemon killed before its record)",
+		len(first), len(run.kept), len(first)-orphans-len(run.kept), orphans)
+	for key, body := range run.kept {
+		a := claimKey(t, p.base, key)
+		if a.Status != http.StatusOK || a.Response == nil || !bytes.Equal(a.Response.Body, body) {
+			t.Fatalf("replay of %s after the kills: %d %s; want the %d bytes acknowledged", key, a.Status, a.Code, len(body))
+		}
+	}
+	// The bound: the last short record expires 3 s after it was written; its blob goes
+	// at the first sweep past the grace, one period later at most.
 	if err := wait.Until(30*time.Second, exact); err != nil {
 		t.Fatalf("the bucket never held exactly the blobs of the live records: %v\n%s", err, p.logs)
 	}
