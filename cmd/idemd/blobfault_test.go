@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/testing/netsplit"
 	"github.com/idemd/idemd/internal/testing/testredis"
 	"github.com/idemd/idemd/internal/testing/tests3"
@@ -41,33 +42,43 @@ type tenant struct {
 
 func (c tenant) call(t *testing.T, method, path string, body any) tenantAnswer {
 	t.Helper()
+	a, err := c.do(method, path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// do is call for a goroutine of the test's own: it answers the error instead of
+// failing the test.
+func (c tenant) do(method, path string, body any) (tenantAnswer, error) {
 	var r io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			t.Fatal(err)
+			return tenantAnswer{}, err
 		}
 		r = bytes.NewReader(b)
 	}
 	req, err := http.NewRequest(method, c.base()+path, r)
 	if err != nil {
-		t.Fatal(err)
+		return tenantAnswer{}, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("%s %s: %v", method, path, err)
+		return tenantAnswer{}, fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	var a tenantAnswer
 	if resp.StatusCode != http.StatusNoContent {
 		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
-			t.Fatalf("%s %s: %d, undecodable: %v", method, path, resp.StatusCode, err)
+			return tenantAnswer{}, fmt.Errorf("%s %s: %d, undecodable: %w", method, path, resp.StatusCode, err)
 		}
 	}
 	a.Status = resp.StatusCode
-	return a
+	return a, nil
 }
 
 func (c tenant) claim(t *testing.T, key string) tenantAnswer {
@@ -77,8 +88,12 @@ func (c tenant) claim(t *testing.T, key string) tenantAnswer {
 
 func (c tenant) complete(t *testing.T, key, token string, body []byte) tenantAnswer {
 	t.Helper()
-	return c.call(t, http.MethodPost, "/v1/complete", map[string]any{"key": key, "lease_token": token,
-		"response": map[string]any{"status": 200, "headers": map[string][]string{"Content-Type": {"application/octet-stream"}}, "body": body}})
+	return c.call(t, http.MethodPost, "/v1/complete", completionOf(key, token, body))
+}
+
+func completionOf(key, token string, body []byte) map[string]any {
+	return map[string]any{"key": key, "lease_token": token,
+		"response": map[string]any{"status": 200, "headers": map[string][]string{"Content-Type": {"application/octet-stream"}}, "body": body}}
 }
 
 func (c tenant) lookup(t *testing.T, key string) tenantAnswer {
@@ -132,9 +147,10 @@ type blobFault struct {
 }
 
 // throughBlobFault drives a daemon through a fault of its blob store. While the
-// store fails: a large completion answers 503 store_unavailable (within the blob
-// deadline; the time is logged, not held to a bound) and stores nothing, its key still
-// pending under the same lease; small results of the same tenant and of another are
+// store fails: large completions, more at once than the daemon writes at once, answer
+// 503 store_unavailable (within the blob deadline and their wait for a turn; the time
+// is logged, not held to a bound) and store nothing, their keys still pending under
+// the same leases; small results of the same tenant and of another are
 // stored and replayed meanwhile; replays of a large result answer 503. Once the store
 // is back: the large result stored before replays byte for byte, the same lease
 // completes large, and every result acknowledged replays byte for byte, each checked
@@ -149,23 +165,34 @@ func throughBlobFault(t *testing.T, shop, other tenant, f blobFault) {
 			t.Fatal(err)
 		}
 	}
-	held := shop.claim(t, "held")
-	if held.Status != http.StatusCreated {
-		t.Fatalf("claim held: %d %s", held.Status, held.Code)
+	// More large completions at once than the daemon writes to the blob store at
+	// once: the others wait their turn, and answer too.
+	held := map[string]string{}
+	for i := range engine.DefaultBlobBodies + 4 {
+		key := fmt.Sprintf("held-%d", i)
+		a := shop.claim(t, key)
+		if a.Status != http.StatusCreated {
+			t.Fatalf("claim %s: %d %s", key, a.Status, a.Code)
+		}
+		held[key] = a.LeaseToken
 	}
 	large := randomBody(t, 256<<10)
 
 	f.breaks(t)
 	type timed struct {
+		key  string
 		a    tenantAnswer
+		err  error
 		took time.Duration
 	}
-	done := make(chan timed, 1)
-	go func() {
-		start := time.Now()
-		a := shop.complete(t, "held", held.LeaseToken, large)
-		done <- timed{a, time.Since(start)}
-	}()
+	done := make(chan timed, len(held))
+	for key, token := range held {
+		go func() {
+			start := time.Now()
+			a, err := shop.do(http.MethodPost, "/v1/complete", completionOf(key, token, large))
+			done <- timed{key, a, err, time.Since(start)}
+		}()
+	}
 	// Meanwhile, small results are stored and replayed, the tenant's own and another's.
 	for _, c := range []struct {
 		who tenant
@@ -177,14 +204,21 @@ func throughBlobFault(t *testing.T, shop, other tenant, f blobFault) {
 			t.Fatal(err)
 		}
 	}
-	got := <-done
-	if got.a.Status != http.StatusServiceUnavailable || got.a.Code != "store_unavailable" {
-		t.Fatalf("a large completion while the blob store fails: %d %q, want 503 store_unavailable", got.a.Status, got.a.Code)
+	var slowest time.Duration
+	for range held {
+		got := <-done
+		if got.err != nil {
+			t.Fatal(got.err)
+		}
+		if got.a.Status != http.StatusServiceUnavailable || got.a.Code != "store_unavailable" {
+			t.Fatalf("a large completion of %s while the blob store fails: %d %q, want 503 store_unavailable", got.key, got.a.Status, got.a.Code)
+		}
+		slowest = max(slowest, got.took)
+		if a := shop.lookup(t, got.key); a.Status != http.StatusOK || a.State != "pending" || a.Response != nil {
+			t.Fatalf("the key of the refused completion %s: %d %q, state %q, response %v; want it pending, with no result", got.key, a.Status, a.Code, a.State, a.Response != nil)
+		}
 	}
-	t.Logf("the large completion answered 503 after %s", got.took.Round(time.Millisecond))
-	if a := shop.lookup(t, "held"); a.Status != http.StatusOK || a.State != "pending" || a.Response != nil {
-		t.Fatalf("the key of the refused completion: %d %q, state %q, response %v; want it pending, with no result", a.Status, a.Code, a.State, a.Response != nil)
-	}
+	t.Logf("%d large completions at once answered 503, the last after %s", len(held), slowest.Round(time.Millisecond))
 	if f.before {
 		if a := shop.claim(t, "before"); a.Status != http.StatusServiceUnavailable || a.Response != nil {
 			t.Fatalf("a replay of a large result while the blob store fails: %d %q, want 503 and no result", a.Status, a.Code)
@@ -203,17 +237,19 @@ func throughBlobFault(t *testing.T, shop, other tenant, f blobFault) {
 			t.Fatalf("once the blob store is back: %v", err)
 		}
 	}
-	// The store may take a moment to answer writes again; the lease holds meanwhile.
-	err := wait.Until(30*time.Second, func() error {
-		if a := shop.complete(t, "held", held.LeaseToken, large); a.Status != http.StatusOK {
-			return fmt.Errorf("the held key's large completion answered %d %s", a.Status, a.Code)
+	// The store may take a moment to answer writes again; the leases hold meanwhile.
+	for key, token := range held {
+		err := wait.Until(30*time.Second, func() error {
+			if a := shop.complete(t, key, token, large); a.Status != http.StatusOK {
+				return fmt.Errorf("the large completion of %s answered %d %s", key, a.Status, a.Code)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("once the blob store is back: %v", err)
 		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("once the blob store is back: %v", err)
+		acked[key] = large
 	}
-	acked["held"] = large
 	acked["small-during"] = []byte("small result of small-during")
 	for key, body := range acked {
 		if err := shop.replays(t, key, body); err != nil {
