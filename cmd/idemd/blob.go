@@ -16,11 +16,12 @@ import (
 	"github.com/idemd/idemd/internal/engine/blobs3"
 )
 
-// Sweeps of the blob store: how often, and how many blobs one sweep deletes at most.
-// A blob outlives its record by at most BlobSweepGrace and one period.
+// Sweeps of the blob store: how often by default (--blob-sweep-every), and how many
+// blobs one sweep deletes at most. A blob outlives its record by at most the grace
+// (--blob-sweep-grace) and one period.
 const (
-	blobSweepEvery = 5 * time.Minute
-	blobSweepLimit = 10000
+	defaultBlobSweepEvery = 5 * time.Minute
+	blobSweepLimit        = 10000
 )
 
 // blobStoreKind reads --blob-store: "" for none, "file" or "s3". A URL with
@@ -66,6 +67,17 @@ func (m *Main) checkBlobFlags() error {
 		return errors.New("--blob-threshold must be at most --max-response-bytes: a result up to it stays in the record")
 	case m.MaxBlobBytes < m.MaxResponseBytes:
 		return errors.New("--max-blob-bytes must be at least --max-response-bytes")
+	case m.BlobSweepEvery <= 0:
+		return errors.New("--blob-sweep-every must be positive")
+	}
+	// A grace shorter than this could let a sweep delete the blob of a record still
+	// being stored; the default gives way to it, a grace given is refused.
+	lead := engine.BlobNameLead(m.StoreTimeout, int64(m.MaxBlobBytes))
+	if m.BlobSweepGrace == engine.BlobSweepGrace {
+		m.BlobSweepGrace = max(m.BlobSweepGrace, lead)
+	}
+	if m.BlobSweepGrace < lead {
+		return fmt.Errorf("--blob-sweep-grace must be at least %s with this --store-timeout and --max-blob-bytes (twice the one, plus 250ms per MiB of the other, plus 1s): a blob is named before it is written and its record stored", lead)
 	}
 	return nil
 }
@@ -128,12 +140,13 @@ func blobErrors(registry *prometheus.Registry) func(op string) {
 	return func(op string) { c.WithLabelValues(op).Inc() }
 }
 
-// sweepBlobs deletes the blobs of expired records every blobSweepEvery until ctx ends.
+// sweepBlobs deletes the blobs of expired records every --blob-sweep-every until ctx
+// ends.
 func (m *Main) sweepBlobs(ctx context.Context, s *engine.Service) {
-	t := time.NewTicker(blobSweepEvery)
+	t := time.NewTicker(m.BlobSweepEvery)
 	defer t.Stop()
 	for {
-		sweepCtx, cancel := context.WithTimeout(ctx, blobSweepEvery)
+		sweepCtx, cancel := context.WithTimeout(ctx, max(m.BlobSweepEvery, time.Minute))
 		n, err := s.SweepBlobs(sweepCtx, time.Now(), blobSweepLimit)
 		cancel()
 		switch {

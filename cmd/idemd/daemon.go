@@ -47,6 +47,8 @@ type Main struct {
 	BlobStore        string
 	BlobThreshold    int
 	MaxBlobBytes     int
+	BlobSweepEvery   time.Duration
+	BlobSweepGrace   time.Duration
 	MaxPointBytes    int
 	Retention        time.Duration
 	ShutdownTimeout  time.Duration
@@ -109,6 +111,8 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.StringVar(&m.BlobStore, "blob-store", "", "keep results over --blob-threshold in this blob store, the record keeping a reference: file:///abs/dir, file: (the directory blobs in --data-dir), or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (credentials from the AWS SDK's chain: environment, shared files, IRSA/pod identity, IMDS; never in the URL); default none: results over --max-response-bytes are refused (docs/sizing.md, Large results)")
 	fs.IntVar(&m.BlobThreshold, "blob-threshold", engine.DefaultBlobThreshold, "with --blob-store, the stored size (body and headers), bytes, over which a result goes to the blob store; at most --max-response-bytes")
 	fs.IntVar(&m.MaxBlobBytes, "max-blob-bytes", engine.DefaultMaxBlobBytes, "with --blob-store, largest stored result, bytes (its headers stay within --max-response-bytes)")
+	fs.DurationVar(&m.BlobSweepEvery, "blob-sweep-every", defaultBlobSweepEvery, "with --blob-store, how often the blob store is swept of the blobs of expired records")
+	fs.DurationVar(&m.BlobSweepGrace, "blob-sweep-grace", engine.BlobSweepGrace, "with --blob-store, how long after its record's expiry a sweep leaves a blob, for the daemons' and the store's clocks; at least twice --store-timeout, plus 250ms per MiB of --max-blob-bytes, plus 1s. A blob outlives its record by at most this plus --blob-sweep-every (docs/sizing.md, Large results)")
 	fs.IntVar(&m.MaxPointBytes, "max-recovery-point-bytes", engine.DefaultMaxPointBytes, "largest recovery point's data, bytes; a pending record keeps one")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
@@ -368,7 +372,7 @@ func (m *Main) Open() (err error) {
 	}
 	opts := []engine.Option{engine.WithStoreTimeout(m.StoreTimeout), engine.WithStoreGuard(m.StoreGuard, tenants)}
 	if blobs != nil {
-		opts = append(opts, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: m.BlobThreshold, OnError: blobErrors(registry)}))
+		opts = append(opts, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: m.BlobThreshold, OnError: blobErrors(registry), SweepGrace: m.BlobSweepGrace}))
 	}
 	service := engine.NewService(m.store, m.Retention, opts...)
 	m.service = service

@@ -126,9 +126,36 @@ func TestFlagsRefuseNonsense(t *testing.T) {
 		{"--blob-store", "file:", "--blob-threshold", "0"},
 		{"--blob-store", "file:", "--blob-threshold", "2000000"},
 		{"--blob-store", "file:", "--max-blob-bytes", "1000"},
+		{"--blob-store", "file:", "--blob-sweep-every", "0s"},
+		// 2×2s + 64×250ms + 1s = 21s at the least.
+		{"--blob-store", "file:", "--blob-sweep-grace", "20s"},
+		{"--blob-store", "file:", "--store-timeout", "1m", "--blob-sweep-grace", "2m"},
 	} {
 		if err := NewMain().ParseFlags(args); err == nil {
 			t.Errorf("ParseFlags(%q) accepted", args)
+		}
+	}
+}
+
+// TestBlobSweepGraceCoversTheWrite: a sweep's grace is at least the longest a
+// completion may take from naming its blob to storing its record; the default grows
+// to it, a grace given shorter is refused (TestFlagsRefuseNonsense).
+func TestBlobSweepGraceCoversTheWrite(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{[]string{"--blob-store", "file:"}, engine.BlobSweepGrace},
+		{[]string{"--blob-store", "file:", "--blob-sweep-grace", "21s"}, 21 * time.Second},
+		{[]string{"--blob-store", "file:", "--store-timeout", "1s", "--max-blob-bytes", "1048576", "--blob-sweep-grace", "3250ms"}, 3250 * time.Millisecond},
+		{[]string{"--blob-store", "file:", "--store-timeout", "5m"}, 10*time.Minute + 17*time.Second},
+	} {
+		m := NewMain()
+		if err := m.ParseFlags(c.args); err != nil {
+			t.Fatalf("ParseFlags(%q): %v", c.args, err)
+		}
+		if m.BlobSweepGrace != c.want {
+			t.Errorf("ParseFlags(%q): the sweep's grace is %s, want %s", c.args, m.BlobSweepGrace, c.want)
 		}
 	}
 }

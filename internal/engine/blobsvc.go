@@ -29,7 +29,9 @@ const (
 	// written to the blob store or read back from it; more wait their turn.
 	DefaultBlobBodies = 8
 	// BlobSweepGrace is how long after its record's expiry a sweep waits before it
-	// deletes a blob: the daemon's clock and the store's may differ by that much.
+	// deletes a blob, by default: the daemon's clock and the store's may differ by that
+	// much, and a blob's name takes its expiry from the moment the daemon names it,
+	// before the write and the transition that give the record its own.
 	BlobSweepGrace = 10 * time.Minute
 	// blobTimeoutPerMiB is added to the store deadline for each MiB a blob call
 	// carries, so that a large result on a slow link is not cut at the deadline of a
@@ -47,13 +49,19 @@ type BlobOptions struct {
 	// OnError, when set, is called with "put", "get", "verify", "delete" or "sweep"
 	// at each failure of the blob store (the idemd_blob_errors_total metric).
 	OnError func(op string)
+	// SweepGrace is how long after its record's expiry SweepBlobs leaves a blob;
+	// BlobSweepGrace when zero. It must cover the daemons' and the store's clocks'
+	// difference and the longest a completion takes from naming its blob to storing
+	// its record (see BlobNameLead).
+	SweepGrace time.Duration
 }
 
 type blobs struct {
-	store     BlobStore
-	threshold int
-	bodies    chan struct{}
-	onError   func(op string)
+	store      BlobStore
+	threshold  int
+	bodies     chan struct{}
+	onError    func(op string)
+	sweepGrace time.Duration
 }
 
 // WithBlobs keeps results over o.Threshold in store.
@@ -62,7 +70,10 @@ func WithBlobs(store BlobStore, o BlobOptions) Option {
 		if store == nil {
 			return
 		}
-		b := &blobs{store: store, threshold: o.Threshold, bodies: make(chan struct{}, max(o.Bodies, 0)), onError: o.OnError}
+		b := &blobs{store: store, threshold: o.Threshold, bodies: make(chan struct{}, max(o.Bodies, 0)), onError: o.OnError, sweepGrace: o.SweepGrace}
+		if b.sweepGrace <= 0 {
+			b.sweepGrace = BlobSweepGrace
+		}
 		if b.threshold <= 0 {
 			b.threshold = DefaultBlobThreshold
 		}
@@ -87,6 +98,16 @@ func (s *Service) BlobStore() BlobStore {
 // blobTimeout bounds one blob call that carries size bytes.
 func (s *Service) blobTimeout(size int64) time.Duration {
 	return s.storeTimeout + time.Duration((size+(1<<20)-1)>>20)*blobTimeoutPerMiB
+}
+
+// BlobNameLead is how much earlier than its record's a blob's name may say the record
+// expires, on one clock: the name is made before the blob is written (under the store
+// deadline plus blobTimeoutPerMiB for each MiB, up to maxBlobBytes) and the transition
+// stores the record (under the store deadline), and it counts whole seconds. A sweep's
+// grace shorter than this (plus the clocks' difference) could delete the blob of a
+// live record. It leaves out a wait for a place among the bodies held at once.
+func BlobNameLead(storeTimeout time.Duration, maxBlobBytes int64) time.Duration {
+	return 2*storeTimeout + time.Duration((maxBlobBytes+(1<<20)-1)>>20)*blobTimeoutPerMiB + time.Second
 }
 
 // hold takes one of the large bodies' places, until release is called.
@@ -178,8 +199,10 @@ func (s *Service) putBlob(ctx context.Context, name string, resp *Response, body
 			s.blobs.onError("put")
 		}
 		// A write cut short leaves no blob under the name, but one that failed after
-		// the bytes arrived might: delete it.
-		s.dropBlob(name)
+		// the bytes arrived might: delete it, without holding the answer for it (a
+		// blob store past its deadline would hold it for another deadline). No record
+		// refers to the name; a delete that fails leaves it to the sweep.
+		go s.dropBlob(name)
 		return nil, err
 	}
 	if kept.Headers == nil {
@@ -556,8 +579,8 @@ func (b *ResultBody) Close() error {
 	return err
 }
 
-// SweepBlobs deletes up to limit blobs whose records expired more than BlobSweepGrace
-// before now, and answers how many it deleted. Blob names sort by their record's
+// SweepBlobs deletes up to limit blobs whose records expired more than the sweep's
+// grace (BlobOptions.SweepGrace) before now, and answers how many it deleted. Blob names sort by their record's
 // expiry, so a sweep reads only the expired ones and the first live one. It covers
 // records that left without a purge (retention, Redis's own expiry or eviction) and
 // blobs whose record never came to refer to them (a daemon killed between writing a
@@ -566,7 +589,7 @@ func (s *Service) SweepBlobs(ctx context.Context, now time.Time, limit int) (int
 	if s.blobs == nil {
 		return 0, nil
 	}
-	cutoff := now.Add(-BlobSweepGrace)
+	cutoff := now.Add(-s.blobs.sweepGrace)
 	var names []string
 	err := s.blobs.store.List(ctx, "", func(name string) bool {
 		exp, ok := BlobExpiry(name)

@@ -478,3 +478,40 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 	time.Sleep(p.pause)
 	return p.r.Read(b[:min(len(b), p.chunk)])
 }
+
+// A sweep leaves a blob for the grace the service was given after its record's expiry,
+// and deletes it after.
+func TestSweepGraceIsTheServices(t *testing.T) {
+	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = store.Close() })
+	dir := t.TempDir()
+	blobs, err := blobdir.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const grace = 30 * time.Second
+	s := engine.NewService(store, time.Hour, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10, SweepGrace: grace}))
+	ctx := context.Background()
+	id, token := acquire(t, s, "short")
+	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: engine.Response{Status: 200, Body: bytes.Repeat([]byte("x"), 4<<10)},
+		Retention: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	files := blobFiles(t, dir)
+	if len(files) != 1 {
+		t.Fatalf("blobs: %v, want one", files)
+	}
+	expiry, ok := engine.BlobExpiry(filepath.ToSlash(filepath.Join(filepath.Base(filepath.Dir(files[0])), filepath.Base(files[0]))))
+	if !ok {
+		t.Fatalf("%s is not a blob's name", files[0])
+	}
+	if n, err := s.SweepBlobs(ctx, expiry.Add(grace-time.Second), 100); err != nil || n != 0 {
+		t.Fatalf("sweep within the grace: %d %v, want none deleted", n, err)
+	}
+	if n, err := s.SweepBlobs(ctx, expiry.Add(grace+time.Second), 100); err != nil || n != 1 {
+		t.Fatalf("sweep past the grace: %d %v, want one deleted", n, err)
+	}
+}

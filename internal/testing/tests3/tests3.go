@@ -33,6 +33,8 @@ type Server struct {
 	// Port is the S3 port; the other ports weed needs are picked beside it.
 	Port  int
 	ports []int
+	// extra are flags of weed server's after the harness's own, which they override.
+	extra []string
 	cmd   *exec.Cmd
 	// exited is closed once the process has exited and been reaped.
 	exited chan struct{}
@@ -73,11 +75,13 @@ func freePorts(t testing.TB, n int) []int {
 const attempts = 3
 
 // Start runs weed with an S3 gateway and makes Bucket; the server stops when the test
-// ends.
-func Start(t testing.TB) *Server {
+// ends. extra are flags of weed server's, given after the harness's own: weed gives
+// each bucket volumes of its own (7 at its first write), and a test that makes a second
+// bucket gives "-volume.max=16", the harness's being 8.
+func Start(t testing.TB, extra ...string) *Server {
 	t.Helper()
 	bin := Binary(t)
-	s := &Server{t: t, Dir: t.TempDir()}
+	s := &Server{t: t, Dir: t.TempDir(), extra: extra}
 	t.Cleanup(s.Stop)
 	var err error
 	for range attempts {
@@ -97,7 +101,7 @@ func (s *Server) Endpoint() string { return "http://127.0.0.1:" + strconv.Itoa(s
 
 // URL is the blob store URL of idemd for the bucket, under prefix.
 func (s *Server) URL(prefix string) string {
-	return "s3://" + Bucket + "/" + prefix + "?endpoint=" + s.Endpoint() + "&region=us-east-1&path_style=true&anonymous=true"
+	return URLOf(s.Endpoint(), Bucket, prefix)
 }
 
 // Restart starts the server again on the same ports and data after Stop.
@@ -132,7 +136,7 @@ func (s *Server) launch(bin string) error {
 		return err
 	}
 	defer logf.Close()
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(bin, append(args, s.extra...)...)
 	cmd.Dir = s.Dir
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
@@ -238,4 +242,44 @@ func (s *Server) Stop() {
 		<-s.exited
 	}
 	s.cmd, s.exited = nil, nil
+}
+
+// Pause stops weed (SIGSTOP) without closing its connections, as a hung machine
+// would: connections are still accepted by the kernel, and nothing answers them.
+// Resume lets it go on.
+func (s *Server) Pause() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGSTOP)
+	}
+}
+
+// Resume continues a paused server.
+func (s *Server) Resume() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGCONT)
+	}
+}
+
+// MakeBucket makes a bucket of this name (anonymous CreateBucket); one that exists
+// already is fine.
+func (s *Server) MakeBucket(name string) error {
+	req, err := http.NewRequest(http.MethodPut, s.Endpoint()+"/"+name, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusConflict {
+		return fmt.Errorf("CreateBucket %s answered %s", name, resp.Status)
+	}
+	return nil
+}
+
+// URLOf is the blob store URL of idemd for bucket, under prefix, reached at endpoint
+// (the server's own, or a relay's in front of it).
+func URLOf(endpoint, bucket, prefix string) string {
+	return "s3://" + bucket + "/" + prefix + "?endpoint=" + endpoint + "&region=us-east-1&path_style=true&anonymous=true"
 }
