@@ -119,7 +119,13 @@ func (s *Server) GetResult(c echo.Context, key string) error {
 	if err := validKey("key (path)", key); err != nil {
 		return err
 	}
-	rec, err := s.engine.Lookup(c.Request().Context(), engine.ID{Tenant: tenant(c), Key: key})
+	return s.sendResult(c, engine.ID{Tenant: tenant(c), Key: key})
+}
+
+// sendResult answers the stored result of id raw, as GET /v1/keys/{key}/result does;
+// the console's download answers it too.
+func (s *Server) sendResult(c echo.Context, id engine.ID) error {
+	rec, err := s.engine.Lookup(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}

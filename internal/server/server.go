@@ -31,6 +31,7 @@ type Engine interface {
 	Extend(ctx context.Context, e engine.Extension) (engine.Record, error)
 	Mark(ctx context.Context, m engine.Mark) (engine.Record, error)
 	Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
+	Inspect(ctx context.Context, id engine.ID) (engine.Record, error)
 	Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error)
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error
