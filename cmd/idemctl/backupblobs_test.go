@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -187,5 +188,24 @@ func TestBackupRestoreLargeResults(t *testing.T) {
 	}
 	if code, _, _ := rawCall(t, http.MethodGet, restored+"/v1/records/purged", nil, nil); code != http.StatusNotFound {
 		t.Fatalf("the key purged before the backup's copy: %d, want 404", code)
+	}
+
+	// lookup shows a large result by its size and SHA-256, not its bytes; --json
+	// carries them whole.
+	sum := sha256.Sum256(bodies["large/1"])
+	r = idemctl(map[string]string{"IDEMD_URL": restored}, "lookup", "large/1")
+	expect(t, r, exitOK, "lookup")
+	if want := fmt.Sprintf("%d bytes, sha256 %x", 3<<20, sum); !strings.Contains(r.stdout, want) || len(r.stdout) > 4096 {
+		t.Fatalf("lookup of a 3 MiB result: %.1000s; want %q and not its bytes", r.stdout, want)
+	}
+	r = idemctl(map[string]string{"IDEMD_URL": restored}, "lookup", "large/1", "--json")
+	expect(t, r, exitOK, "lookup --json")
+	var rec struct {
+		Response struct {
+			Body []byte `json:"body"`
+		} `json:"response"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &rec); err != nil || !bytes.Equal(rec.Response.Body, bodies["large/1"]) {
+		t.Fatalf("lookup --json of a 3 MiB result: %d bytes, %v", len(rec.Response.Body), err)
 	}
 }
