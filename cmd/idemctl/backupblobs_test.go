@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -113,6 +114,14 @@ func TestBackupRestoreLargeResults(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(string(sums)), "\n")
 	if len(lines) != 4 || !strings.HasSuffix(lines[0], "  idemd.backup") || !strings.Contains(lines[1], "  idemd.backup.blobs/") {
 		t.Fatalf("FILE.sha256 lists %q; want the database and its 3 blobs", lines)
+	}
+	// sha256sum reads the list, run in the backup's directory.
+	if sum, err := exec.LookPath("sha256sum"); err == nil {
+		cmd := exec.Command(sum, "--strict", "-c", "idemd.backup.sha256")
+		cmd.Dir = dir
+		if out, err := cmd.CombinedOutput(); err != nil || strings.Count(string(out), ": OK") != 4 {
+			t.Fatalf("sha256sum -c FILE.sha256: %v\n%s", err, out)
+		}
 	}
 	blobFiles, _ := filepath.Glob(filepath.Join(file+".blobs", "*", "*"))
 	if len(blobFiles) != 3 {
