@@ -103,16 +103,16 @@ func blobDesc(raw string) string {
 	return raw
 }
 
-// BlobDir is the directory of blobs beside the embedded store's database: the blob
+// blobDirName is the directory of blobs beside the embedded store's database: the blob
 // store of a daemon on the embedded store without --blob-store, and of --blob-store
 // file:.
-const BlobDir = "blobs"
+const blobDirName = "blobs"
 
 // openBlobs opens the blob store of --blob-store, nil without one. It runs after
 // openStore, which names the embedded store's database in m.Store.
 func (m *Main) openBlobs() (engine.BlobStore, error) {
 	if m.blobsByDefault() {
-		dir := filepath.Join(filepath.Dir(strings.TrimPrefix(m.Store, "bolt://")), BlobDir)
+		dir := filepath.Join(filepath.Dir(strings.TrimPrefix(m.Store, "bolt://")), blobDirName)
 		s, err := blobdir.Open(dir)
 		if err != nil {
 			return nil, fmt.Errorf("the blob directory beside the embedded store (--blob-store none goes without): %w", err)
@@ -128,7 +128,7 @@ func (m *Main) openBlobs() (engine.BlobStore, error) {
 		u, _ := url.Parse(m.BlobStore)
 		dir := u.Path
 		if dir == "" {
-			dir = filepath.Join(m.DataDir, BlobDir)
+			dir = filepath.Join(m.DataDir, blobDirName)
 		}
 		s, err := blobdir.Open(dir)
 		if err != nil {

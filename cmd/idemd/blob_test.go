@@ -400,3 +400,34 @@ func TestQuickStartKeepsLargeResults(t *testing.T) {
 		}
 	})
 }
+
+// TestDefaultBlobDirectoryFitsTheFlags: with the embedded store's default blob
+// directory, a --blob-threshold or --max-blob-bytes left at its default is fitted to
+// the --max-response-bytes given, so that a daemon started with a small or large one
+// starts as it did before the default; one given that does not fit is refused.
+func TestDefaultBlobDirectoryFitsTheFlags(t *testing.T) {
+	m := NewMain()
+	if err := m.ParseFlags([]string{"--max-response-bytes", "100"}); err != nil || m.BlobThreshold != 100 || m.MaxBlobBytes != engine.DefaultMaxBlobBytes {
+		t.Fatalf("--max-response-bytes 100: %v, threshold %d, max blob %d", err, m.BlobThreshold, m.MaxBlobBytes)
+	}
+	m = NewMain()
+	if err := m.ParseFlags([]string{"--max-response-bytes", "100000000"}); err != nil || m.MaxBlobBytes != 100000000 || m.BlobThreshold != engine.DefaultBlobThreshold {
+		t.Fatalf("--max-response-bytes 100000000: %v, threshold %d, max blob %d", err, m.BlobThreshold, m.MaxBlobBytes)
+	}
+	for _, args := range [][]string{
+		{"--blob-threshold", "2000000"},
+		{"--max-response-bytes", "100", "--blob-threshold", "200"},
+	} {
+		if err := NewMain().ParseFlags(args); err == nil {
+			t.Errorf("ParseFlags(%q) accepted", args)
+		}
+	}
+	for _, args := range [][]string{
+		{"--blob-store", "none", "--max-response-bytes", "100", "--blob-threshold", "200"},
+		{"--store", "redis://127.0.0.1:1/0", "--max-response-bytes", "100"},
+	} {
+		if err := NewMain().ParseFlags(args); err != nil {
+			t.Errorf("ParseFlags(%q): %v", args, err)
+		}
+	}
+}
