@@ -510,9 +510,19 @@ func TestHelmChartSettings(t *testing.T) {
 	if env = envOf(objs); env["IDEMD_BLOB_STORE"].str("value") != "file:" {
 		t.Errorf("the embedded store's blob directory: %v", env)
 	}
+	// The embedded store keeps large results on its volume unless told none; over
+	// Redis there is no blob store unless one is given.
 	_, objs = render(t, helm, "", tokens)
+	if env = envOf(objs); env["IDEMD_BLOB_STORE"].str("value") != "file:" || env["IDEMD_MAX_BLOB_BYTES"].str("value") != "67108864" {
+		t.Errorf("the embedded store's default blob store: %v", env)
+	}
+	_, objs = render(t, helm, "", tokens, "blobStore.url=none")
+	if env = envOf(objs); env["IDEMD_BLOB_STORE"].str("value") != "none" || env["IDEMD_MAX_BLOB_BYTES"] != nil {
+		t.Errorf("blobStore.url none: %v", env)
+	}
+	_, objs = render(t, helm, "", tokens, "store.redis.url=redis://r:6379")
 	if _, ok := envOf(objs)["IDEMD_BLOB_STORE"]; ok {
-		t.Error("a blob store by default")
+		t.Error("a blob store by default over Redis")
 	}
 	refused(t, helm, []string{"blobStore.url"}, tokens, "store.redis.url=redis://r:6379", "blobStore.url=file:")
 

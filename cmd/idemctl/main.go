@@ -57,14 +57,18 @@ Operations:
                                   takes the name, with its SHA-256 printed; - is stdout
   import FILE                     check a record stream whole, then import it: each record is
                                   written where the store holds none of its key (admin scope)
-  backup --out FILE               copy a running idemd's embedded store, consistent as of one
+  backup --out FILE [--blob-dir DIR]
+                                  copy a running idemd's embedded store, consistent as of one
                                   moment, checked, with FILE.sha256 beside it (admin and
-                                  platform scopes)
-  backup verify FILE              check a copy: its digest (FILE.sha256, or --sha256 HEX) and
-                                  every page; without a digest it refuses, since pages alone
-                                  miss a changed byte of data, unless told --pages-only
-  restore FILE --data-dir DIR     check a copy as verify does and make it DIR's database, for
-                                  an idemd started after; --replace keeps a database there
+                                  platform scopes), and the blobs its records refer to from
+                                  the daemon's blob directory DIR to FILE.blobs, each checked
+  backup verify FILE              check a copy: its digest (FILE.sha256, or --sha256 HEX),
+                                  every page, and every blob in FILE.blobs against its record;
+                                  without a digest it refuses, since pages alone miss a
+                                  changed byte of data, unless told --pages-only
+  restore FILE --data-dir DIR     check a copy as verify does and make it DIR's database, its
+                                  blobs DIR/blobs (--blob-dir), for an idemd started after;
+                                  --replace keeps a database there
   copy --from STORE --to STORE    copy every record, lease tokens and all, into another store
                                   while no idemd serves either (bolt:///abs/path/idemd.db or
                                   a Redis URL); run again after an interruption to finish

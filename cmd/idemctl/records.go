@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"errors"
 	"flag"
@@ -115,10 +116,20 @@ func (t table) response(r *idem.Response) {
 
 func (t table) flush() { _ = t.w.Flush() }
 
-// showBody writes a body as text when it is printable UTF-8, else as base64.
+// shownBodyBytes is the largest body lookup's table shows: a larger one (a result
+// kept in the blob store may be 64 MiB) is shown by its size and SHA-256, and --json
+// carries it whole.
+const shownBodyBytes = 4096
+
+// showBody writes a body as text when it is printable UTF-8, else as base64; one over
+// shownBodyBytes by its size and SHA-256.
 func showBody(b []byte) string {
 	if len(b) == 0 {
 		return "(empty)"
+	}
+	if len(b) > shownBodyBytes {
+		sum := sha256.Sum256(b)
+		return fmt.Sprintf("%d bytes, sha256 %x (over %d bytes: not shown; --json carries it whole)", len(b), sum, shownBodyBytes)
 	}
 	printable := utf8.Valid(b) && !strings.ContainsFunc(string(b), func(r rune) bool {
 		return !unicode.IsPrint(r) && r != '\n' && r != '\t'

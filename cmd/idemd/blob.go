@@ -24,15 +24,19 @@ const (
 	blobSweepLimit        = 10000
 )
 
+// noBlobStore is the --blob-store that turns the blob store off, beside the embedded
+// store too: results over --max-response-bytes are then refused.
+const noBlobStore = "none"
+
 // blobStoreKind reads --blob-store: "" for none, "file" or "s3". A URL with
 // credentials in it is refused without being repeated.
 func blobStoreKind(raw string) (string, error) {
-	if raw == "" {
+	if raw == "" || raw == noBlobStore {
 		return "", nil
 	}
 	u, err := url.Parse(raw)
 	if err != nil {
-		return "", errors.New("--blob-store is not a URL (file:///dir, file: for the directory blobs in --data-dir, or s3://bucket/prefix?endpoint=...&region=...&path_style=true)")
+		return "", errors.New("--blob-store is not a URL (file:///dir, file: for the directory blobs in --data-dir, s3://bucket/prefix?endpoint=...&region=...&path_style=true, or none)")
 	}
 	if u.User != nil {
 		return "", errors.New("--blob-store: credentials do not go in the URL; give them in the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY), the shared credentials file, or the pod's or instance's identity")
@@ -49,15 +53,35 @@ func blobStoreKind(raw string) (string, error) {
 		}
 		return "s3", nil
 	}
-	return "", fmt.Errorf("--blob-store: scheme %q is neither file nor s3", u.Scheme)
+	return "", fmt.Errorf("--blob-store: scheme %q is neither file nor s3 (or none for no blob store)", u.Scheme)
 }
 
-// checkBlobFlags checks the blob store's flags at parse time.
-func (m *Main) checkBlobFlags() error {
+// embedded says whether the daemon runs on the embedded store.
+func (m *Main) embedded() bool { return m.Store == "" || strings.HasPrefix(m.Store, "bolt://") }
+
+// blobsByDefault says whether the daemon keeps large results in the directory blobs
+// beside the embedded store's database without being told: on the embedded store,
+// when --blob-store is not given. A daemon on Redis has no blob store unless one is
+// given, since a directory is not shared with its other daemons.
+func (m *Main) blobsByDefault() bool { return m.BlobStore == "" && m.embedded() }
+
+// checkBlobFlags checks the blob store's flags at parse time; given holds the flags
+// set on the command line or by the environment. With the default blob directory, a
+// --blob-threshold or --max-blob-bytes left at its default that does not fit the
+// --max-response-bytes given is fitted to it, so that a daemon that started before
+// the default directory existed starts as it did.
+func (m *Main) checkBlobFlags(given map[string]bool) error {
 	if _, err := blobStoreKind(m.BlobStore); err != nil {
 		return err
 	}
-	if m.BlobStore == "" {
+	if m.blobsByDefault() {
+		if !given["blob-threshold"] && m.BlobThreshold > m.MaxResponseBytes {
+			m.BlobThreshold = m.MaxResponseBytes
+		}
+		if !given["max-blob-bytes"] && m.MaxBlobBytes < m.MaxResponseBytes {
+			m.MaxBlobBytes = m.MaxResponseBytes
+		}
+	} else if m.BlobStore == "" || m.BlobStore == noBlobStore {
 		return nil
 	}
 	switch {
@@ -91,8 +115,23 @@ func blobDesc(raw string) string {
 	return raw
 }
 
-// openBlobs opens the blob store of --blob-store, nil without one.
+// blobDirName is the directory of blobs beside the embedded store's database: the blob
+// store of a daemon on the embedded store without --blob-store, and of --blob-store
+// file:.
+const blobDirName = "blobs"
+
+// openBlobs opens the blob store of --blob-store, nil without one. It runs after
+// openStore, which names the embedded store's database in m.Store.
 func (m *Main) openBlobs() (engine.BlobStore, error) {
+	if m.blobsByDefault() {
+		dir := filepath.Join(filepath.Dir(strings.TrimPrefix(m.Store, "bolt://")), blobDirName)
+		s, err := blobdir.Open(dir)
+		if err != nil {
+			return nil, fmt.Errorf("the blob directory beside the embedded store (--blob-store none goes without): %w", err)
+		}
+		m.Logger.Info("blob store opened", "dir", s.Dir(), "default", true, "threshold", m.BlobThreshold, "max_blob_bytes", m.MaxBlobBytes)
+		return s, nil
+	}
 	kind, err := blobStoreKind(m.BlobStore)
 	if err != nil || kind == "" {
 		return nil, err
@@ -101,7 +140,7 @@ func (m *Main) openBlobs() (engine.BlobStore, error) {
 		u, _ := url.Parse(m.BlobStore)
 		dir := u.Path
 		if dir == "" {
-			dir = filepath.Join(m.DataDir, "blobs")
+			dir = filepath.Join(m.DataDir, blobDirName)
 		}
 		s, err := blobdir.Open(dir)
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/blobs3"
+	"github.com/idemd/idemd/internal/testing/testdaemon"
 	"github.com/idemd/idemd/internal/testing/testredis"
 	"github.com/idemd/idemd/internal/testing/tests3"
 )
@@ -308,5 +310,124 @@ func TestLargeResultsInS3(t *testing.T) {
 	completeLarge(t, p.base, "small-during-outage", []byte("small"))
 	if c := completeKey(t, p.base, "during-outage", a.LeaseToken, []byte("small after all")); c.Status != http.StatusOK {
 		t.Fatalf("the same lease completed small: %d %s", c.Status, c.Code)
+	}
+}
+
+// The daemon started as the README's quick start starts it, with no flag but its
+// address, in a working directory of its own: a 16 MiB result, put raw, comes back
+// byte for byte from the raw GET and from a replayed claim, its bytes kept in
+// idemd-data/blobs beside the database. --blob-store none turns that off, and a daemon
+// on Redis keeps no blob store unless told one: both refuse the result with 413.
+func TestQuickStartKeepsLargeResults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the daemon")
+	}
+	bin := buildDaemon(t)
+	start := func(t *testing.T, flags ...string) (*process, string) {
+		t.Helper()
+		work := t.TempDir()
+		addr := testdaemon.FreeAddr(t)
+		p := &process{base: "http://" + addr, logs: &strings.Builder{}}
+		p.cmd = exec.Command(bin, append([]string{"--listen", addr}, flags...)...)
+		p.cmd.Dir = work
+		p.cmd.Env = testdaemon.Env()
+		p.cmd.Stdout, p.cmd.Stderr = &lockedWriter{w: p.logs}, &lockedWriter{w: p.logs}
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if p.cmd.ProcessState == nil {
+				_ = p.cmd.Process.Kill()
+				_ = p.cmd.Wait()
+			}
+		})
+		waitReady(t, p)
+		return p, work
+	}
+	body := randomBody(t, 16<<20)
+
+	t.Run("the quick start", func(t *testing.T) {
+		p, work := start(t)
+		key := "quick/" + t.Name()
+		a := claimKey(t, p.base, key)
+		if a.Status != http.StatusCreated {
+			t.Fatalf("claim: %d %s", a.Status, a.Code)
+		}
+		if code, text := putRaw(t, p.base, key, a.LeaseToken, body); code != http.StatusOK {
+			t.Fatalf("PUT a 16 MiB raw result: %d %s", code, text)
+		}
+		code, h, got := getRaw(t, p.base, key)
+		if code != http.StatusOK || h.Get("Idemd-Status") != "201" || !bytes.Equal(got, body) {
+			t.Fatalf("GET the raw result: %d, %d bytes; want 200 and the %d bytes put", code, len(got), len(body))
+		}
+		replay := claimKey(t, p.base, key)
+		if replay.Status != http.StatusOK || replay.Response == nil || replay.Response.Status != 201 || !bytes.Equal(replay.Response.Body, body) {
+			t.Fatalf("the replayed claim: %d %s", replay.Status, replay.Code)
+		}
+		files, err := filepath.Glob(filepath.Join(work, "idemd-data", "blobs", "*", "*"))
+		if err != nil || len(files) != 1 {
+			t.Fatalf("files in idemd-data/blobs: %v %v, want the one blob", files, err)
+		}
+		if fi, err := os.Stat(files[0]); err != nil || fi.Size() != int64(len(body)) {
+			t.Fatalf("the blob: %v %v", fi, err)
+		}
+	})
+
+	refused := func(t *testing.T, p *process) {
+		t.Helper()
+		key := "refused/" + t.Name()
+		a := claimKey(t, p.base, key)
+		if a.Status != http.StatusCreated {
+			t.Fatalf("claim: %d %s", a.Status, a.Code)
+		}
+		if code, text := putRaw(t, p.base, key, a.LeaseToken, body); code != http.StatusRequestEntityTooLarge {
+			t.Fatalf("PUT a 16 MiB raw result: %d %s, want 413", code, text)
+		}
+	}
+	t.Run("none", func(t *testing.T) {
+		p, work := start(t, "--blob-store", "none")
+		refused(t, p)
+		if _, err := os.Stat(filepath.Join(work, "idemd-data", "blobs")); !os.IsNotExist(err) {
+			t.Fatalf("--blob-store none made the blob directory: %v", err)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		r := testredis.Start(t)
+		p, work := start(t, "--store", r.URL())
+		refused(t, p)
+		if _, err := os.Stat(filepath.Join(work, "idemd-data")); !os.IsNotExist(err) {
+			t.Fatalf("a daemon on Redis made a data directory: %v", err)
+		}
+	})
+}
+
+// TestDefaultBlobDirectoryFitsTheFlags: with the embedded store's default blob
+// directory, a --blob-threshold or --max-blob-bytes left at its default is fitted to
+// the --max-response-bytes given, so that a daemon started with a small or large one
+// starts as it did before the default; one given that does not fit is refused.
+func TestDefaultBlobDirectoryFitsTheFlags(t *testing.T) {
+	m := NewMain()
+	if err := m.ParseFlags([]string{"--max-response-bytes", "100"}); err != nil || m.BlobThreshold != 100 || m.MaxBlobBytes != engine.DefaultMaxBlobBytes {
+		t.Fatalf("--max-response-bytes 100: %v, threshold %d, max blob %d", err, m.BlobThreshold, m.MaxBlobBytes)
+	}
+	m = NewMain()
+	if err := m.ParseFlags([]string{"--max-response-bytes", "100000000"}); err != nil || m.MaxBlobBytes != 100000000 || m.BlobThreshold != engine.DefaultBlobThreshold {
+		t.Fatalf("--max-response-bytes 100000000: %v, threshold %d, max blob %d", err, m.BlobThreshold, m.MaxBlobBytes)
+	}
+	for _, args := range [][]string{
+		{"--blob-threshold", "2000000"},
+		{"--max-response-bytes", "100", "--blob-threshold", "200"},
+	} {
+		if err := NewMain().ParseFlags(args); err == nil {
+			t.Errorf("ParseFlags(%q) accepted", args)
+		}
+	}
+	for _, args := range [][]string{
+		{"--blob-store", "none", "--max-response-bytes", "100", "--blob-threshold", "200"},
+		{"--store", "redis://127.0.0.1:1/0", "--max-response-bytes", "100"},
+	} {
+		if err := NewMain().ParseFlags(args); err != nil {
+			t.Errorf("ParseFlags(%q): %v", args, err)
+		}
 	}
 }

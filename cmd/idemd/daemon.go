@@ -108,11 +108,11 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	fs.Int64Var(&m.DataMaxSize, "data-max-size", 0, "size, in bytes, that the store guard measures the embedded store's database against; 0 measures it against the free space of its disk")
 	fs.Float64Var(&m.StoreGuard, "store-guard", engine.DefaultGuardThreshold, "fill of the store (Redis used_memory of maxmemory on its fullest master, the embedded store's database of --data-max-size) past which tenants keeping more than their share are refused new keys (quota_exceeded); 0 turns the guard off")
 	fs.IntVar(&m.MaxResponseBytes, "max-response-bytes", 1<<20, "largest stored response (body and headers), bytes")
-	fs.StringVar(&m.BlobStore, "blob-store", "", "keep results over --blob-threshold in this blob store, the record keeping a reference: file:///abs/dir, file: (the directory blobs in --data-dir), or s3://bucket/prefix?endpoint=URL&region=R&path_style=true (credentials from the AWS SDK's chain: environment, shared files, IRSA/pod identity, IMDS; never in the URL); default none: results over --max-response-bytes are refused (docs/sizing.md, Large results)")
-	fs.IntVar(&m.BlobThreshold, "blob-threshold", engine.DefaultBlobThreshold, "with --blob-store, the stored size (body and headers), bytes, over which a result goes to the blob store; at most --max-response-bytes")
-	fs.IntVar(&m.MaxBlobBytes, "max-blob-bytes", engine.DefaultMaxBlobBytes, "with --blob-store, largest stored result, bytes (its headers stay within --max-response-bytes)")
-	fs.DurationVar(&m.BlobSweepEvery, "blob-sweep-every", defaultBlobSweepEvery, "with --blob-store, how often the blob store is swept of the blobs of expired records")
-	fs.DurationVar(&m.BlobSweepGrace, "blob-sweep-grace", engine.BlobSweepGrace, "with --blob-store, how long after its record's expiry a sweep leaves a blob, for the daemons' and the store's clocks; at least twice --store-timeout, plus 250ms per MiB of --max-blob-bytes, plus 1s. A blob outlives its record by at most this plus --blob-sweep-every (docs/sizing.md, Large results)")
+	fs.StringVar(&m.BlobStore, "blob-store", "", "keep results over --blob-threshold in this blob store, the record keeping a reference: file:///abs/dir, file: (the directory blobs in --data-dir), s3://bucket/prefix?endpoint=URL&region=R&path_style=true (credentials from the AWS SDK's chain: environment, shared files, IRSA/pod identity, IMDS; never in the URL), or none; default on the embedded store: the directory blobs beside its database, which no other daemon shares; on Redis: none, and results over --max-response-bytes are refused (docs/sizing.md, Large results)")
+	fs.IntVar(&m.BlobThreshold, "blob-threshold", engine.DefaultBlobThreshold, "with a blob store, the stored size (body and headers), bytes, over which a result goes to the blob store; at most --max-response-bytes")
+	fs.IntVar(&m.MaxBlobBytes, "max-blob-bytes", engine.DefaultMaxBlobBytes, "with a blob store, largest stored result, bytes (its headers stay within --max-response-bytes)")
+	fs.DurationVar(&m.BlobSweepEvery, "blob-sweep-every", defaultBlobSweepEvery, "with a blob store, how often the blob store is swept of the blobs of expired records")
+	fs.DurationVar(&m.BlobSweepGrace, "blob-sweep-grace", engine.BlobSweepGrace, "with a blob store, how long after its record's expiry a sweep leaves a blob, for the daemons' and the store's clocks; at least twice --store-timeout, plus 250ms per MiB of --max-blob-bytes, plus 1s. A blob outlives its record by at most this plus --blob-sweep-every (docs/sizing.md, Large results)")
 	fs.IntVar(&m.MaxPointBytes, "max-recovery-point-bytes", engine.DefaultMaxPointBytes, "largest recovery point's data, bytes; a pending record keeps one")
 	fs.DurationVar(&m.Retention, "retention", engine.DefaultRetention, "how long results are kept when a request does not say")
 	fs.DurationVar(&m.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM waits for in-flight requests")
@@ -145,7 +145,9 @@ func (m *Main) ParseFlags(args []string) (err error) {
 	if m.MaxPointBytes <= 0 {
 		return errors.New("--max-recovery-point-bytes must be positive")
 	}
-	if err := m.checkBlobFlags(); err != nil {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	if err := m.checkBlobFlags(given); err != nil {
 		return err
 	}
 	if m.Retention < engine.MinRetention || m.Retention > engine.MaxRetention {

@@ -112,8 +112,10 @@ func TestBinaryConfiguration(t *testing.T) {
 		addr := testdaemon.FreeAddr(t)
 		p := &process{base: "http://" + addr, logs: &strings.Builder{}}
 		// The variable's address is not one this test could serve on: the flag must win.
+		// Without a blob store (which the embedded store has by default), a result over
+		// --max-response-bytes is refused.
 		p.cmd = exec.Command(bin, "--listen", addr)
-		p.cmd.Env = daemonEnv("IDEMD_LISTEN=192.0.2.1:1", "IDEMD_DATA_DIR="+dataDir,
+		p.cmd.Env = daemonEnv("IDEMD_LISTEN=192.0.2.1:1", "IDEMD_DATA_DIR="+dataDir, "IDEMD_BLOB_STORE=none",
 			"IDEMD_MAX_RESPONSE_BYTES=100", "IDEMD_LOG_LEVEL=warn", "IDEMD_REQUIRE_NOEVICTION=true")
 		// The process writes its logs while the test reads them.
 		logs := &syncBuffer{}

@@ -396,6 +396,14 @@ func (s *Service) Lookup(ctx context.Context, id ID) (Record, error) {
 	return rec, err
 }
 
+// Inspect returns a record as the store keeps it: a result kept in the blob store is
+// not read back, and the response keeps its reference under BlobHeader (Response.Blob
+// reads it). It is for views that show a record without its result's bytes, such as
+// the console's; Lookup is for answering the result.
+func (s *Service) Inspect(ctx context.Context, id ID) (Record, error) {
+	return bounded(s, ctx, func(ctx context.Context) (Record, error) { return s.store.Lookup(ctx, id) })
+}
+
 // replay reads back from the blob store the result a claim replays, if it is kept
 // there.
 func (s *Service) replay(ctx context.Context, res ClaimResult, err error) (ClaimResult, error) {

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path"
@@ -177,6 +178,7 @@ var consoleRoutes = []consoleRoute{
 	{http.MethodGet, "/console/api/tenants", "", (*Server).consoleTenants},
 	{http.MethodGet, "/console/api/derive", "", (*Server).consoleDerive},
 	{http.MethodGet, "/console/api/records", auth.ScopeUse, (*Server).consoleLookup},
+	{http.MethodGet, "/console/api/result", auth.ScopeUse, (*Server).consoleResult},
 	{http.MethodDelete, "/console/api/records", auth.ScopeAdmin, (*Server).consolePurge},
 	{http.MethodGet, "/console/api/abandoned", auth.ScopeUse, (*Server).consoleAbandoned},
 	{http.MethodGet, "/console/api/traffic", auth.ScopeUse, (*Server).consoleTraffic},
@@ -402,8 +404,21 @@ type consoleRecord struct {
 	// PointSealed says that the recovery point's data is a sealed envelope by the
 	// check a sealed result passes (validEnvelope): a recovery point has no mark of its
 	// own, and plain data may start with the envelope's marker.
-	PointSealed bool      `json:"recovery_point_sealed"`
-	ServerTime  time.Time `json:"server_time"`
+	PointSealed bool `json:"recovery_point_sealed"`
+	// ByReference describes a result kept in the blob store: the record shows its
+	// status (and its headers unless sealed) but not its bytes, which
+	// /console/api/result answers.
+	ByReference *consoleBlob `json:"response_by_reference,omitempty"`
+	ServerTime  time.Time    `json:"server_time"`
+}
+
+// consoleBlob is what the console shows of a result kept in the blob store: its size
+// and SHA-256 as the record's reference names them, and whether it is a sealed
+// envelope.
+type consoleBlob struct {
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+	Sealed bool   `json:"sealed"`
 }
 
 // consoleKey reads the key a console call names, in the tenant it may work in.
@@ -427,13 +442,58 @@ func (s *Server) consoleLookup(c echo.Context) error {
 	if err != nil {
 		return err
 	}
-	rec, err := s.engine.Lookup(c.Request().Context(), id)
+	// A result kept in the blob store is not read back: the page shows its size and
+	// offers it for download, which reads it back and checks it.
+	rec, err := s.engine.Inspect(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
+	byRef := byReference(&rec)
 	sealed := rec.RecoveryPoint != nil && validEnvelope(rec.RecoveryPoint.Data) == nil
-	return s.reply(c, answer{http.StatusOK, "ok", consoleRecord{KeyRecord: apiRecord(rec), Tenant: id.Tenant,
-		Recovered: rec.Recovered, PointSealed: sealed, ServerTime: time.Now().UTC()}})
+	out := consoleRecord{KeyRecord: apiRecord(rec), Tenant: id.Tenant,
+		Recovered: rec.Recovered, PointSealed: sealed, ByReference: byRef, ServerTime: time.Now().UTC()}
+	if byRef != nil {
+		out.Response.Body = nil
+	}
+	return s.reply(c, answer{http.StatusOK, "ok", out})
+}
+
+// byReference takes out of rec's response the reference to a result kept in the blob
+// store, and answers what the console shows of it; nil for a result kept in the record.
+func byReference(rec *engine.Record) *consoleBlob {
+	ref, ok := rec.Response.Blob()
+	if !ok {
+		return nil
+	}
+	resp := *rec.Response
+	resp.Headers = maps.Clone(resp.Headers)
+	delete(resp.Headers, engine.BlobHeader)
+	mark, sealed := resp.Headers[engine.SealedHeader]
+	sealed = sealed && len(resp.Headers) == 1 && len(mark) == 1 && mark[0] == "1"
+	if sealed || len(resp.Headers) == 0 {
+		// A sealed envelope's headers are inside it.
+		resp.Headers = nil
+	}
+	resp.Body = nil
+	rec.Response = &resp
+	return &consoleBlob{Size: ref.Size, SHA256: ref.SHA256, Sealed: sealed}
+}
+
+// consoleResult answers a key's stored result raw, for the page to download: the
+// checks of GET /v1/keys/{key}/result (sendResult), in the tenant the console call
+// may work in.
+func (s *Server) consoleResult(c echo.Context) error {
+	id, err := s.consoleKey(c)
+	if err != nil {
+		return err
+	}
+	c.Response().Header().Set("Content-Disposition", `attachment; filename="result.bin"`)
+	err = s.sendResult(c, id)
+	if err != nil && !c.Response().Committed {
+		// The problem the error becomes is no file.
+		c.Response().Header().Del("Content-Disposition")
+	}
+	return err
 }
 
 func (s *Server) consolePurge(c echo.Context) error {

@@ -255,7 +255,13 @@ func (s *Server) GetResult(c echo.Context, key string) error {
 	if err := validKey("key (path)", key); err != nil {
 		return err
 	}
-	rec, blob, err := s.engine.LookupResult(c.Request().Context(), engine.ID{Tenant: tenant(c), Key: key})
+	return s.sendResult(c, engine.ID{Tenant: tenant(c), Key: key})
+}
+
+// sendResult answers the stored result of id raw, as GET /v1/keys/{key}/result does;
+// the console's download answers it too.
+func (s *Server) sendResult(c echo.Context, id engine.ID) error {
+	rec, blob, err := s.engine.LookupResult(c.Request().Context(), id)
 	if err != nil {
 		return err
 	}
@@ -301,7 +307,7 @@ func (s *Server) GetResult(c echo.Context, key string) error {
 	_, err = io.CopyBuffer(onlyWriter{c.Response()}, blob, buf)
 	if blob.Err() != nil {
 		s.log.Error("a result kept in the blob store failed once its answer had begun; the connection is cut",
-			"err", blob.Err(), "tenant", tenant(c))
+			"err", blob.Err(), "tenant", id.Tenant)
 		setOutcome(c, string(codeResultUnavailable))
 		panic(http.ErrAbortHandler)
 	}

@@ -32,6 +32,7 @@ type Engine interface {
 	Mark(ctx context.Context, m engine.Mark) (engine.Record, error)
 	Lookup(ctx context.Context, id engine.ID) (engine.Record, error)
 	LookupResult(ctx context.Context, id engine.ID) (engine.Record, *engine.ResultBody, error)
+	Inspect(ctx context.Context, id engine.ID) (engine.Record, error)
 	Abandoned(ctx context.Context, q engine.AbandonedQuery) (engine.AbandonedPage, error)
 	Purge(ctx context.Context, id engine.ID) error
 	Ready(ctx context.Context) error

@@ -62,7 +62,20 @@ def start_daemon(binary: Path, data_dir: Path, *args: str) -> Daemon:
     log = data_dir / "idemd.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
-            [str(binary), "--listen", address, "--data-dir", str(data_dir), "--log-level", "warn", *args],
+            # Without a blob store unless args name one (a later --blob-store wins), so
+            # that a result over --max-response-bytes is refused as the tests of that expect.
+            [
+                str(binary),
+                "--listen",
+                address,
+                "--data-dir",
+                str(data_dir),
+                "--log-level",
+                "warn",
+                "--blob-store",
+                "none",
+                *args,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
         )

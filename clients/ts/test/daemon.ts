@@ -59,7 +59,10 @@ export class Daemon {
     if (!bin) throw new Error("IDEMD_BIN is not set: run the tests with `npm test` (test/run.js builds idemd)");
     const port = await freePort();
     const dataDir = mkdtempSync(join(parent, "idemd-ts-data-"));
-    const child = spawn(bin, ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-level", "warn", ...args], {
+    // Without a blob store unless args name one (a later --blob-store wins), so that a
+    // result over --max-response-bytes is refused as the tests of that expect.
+    const flags = ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-level", "warn", "--blob-store", "none"];
+    const child = spawn(bin, [...flags, ...args], {
       stdio: ["ignore", "ignore", "pipe"],
     });
     let logs = "";

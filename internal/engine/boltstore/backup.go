@@ -1,9 +1,11 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +14,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/idemd/idemd/internal/engine"
 )
 
 // Backup writes a consistent copy of the database to w while the store serves: bbolt's
@@ -161,3 +165,49 @@ func Restore(backup, dataDir string, replace bool) (BackupStats, error) {
 
 // DatabaseFile is the database's name in a data directory.
 const DatabaseFile = "idemd.db"
+
+// BackupBlob is a result that a record of a copy keeps in the blob store.
+type BackupBlob struct {
+	ID        engine.ID
+	Ref       engine.BlobRef
+	ExpiresAt time.Time
+}
+
+// Blobs lists the results that the records of the database file at path keep in the
+// blob store, in the order of the records' keys: those of the records live at now,
+// which a daemon started on the file would answer. An expired record's is left out:
+// that daemon sees no record, and its blob is the sweep's. It opens the file
+// read-only.
+func Blobs(path string, now time.Time) ([]BackupBlob, error) {
+	db, err := bolt.Open(path, 0o400, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		return nil, fmt.Errorf("%s is no database of idemd's: %w", path, err)
+	}
+	defer db.Close()
+	var blobs []BackupBlob
+	err = db.View(func(tx *bolt.Tx) error {
+		records := tx.Bucket(bucketRecords)
+		if records == nil {
+			return fmt.Errorf("%s is a bbolt database, but not one of idemd's: it lacks the records", path)
+		}
+		return records.ForEach(func(k, v []byte) error {
+			if !bytes.Contains(v, blobMark) {
+				return nil
+			}
+			var r stored
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("%s: a record is corrupt: %w", path, err)
+			}
+			if !r.State.Known() || !r.HasResponse || engine.Expired(msTime(r.Expires), now) {
+				return nil
+			}
+			ref, ok := (&engine.Response{Headers: r.Headers}).Blob()
+			if !ok {
+				return nil
+			}
+			blobs = append(blobs, BackupBlob{ID: engine.ID{Tenant: r.Tenant, Key: r.Key}, Ref: ref, ExpiresAt: msTime(r.Expires)})
+			return nil
+		})
+	})
+	return blobs, err
+}

@@ -617,26 +617,78 @@
       const rdl = el('dl', { class: 'fields-list' });
       field(rdl, 'status', String(rec.response.status), 'f-status');
       resp.append(rdl);
+      const byRef = rec.response_by_reference;
+      if (byRef) {
+        // A result kept in the blob store: the record holds its size and SHA-256, and
+        // its bytes come only by download, checked by the daemon first.
+        field(rdl, 'kept', `by reference, in the blob store: ${byRef.size} bytes` +
+          (byRef.sealed ? ', a sealed envelope: not readable here' : ''), 'f-by-reference');
+        field(rdl, 'SHA-256', el('code', null, byRef.sha256), 'f-sha256');
+        if (!byRef.sealed) resp.append(headersOf(rec.response));
+        const note = el('span', { class: 'muted', id: 'download-note' });
+        const button = el('button', { type: 'button', id: 'download' }, 'Download the result');
+        button.addEventListener('click', () => download(rec, note));
+        resp.append(el('p', null, button, ' ', note));
+        return finishRecord(rec);
+      }
       if (rec.response.sealed !== undefined) {
         field(rdl, 'sealed', sealedNote(bytesOf(rec.response.sealed)), 'f-sealed');
         return finishRecord(rec);
       }
-      const rows = [];
-      for (const [name, values] of Object.entries(rec.response.headers || {})) {
-        for (const value of values) rows.push(el('tr', null, el('td', { class: 'header-name' }, clientCode(name)), el('td', null, clientText(value))));
-      }
-      if (rows.length > 0) {
-        resp.append(el('table', { id: 'f-headers' },
-          el('thead', null, el('tr', null, el('th', null, 'header'), el('th', null, 'value'))),
-          el('tbody', null, ...rows)));
-      } else {
-        resp.append(el('p', { class: 'muted' }, 'no stored headers'));
-      }
+      resp.append(headersOf(rec.response));
       resp.append(preview(bytesOf(rec.response.body), 'f-body'));
     } else {
       resp.append(el('p', { class: 'muted' }, 'none stored'));
     }
     finishRecord(rec);
+  }
+
+  // headersOf is the table of a stored response's headers.
+  function headersOf(response) {
+    const rows = [];
+    for (const [name, values] of Object.entries(response.headers || {})) {
+      for (const value of values) rows.push(el('tr', null, el('td', { class: 'header-name' }, clientCode(name)), el('td', null, clientText(value))));
+    }
+    if (rows.length === 0) return el('p', { class: 'muted' }, 'no stored headers');
+    return el('table', { id: 'f-headers' },
+      el('thead', null, el('tr', null, el('th', null, 'header'), el('th', null, 'value'))),
+      el('tbody', null, ...rows));
+  }
+
+  // download fetches a key's stored result, which the daemon reads back and checks
+  // against its size and SHA-256 before the first byte, and hands it to the browser as
+  // a file. A plain link could not carry the token, which goes in the Authorization
+  // header as every call's does.
+  async function download(rec, note) {
+    const url = new URL('/console/api/result', window.location.origin);
+    url.searchParams.set('tenant', rec.tenant);
+    url.searchParams.set('key', rec.key);
+    const headers = {};
+    if (state.token) headers.Authorization = `Bearer ${state.token}`;
+    note.textContent = 'downloading…';
+    try {
+      const resp = await fetch(url, { headers, credentials: 'omit', cache: 'no-store', redirect: 'error' });
+      if (!resp.ok) {
+        let problem = null;
+        try {
+          problem = JSON.parse(await resp.text());
+        } catch {
+          problem = null;
+        }
+        throw new ProblemError(resp.status, problem);
+      }
+      const file = await resp.blob();
+      const href = URL.createObjectURL(file);
+      const a = el('a', { href, download: 'result.bin', hidden: '' });
+      document.body.append(a);
+      a.click();
+      a.remove();
+      // The browser has taken the file by then; the URL would hold it in memory.
+      setTimeout(() => URL.revokeObjectURL(href), 60_000);
+      note.textContent = `downloaded ${file.size} bytes`;
+    } catch (err) {
+      note.replaceChildren('Not downloaded: ', clientText(err.message));
+    }
   }
 
   function finishRecord(rec) {

@@ -55,7 +55,9 @@ type Daemon struct {
 }
 
 // Start runs the daemon binary with args after --listen and --data-dir, and waits
-// until it is ready.
+// until it is ready. It runs without a blob store unless args name one (a later
+// --blob-store wins), so that a result over --max-response-bytes is refused as the
+// tests of that expect.
 func Start(bin, dataDir string, args ...string) (*Daemon, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,7 +66,7 @@ func Start(bin, dataDir string, args ...string) (*Daemon, error) {
 	addr := l.Addr().String()
 	l.Close()
 	d := &Daemon{URL: "http://" + addr, addr: addr, bin: bin,
-		args: append([]string{"--listen", addr, "--data-dir", dataDir, "--log-level", "warn"}, args...)}
+		args: append([]string{"--listen", addr, "--data-dir", dataDir, "--log-level", "warn", "--blob-store", "none"}, args...)}
 	return d, d.start()
 }
 

@@ -157,7 +157,16 @@ spec:
         - name: IDEMD_TLS_KEY
           value: /etc/idemd/tls/tls.key
         {{- end }}
-        {{- with .Values.blobStore.url }}
+        {{- $blobStore := .Values.blobStore.url }}
+        {{- if and (not $blobStore) (not (include "idemd.overRedis" .)) }}
+        {{- /* The embedded store keeps large results on its volume unless told none. */}}
+        {{- $blobStore = "file:" }}
+        {{- end }}
+        {{- if eq $blobStore "none" }}
+        - name: IDEMD_BLOB_STORE
+          value: "none"
+        {{- end }}
+        {{- with (ne $blobStore "none" | ternary $blobStore "") }}
         {{- if and (hasPrefix "file:" .) (include "idemd.overRedis" $) }}
         {{- fail "blobStore.url: a file: blob store is one pod's directory; over Redis, every daemon must share an s3:// bucket" }}
         {{- end }}

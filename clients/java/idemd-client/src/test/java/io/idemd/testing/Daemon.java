@@ -49,7 +49,12 @@ public final class Daemon implements AutoCloseable {
                 "--data-dir",
                 dataDir.toString(),
                 "--log-level",
-                "warn"));
+                "warn",
+                // Without a blob store unless args name one (a later --blob-store wins), so
+                // that a result over --max-response-bytes is refused as the tests of that
+                // expect.
+                "--blob-store",
+                "none"));
     command.addAll(List.of(args));
     Process process =
         new ProcessBuilder(command).redirectErrorStream(true).redirectOutput(log.toFile()).start();
