@@ -516,17 +516,19 @@ func (m *Migrator) copyPass(ctx context.Context, p *MoveProgress, progress func(
 			for keys := range batches {
 				handed, sealed, failed := m.moveBatch(ctx, keys)
 				mu.Lock()
-				for range handed + sealed + failed {
+				for i := range handed + sealed + failed {
+					switch {
+					case i < handed:
+						p.Moved++
+					case i < handed+sealed:
+						p.Passed++
+					default:
+						p.Failed++
+					}
 					p.Left = max(p.Left-1, 0)
 					if progress != nil {
 						progress(*p)
 					}
-				}
-				p.Moved += int64(handed)
-				p.Passed += int64(sealed)
-				p.Failed += int64(failed)
-				if progress != nil {
-					progress(*p)
 				}
 				mu.Unlock()
 			}
