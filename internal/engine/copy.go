@@ -47,10 +47,17 @@ type Counter interface {
 	Records(ctx context.Context) (int64, error)
 }
 
-// copyWorkers import concurrently, so that a Redis target's pipelines carry many
-// records a round trip; the queue between the export and them bounds the records in
-// memory.
-const copyWorkers = 64
+// A copy imports records in batches, so that a Redis target takes a batch in one
+// pipeline (one to each master of a Cluster) and the embedded store in one commit;
+// copyWorkers batches are imported at once, so that the export, the target and the
+// copier work at the same time. A batch holds at most copyBatch records or about
+// copyBatchBytes of them, which with the queue between the export and the workers
+// bounds the records in memory.
+const (
+	copyWorkers    = 4
+	copyBatch      = 512
+	copyBatchBytes = 4 << 20
+)
 
 // Copy imports every live record of from into to, with lease tokens and all, and calls
 // progress every so often and at the end. It is for stores that no daemon serves while
@@ -73,38 +80,34 @@ func Copy(ctx context.Context, from, to Porter, every time.Duration, progress fu
 	}
 	start := time.Now()
 	last := start
-	queue := make(chan Exported, 4*copyWorkers)
-	fail := func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if firstErr == nil {
-			firstErr = err
-			cancel()
-		}
-	}
+	queue := make(chan []Exported, copyWorkers)
 	for range copyWorkers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for e := range queue {
-				outcome, err := to.Import(ctx, e)
-				if err != nil {
-					fail(err)
-					continue
-				}
+		wg.Go(func() {
+			for batch := range queue {
+				results := ImportAll(ctx, to, batch)
 				mu.Lock()
-				switch outcome {
-				case ImportWritten:
-					p.Written++
-				case ImportSame:
-					p.Same++
-				case ImportExpired:
-					p.Expired++
-				case ImportKept:
-					p.Kept++
-					if len(p.KeptIDs) < 1000 {
-						e.Response, e.RecoveryPoint = nil, nil
-						p.KeptIDs = append(p.KeptIDs, e)
+				for i, r := range results {
+					if r.Err != nil {
+						if firstErr == nil {
+							firstErr = r.Err
+							cancel()
+						}
+						continue
+					}
+					switch r.Outcome {
+					case ImportWritten:
+						p.Written++
+					case ImportSame:
+						p.Same++
+					case ImportExpired:
+						p.Expired++
+					case ImportKept:
+						p.Kept++
+						if len(p.KeptIDs) < 1000 {
+							e := batch[i]
+							e.Response, e.RecoveryPoint = nil, nil
+							p.KeptIDs = append(p.KeptIDs, e)
+						}
 					}
 				}
 				if now := time.Now(); progress != nil && now.Sub(last) >= every {
@@ -114,19 +117,35 @@ func Copy(ctx context.Context, from, to Porter, every time.Duration, progress fu
 				}
 				mu.Unlock()
 			}
-		}()
+		})
+	}
+	var batch []Exported
+	size := 0
+	send := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		select {
+		case queue <- batch:
+			batch, size = nil, 0
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 	err := from.Export(ctx, func(e Exported) error {
 		mu.Lock()
 		p.Read++
 		mu.Unlock()
-		select {
-		case queue <- e:
+		batch = append(batch, e)
+		if size += recordBytes(e); len(batch) < copyBatch && size < copyBatchBytes {
 			return nil
-		case <-ctx.Done():
-			return ctx.Err()
 		}
+		return send()
 	})
+	if err == nil {
+		err = send()
+	}
 	close(queue)
 	wg.Wait()
 	mu.Lock()
@@ -139,4 +158,22 @@ func Copy(ctx context.Context, from, to Porter, every time.Duration, progress fu
 		progress(p)
 	}
 	return p, err
+}
+
+// recordBytes is about how much memory e holds.
+func recordBytes(e Exported) int {
+	n := 256 + len(e.ID.Key) + len(e.Fingerprint) + len(e.Owner)
+	if r := e.Response; r != nil {
+		n += len(r.Body)
+		for k, vs := range r.Headers {
+			n += len(k)
+			for _, v := range vs {
+				n += len(v)
+			}
+		}
+	}
+	if rp := e.RecoveryPoint; rp != nil {
+		n += len(rp.Name) + len(rp.Data)
+	}
+	return n
 }

@@ -57,6 +57,22 @@ type Mover interface {
 	// or a moving marker), in an order of the store's choosing, while the store keeps
 	// serving; moved reports how many moved markers it passed.
 	Unmoved(ctx context.Context, fn func(tenant string, digest [32]byte, key string) error) (moved int64, err error)
+
+	// The copier hands keys over in batches, each key's step the same atomic step as
+	// alone, so that every guarantee of one key's handover holds for each; the store
+	// sends a batch's steps together (a pipeline to each Redis master, one bbolt
+	// commit).
+
+	// UnmovedBatches calls fn with batches of the keys that may still have to be handed
+	// over: every key Unmoved would list, and perhaps keys holding moved markers where
+	// telling those apart would cost a read of each (MoveOut answers them MoveSealed
+	// and leaves them). fn may be called from several goroutines at once (a Cluster's
+	// masters are listed in parallel), and must not keep the slice.
+	UnmovedBatches(ctx context.Context, fn func([]MoveKey) error) error
+	// MoveOutBatch is MoveOut on each key, answered in the keys' order.
+	MoveOutBatch(ctx context.Context, keys []MoveKey, seal bool, until time.Time) []MovedOut
+	// ConfirmMovedBatch is ConfirmMoved on each key, its error in the keys' order.
+	ConfirmMovedBatch(ctx context.Context, keys []MoveKey, until time.Time) []error
 }
 
 // DaemonCounter is what an old store offers to tell whether daemons still serve it
@@ -394,6 +410,7 @@ func (p MoveProgress) ToGo(now time.Time) time.Duration {
 // nothing left.
 func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (MoveProgress, error) {
 	p := MoveProgress{Started: m.now()}
+	first := true
 	for {
 		ok, err := m.markersAllowed(ctx)
 		if err != nil {
@@ -409,6 +426,25 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 			case <-ctx.Done():
 				return p, ctx.Err()
 			case <-time.After(censusEvery):
+			}
+			continue
+		}
+		if first {
+			// The first pass moves at once: a look that counted what is left would read
+			// every record once more. Its Left is the store's own count of its records
+			// (Counter), markers included where it counts them (a Redis's DBSIZE).
+			first = false
+			p.Left, p.Passed = 0, 0
+			if c, ok := m.oldStore.(Counter); ok {
+				if n, err := c.Records(ctx); err == nil {
+					p.Left = n
+				}
+			}
+			if progress != nil {
+				progress(p)
+			}
+			if err := m.copyPass(ctx, &p, progress); err != nil {
+				return p, err
 			}
 			continue
 		}
@@ -461,47 +497,52 @@ func (m *Migrator) CopyAll(ctx context.Context, progress func(MoveProgress)) (Mo
 	}
 }
 
-// moveWorkers is how many keys the copier hands over at once. Each key is handed over
-// as a call hands it over (Move), so every guarantee of one handover holds; at once,
-// the stores send the steps of many keys together (a Redis store pipelines concurrent
-// scripts to each master, the embedded store commits concurrent transitions in one
-// transaction), which is what makes the copier fast: a key alone costs the round trips
-// of its three steps.
-const moveWorkers = 128
+// moveBatchWorkers is how many batches the copier hands over at once: while one
+// batch's keys are moved out of the old store, another's are imported into the new
+// one, so that both stores and the copier work at the same time.
+const moveBatchWorkers = 4
 
-// copyPass hands over every key the old store lists as not yet moved, moveWorkers at a
-// time, counting them in p and reporting p after each.
+// copyPass hands over every key the old store lists in its batches, each batch in
+// three round trips (MoveOut on every key, the imports, ConfirmMoved on every key
+// imported), moveBatchWorkers batches at a time, counting them in p and reporting p
+// after each key. Each key is handed over in the steps of a call's handover (Move),
+// so every guarantee of one handover holds.
 func (m *Migrator) copyPass(ctx context.Context, p *MoveProgress, progress func(MoveProgress)) error {
 	var mu sync.Mutex
-	keys := make(chan movingKey)
+	batches := make(chan []MoveKey)
 	var wg sync.WaitGroup
-	for range moveWorkers {
+	for range moveBatchWorkers {
 		wg.Go(func() {
-			for k := range keys {
-				err := m.Move(ctx, k.tenant, k.digest, k.key)
+			for keys := range batches {
+				handed, sealed, failed := m.moveBatch(ctx, keys)
 				mu.Lock()
-				if err != nil {
-					p.Failed++
-				} else {
-					p.Moved++
-				}
-				p.Left = max(p.Left-1, 0)
-				if progress != nil {
-					progress(*p)
+				for i := range handed + sealed + failed {
+					switch {
+					case i < handed:
+						p.Moved++
+					case i < handed+sealed:
+						p.Passed++
+					default:
+						p.Failed++
+					}
+					p.Left = max(p.Left-1, 0)
+					if progress != nil {
+						progress(*p)
+					}
 				}
 				mu.Unlock()
 			}
 		})
 	}
-	_, err := m.old.Unmoved(ctx, func(tenant string, digest [32]byte, key string) error {
+	err := m.old.UnmovedBatches(ctx, func(keys []MoveKey) error {
 		select {
-		case keys <- movingKey{tenant, digest, key}:
+		case batches <- append([]MoveKey(nil), keys...):
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	})
-	close(keys)
+	close(batches)
 	wg.Wait()
 	if err == nil {
 		err = ctx.Err()
@@ -509,11 +550,53 @@ func (m *Migrator) copyPass(ctx context.Context, p *MoveProgress, progress func(
 	return err
 }
 
-// movingKey is a key the copier hands over.
-type movingKey struct {
-	tenant string
-	digest [32]byte
-	key    string
+// moveBatch hands keys over as Move hands each over (MoveOut, a conditional import of
+// what it answers, ConfirmMoved), each step for every key at once, and says how many
+// were handed over, how many were sealed already (or had no live record, and are
+// sealed now), and how many failed: those are left as they were, or moving, for the
+// next pass or call to finish.
+func (m *Migrator) moveBatch(ctx context.Context, keys []MoveKey) (handed, sealed, failed int) {
+	outs := m.old.MoveOutBatch(ctx, keys, true, m.now().Add(MarkerLife))
+	records := make([]Exported, 0, len(keys))
+	moving := make([]MoveKey, 0, len(keys))
+	for i, o := range outs {
+		switch {
+		case o.Err != nil:
+			failed++
+		case o.Outcome == MoveSealed:
+			sealed++
+		default:
+			e := *o.Record
+			if e.ID.Key == "" {
+				e.ID.Key = keys[i].Key
+			}
+			records = append(records, e)
+			moving = append(moving, keys[i])
+		}
+	}
+	if len(records) == 0 {
+		return 0, sealed, failed
+	}
+	imported := ImportAll(ctx, m.nextPort, records)
+	confirm := moving[:0]
+	for i, r := range imported {
+		if r.Err != nil {
+			failed++
+			continue
+		}
+		confirm = append(confirm, moving[i])
+	}
+	if len(confirm) > 0 {
+		for _, err := range m.old.ConfirmMovedBatch(ctx, confirm, m.now().Add(MarkerLife)) {
+			if err != nil {
+				failed++
+			} else {
+				handed++
+			}
+		}
+	}
+	m.handedOver.Add(int64(handed))
+	return handed, sealed, failed
 }
 
 // waitingFor describes what c keeps a move from, one line each.

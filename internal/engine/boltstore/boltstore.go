@@ -372,6 +372,54 @@ func (s *Store) updateKey(ctx context.Context, rk []byte, fn func(t *txn, rk []b
 	return t.answer
 }
 
+// updateKeys is updateKey on every record key of rks at once, committed together:
+// fn runs for each (i its index in rks), and each one's answer or error comes back
+// in rks's order.
+func (s *Store) updateKeys(ctx context.Context, rks [][]byte, fn func(i int, t *txn, rk []byte) error) []error {
+	ts := make([]txn, len(rks))
+	fns := make([]func(*bolt.Tx) error, len(rks))
+	afters := make([]func(), len(rks))
+	for i, rk := range rks {
+		t := &ts[i]
+		fns[i] = func(tx *bolt.Tx) error {
+			*t = txn{tx: tx, now: s.now().UnixMilli()}
+			err := fn(i, t, rk)
+			var answer answerErr
+			if errors.As(err, &answer) {
+				t.answer = answer.err
+				return nil
+			}
+			return err
+		}
+		afters[i] = func() {
+			s.counts.move(t.from, t.to)
+			s.usage.add(t.tenant, t.records, t.bytes)
+			if t.notify {
+				s.watches.signal(string(rk))
+			}
+		}
+	}
+	var errs []error
+	if err := ctx.Err(); err != nil {
+		errs = make([]error, len(rks))
+		for i := range errs {
+			errs[i] = err
+		}
+		return errs
+	}
+	errs = s.commits.runAll(ctx, fns, afters)
+	for i, err := range errs {
+		switch ctxErr := ctx.Err(); {
+		case ctxErr != nil && errors.Is(err, ctxErr):
+		case err != nil:
+			errs[i] = engine.Unavailable(err)
+		default:
+			errs[i] = ts[i].answer
+		}
+	}
+	return errs
+}
+
 // answerErr carries a transition's answer (not found, lease lost, ...) out of fn.
 type answerErr struct{ err error }
 

@@ -323,3 +323,17 @@ func TestMoveLive(t *testing.T) {
 	}
 	enginetest.RunMove(t, newStore, newStore)
 }
+
+// TestMoveBatch holds the copier's batch steps between two embedded stores to each
+// key's step alone (enginetest.RunMoveBatch).
+func TestMoveBatch(t *testing.T) {
+	t.Parallel()
+	newStore := func(t *testing.T) engine.Store {
+		s, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	enginetest.RunMoveBatch(t, newStore, newStore)
+}

@@ -90,6 +90,44 @@ func (c *committer) run(ctx context.Context, fn func(*bolt.Tx) error, after func
 	}
 }
 
+// runAll is run for many transitions at once: they join the queue together, so that
+// they commit in one group (or as few as maxGroup allows) rather than one after
+// another, and it answers each one's error in their order.
+func (c *committer) runAll(ctx context.Context, fns []func(*bolt.Tx) error, afters []func()) []error {
+	errs := make([]error, len(fns))
+	ps := make([]*pending, len(fns))
+	for i, fn := range fns {
+		ps[i] = &pending{ctx: ctx, fn: fn, after: afters[i], done: make(chan error, 1)}
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		for i := range errs {
+			errs[i] = bolterrors.ErrDatabaseNotOpen
+		}
+		return errs
+	}
+	c.queue = append(c.queue, ps...)
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+	for i, p := range ps {
+		select {
+		case errs[i] = <-p.done:
+		case <-ctx.Done():
+			if p.state.CompareAndSwap(queued, abandoned) {
+				errs[i] = ctx.Err()
+				continue
+			}
+			// Taken already: its group answers it.
+			errs[i] = <-p.done
+		}
+	}
+	return errs
+}
+
 // close refuses new transitions, lets the loop commit those already queued, and
 // returns once it has stopped.
 func (c *committer) close() {

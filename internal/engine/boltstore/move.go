@@ -12,6 +12,47 @@ func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key
 	var outcome engine.MoveOutcome
 	var kept *engine.Exported
 	err := s.updateKey(ctx, digestKey(tenant, digest), func(t *txn, rk []byte) error {
+		var err error
+		outcome, kept, err = moveOut(t, rk, tenant, digest, key, seal, until)
+		return err
+	})
+	if err != nil {
+		return "", nil, err
+	}
+	return outcome, kept, nil
+}
+
+// MoveOutBatch implements engine.BatchMover: MoveOut on every key, committed together.
+func (s *Store) MoveOutBatch(ctx context.Context, keys []engine.MoveKey, seal bool, until time.Time) []engine.MovedOut {
+	out := make([]engine.MovedOut, len(keys))
+	errs := s.updateKeys(ctx, moveKeys(keys), func(i int, t *txn, rk []byte) error {
+		var err error
+		k := keys[i]
+		out[i].Outcome, out[i].Record, err = moveOut(t, rk, k.Tenant, k.Digest, k.Key, seal, until)
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			out[i] = engine.MovedOut{Err: err}
+		}
+	}
+	return out
+}
+
+// moveKeys are the record keys of keys.
+func moveKeys(keys []engine.MoveKey) [][]byte {
+	rks := make([][]byte, len(keys))
+	for i, k := range keys {
+		rks[i] = digestKey(k.Tenant, k.Digest)
+	}
+	return rks
+}
+
+// moveOut is MoveOut's transition of the record at rk.
+func moveOut(t *txn, rk []byte, tenant string, digest [32]byte, key string, seal bool, until time.Time) (engine.MoveOutcome, *engine.Exported, error) {
+	var outcome engine.MoveOutcome
+	var kept *engine.Exported
+	err := func() error {
 		r, err := t.get(rk)
 		if err != nil {
 			return err
@@ -43,11 +84,8 @@ func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key
 		marker.State, marker.Expires = engine.StateMoving, until.UnixMilli()
 		t.from, t.to, t.notify = r.State, engine.StateMoving, true
 		return t.put(rk, &marker, r.Expires)
-	})
-	if err != nil {
-		return "", nil, err
-	}
-	return outcome, kept, nil
+	}()
+	return outcome, kept, err
 }
 
 // heldCopy is the record a moving marker keeps.
@@ -60,15 +98,44 @@ func heldCopy(r *stored, digest [32]byte) *engine.Exported {
 
 // ConfirmMoved implements engine.Mover.
 func (s *Store) ConfirmMoved(ctx context.Context, tenant string, digest [32]byte, until time.Time) error {
-	return s.updateKey(ctx, digestKey(tenant, digest), func(t *txn, rk []byte) error {
-		r, err := t.get(rk)
-		if err != nil || r == nil || r.State != engine.StateMoving {
-			return err
+	return s.updateKey(ctx, digestKey(tenant, digest), func(t *txn, rk []byte) error { return confirmMoved(t, rk, until) })
+}
+
+// ConfirmMovedBatch implements engine.BatchMover: ConfirmMoved on every key, committed
+// together.
+func (s *Store) ConfirmMovedBatch(ctx context.Context, keys []engine.MoveKey, until time.Time) []error {
+	return s.updateKeys(ctx, moveKeys(keys), func(_ int, t *txn, rk []byte) error { return confirmMoved(t, rk, until) })
+}
+
+// confirmMoved is ConfirmMoved's transition of the record at rk.
+func confirmMoved(t *txn, rk []byte, until time.Time) error {
+	r, err := t.get(rk)
+	if err != nil || r == nil || r.State != engine.StateMoving {
+		return err
+	}
+	t.from, t.to = engine.StateMoving, engine.StateMoved
+	return t.put(rk, &stored{Key: r.Key, Tenant: r.Tenant, State: engine.StateMoved, Created: r.Created, Updated: t.now,
+		Expires: until.UnixMilli()}, r.Expires)
+}
+
+// UnmovedBatches implements engine.BatchMover: Unmoved's keys, a read transaction's
+// batch at a time.
+func (s *Store) UnmovedBatches(ctx context.Context, fn func([]engine.MoveKey) error) error {
+	batch := make([]engine.MoveKey, 0, exportBatch)
+	err := walkLive(ctx, s, func(r *stored, digest [32]byte) (engine.MoveKey, bool, error) {
+		return engine.MoveKey{Tenant: r.Tenant, Digest: digest, Key: r.Key}, r.State != engine.StateMoved, nil
+	}, func(k engine.MoveKey) error {
+		if batch = append(batch, k); len(batch) < exportBatch {
+			return nil
 		}
-		t.from, t.to = engine.StateMoving, engine.StateMoved
-		return t.put(rk, &stored{Key: r.Key, Tenant: r.Tenant, State: engine.StateMoved, Created: r.Created, Updated: t.now,
-			Expires: until.UnixMilli()}, r.Expires)
+		err := fn(batch)
+		batch = batch[:0]
+		return err
 	})
+	if err == nil && len(batch) > 0 {
+		err = fn(batch)
+	}
+	return err
 }
 
 // Unmoved implements engine.Mover, a batch of records per read transaction, as Export.

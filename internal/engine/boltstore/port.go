@@ -97,6 +97,52 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 	}
 	var outcome engine.ImportOutcome
 	err := s.updateKey(ctx, digestKey(e.ID.Tenant, e.KeyDigest), func(t *txn, rk []byte) error {
+		var err error
+		outcome, err = importRecord(t, rk, e)
+		return err
+	})
+	if err != nil {
+		// A call whose deadline ended may still be committed later, writing outcome
+		// meanwhile: it is read only once the commit has answered.
+		return "", err
+	}
+	return outcome, nil
+}
+
+// ImportBatch implements engine.BatchImporter: Import of every record, committed
+// together.
+func (s *Store) ImportBatch(ctx context.Context, es []engine.Exported) []engine.Imported {
+	out := make([]engine.Imported, len(es))
+	rks := make([][]byte, 0, len(es))
+	at := make([]int, 0, len(es))
+	for i, e := range es {
+		if e.ID.Key != "" && engine.KeyDigest(e.ID.Key) != e.KeyDigest {
+			out[i].Err = errors.New("boltstore: the record's key does not match its digest")
+			continue
+		}
+		rks = append(rks, digestKey(e.ID.Tenant, e.KeyDigest))
+		at = append(at, i)
+	}
+	outcomes := make([]engine.ImportOutcome, len(rks))
+	errs := s.updateKeys(ctx, rks, func(j int, t *txn, rk []byte) error {
+		var err error
+		outcomes[j], err = importRecord(t, rk, es[at[j]])
+		return err
+	})
+	for j, err := range errs {
+		if err != nil {
+			out[at[j]].Err = err
+		} else {
+			out[at[j]].Outcome = outcomes[j]
+		}
+	}
+	return out
+}
+
+// importRecord is Import's transition of the record at rk.
+func importRecord(t *txn, rk []byte, e engine.Exported) (engine.ImportOutcome, error) {
+	var outcome engine.ImportOutcome
+	err := func() error {
 		r, err := t.get(rk)
 		if err != nil {
 			return err
@@ -121,13 +167,8 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 		}
 		outcome, t.to = engine.ImportWritten, entry.State
 		return t.put(rk, encode(entry), 0)
-	})
-	if err != nil {
-		// A call whose deadline ended may still be committed later, writing outcome
-		// meanwhile: it is read only once the commit has answered.
-		return "", err
-	}
-	return outcome, nil
+	}()
+	return outcome, err
 }
 
 // digestKey is recordKey for a key known by its digest only.

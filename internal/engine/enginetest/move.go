@@ -216,3 +216,137 @@ func RunMove(t *testing.T, newOld, newNew NewStore) {
 		}
 	}
 }
+
+// RunMoveBatch holds the batch steps of a live move's copier (Mover.MoveOutBatch,
+// ConfirmMovedBatch, UnmovedBatches, and the new store's import of a batch) to what
+// each key's step does alone, in one batch of keys in every state a move meets: a
+// completed record and a held lease are handed over whole, a moving marker answers the
+// record it keeps, a moved marker and a key with no record are sealed; the imports are
+// written once and found the same when run again; once confirmed, nothing is left to
+// hand over, and the lease goes on in the new store with its token.
+func RunMoveBatch(t *testing.T, newOld, newNew NewStore) {
+	old, next := newOld(t), newNew(t)
+	t.Cleanup(func() { _ = old.Close(); _ = next.Close() })
+	c := ctx(t)
+	tenant := fmt.Sprintf("batch-%d", time.Now().UnixNano())
+	id := func(key string) engine.ID { return engine.ID{Tenant: tenant, Key: key} }
+	mover := old.(engine.Mover)
+	until := time.Now().Add(engine.MarkerLife)
+
+	completed, held, moving, moved, absent := id("completed"), id("held"), id("moving"), id("moved"), id("absent")
+	tok := engine.NewLeaseToken()
+	mustAcquire(t, old, claim(completed, func(c *engine.Claim) { c.Token = tok }))
+	complete(t, old, completed, tok, response("done before"))
+	heldTok := engine.NewLeaseToken()
+	secret := engine.HashSecret("the held key's claim secret, long enough")
+	mustAcquire(t, old, claim(held, func(c *engine.Claim) { c.Token, c.Secret, c.Lease = heldTok, secret, time.Minute }))
+	for _, k := range []engine.ID{moving, moved} {
+		tk := engine.NewLeaseToken()
+		mustAcquire(t, old, claim(k, func(c *engine.Claim) { c.Token = tk }))
+		complete(t, old, k, tk, response(k.Key))
+	}
+	if o, _, err := mover.MoveOut(c, tenant, engine.KeyDigest(moving.Key), moving.Key, true, until); err != nil || o != engine.MoveHandingOver {
+		t.Fatalf("moving out %s alone: %v %v", moving.Key, o, err)
+	}
+	if _, _, err := mover.MoveOut(c, tenant, engine.KeyDigest(moved.Key), moved.Key, true, until); err != nil {
+		t.Fatal(err)
+	}
+	if err := mover.ConfirmMoved(c, tenant, engine.KeyDigest(moved.Key), until); err != nil {
+		t.Fatal(err)
+	}
+
+	keyOf := func(k engine.ID) engine.MoveKey {
+		return engine.MoveKey{Tenant: k.Tenant, Digest: engine.KeyDigest(k.Key), Key: k.Key}
+	}
+	keys := []engine.MoveKey{keyOf(completed), keyOf(held), keyOf(moving), keyOf(moved), keyOf(absent)}
+	outs := mover.MoveOutBatch(c, keys, true, until)
+	if len(outs) != len(keys) {
+		t.Fatalf("MoveOutBatch answered %d keys of %d", len(outs), len(keys))
+	}
+	want := []engine.MoveOutcome{engine.MoveHandingOver, engine.MoveHandingOver, engine.MoveHandingOver, engine.MoveSealed, engine.MoveSealed}
+	var records []engine.Exported
+	for i, o := range outs {
+		if o.Err != nil || o.Outcome != want[i] || (o.Outcome == engine.MoveHandingOver) != (o.Record != nil) {
+			t.Fatalf("MoveOutBatch on %s: %+v, want %s", keys[i].Key, o, want[i])
+		}
+		if o.Record != nil {
+			if o.Record.KeyDigest != keys[i].Digest {
+				t.Fatalf("MoveOutBatch on %s answered another key's record", keys[i].Key)
+			}
+			e := *o.Record
+			if e.ID.Key == "" {
+				e.ID.Key = keys[i].Key
+			}
+			records = append(records, e)
+		}
+	}
+	if records[0].Response == nil || string(records[0].Response.Body) != "done before" {
+		t.Fatalf("the completed key's record, handed over: %+v", records[0])
+	}
+	if records[1].LeaseToken != heldTok || records[1].State != engine.StatePending {
+		t.Fatalf("the held key's record, handed over: %+v", records[1])
+	}
+	// Every key of the batch is refused by the old store now, the one it held no
+	// record of too (sealed).
+	for _, k := range []engine.ID{completed, held, moving, moved, absent} {
+		if _, err := old.Claim(c, claim(k)); !errors.Is(err, engine.ErrStoreMoved) {
+			t.Fatalf("a claim on %s in the old store after MoveOutBatch: %v", k.Key, err)
+		}
+	}
+
+	imported := engine.ImportAll(c, next.(engine.Porter), records)
+	for i, r := range imported {
+		if r.Err != nil || r.Outcome != engine.ImportWritten {
+			t.Fatalf("importing %s: %+v", records[i].ID.Key, r)
+		}
+	}
+	for i, r := range engine.ImportAll(c, next.(engine.Porter), records) {
+		if r.Err != nil || r.Outcome != engine.ImportSame {
+			t.Fatalf("importing %s again: %+v", records[i].ID.Key, r)
+		}
+	}
+	for i, err := range mover.ConfirmMovedBatch(c, keys[:3], until) {
+		if err != nil {
+			t.Fatalf("ConfirmMovedBatch on %s: %v", keys[i].Key, err)
+		}
+	}
+
+	// Nothing is left to hand over: Unmoved lists nothing, and whatever UnmovedBatches
+	// lists is a moved marker, which MoveOutBatch seals and leaves.
+	if _, err := mover.Unmoved(c, func(_ string, _ [32]byte, key string) error {
+		return fmt.Errorf("%q is left to hand over", key)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var listed []engine.MoveKey
+	var listedMu sync.Mutex
+	if err := mover.UnmovedBatches(c, func(ks []engine.MoveKey) error {
+		listedMu.Lock()
+		defer listedMu.Unlock()
+		for _, k := range ks {
+			if k.Tenant == tenant {
+				listed = append(listed, k)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for i, o := range mover.MoveOutBatch(c, listed, true, until) {
+		if o.Err != nil || o.Outcome != engine.MoveSealed {
+			t.Fatalf("MoveOutBatch on a key listed after the handover, %x: %+v", listed[i].Digest[:4], o)
+		}
+	}
+
+	// The new store serves the keys: the lease goes on with its token, the results
+	// replay.
+	if res, err := next.Claim(c, claim(held, func(c *engine.Claim) { c.Secret = secret })); err != nil || res.Outcome != engine.OutcomeAcquired || res.Record.LeaseToken != heldTok {
+		t.Fatalf("the held key's claim resent with its secret in the new store: %+v %v", res, err)
+	}
+	for k, body := range map[engine.ID]string{completed: "done before", moving: "moving"} {
+		res, err := next.Claim(c, claim(k))
+		if err != nil || res.Outcome != engine.OutcomeCompleted || res.Record.Response == nil || string(res.Record.Response.Body) != body {
+			t.Fatalf("%s from the new store: %+v %v", k.Key, res, err)
+		}
+	}
+}

@@ -18,6 +18,12 @@ import (
 // answered, Redis's refusal of a marker as engine.ErrStoreMoved.
 func (s *Store) doMove(ctx context.Context, sc script, keys []string, args ...any) (any, error) {
 	v, err := s.pipe.do(ctx, sc, keys, args)
+	return s.moveAnswer(ctx, v, err)
+}
+
+// moveAnswer is what a live move's script answered, Redis's refusal of a marker as
+// engine.ErrStoreMoved.
+func (s *Store) moveAnswer(ctx context.Context, v any, err error) (any, error) {
 	switch {
 	case isMoved(err):
 		return nil, engine.ErrStoreMoved
@@ -40,6 +46,11 @@ func (s *Store) MoveOut(ctx context.Context, tenant string, digest [32]byte, key
 	if err != nil {
 		return "", nil, err
 	}
+	return s.movedOut(tenant, digest, v)
+}
+
+// movedOut reads the moveout script's answer, and counts in the usage what it moved.
+func (s *Store) movedOut(tenant string, digest [32]byte, v any) (engine.MoveOutcome, *engine.Exported, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) < 2 {
 		return "", nil, engine.Unavailable(fmt.Errorf("malformed moveout answer %v", v))
@@ -76,14 +87,98 @@ func (s *Store) ConfirmMoved(ctx context.Context, tenant string, digest [32]byte
 	return err
 }
 
-// Unmoved implements engine.Mover: SCAN on every master, as Export, and the peek
-// script on each record key. A record moving between the layouts' keys while the scan
-// runs may be missed: run it on a settled layout (docs/operations.md).
-func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]byte, key string) error) (int64, error) {
+// moveCalls makes a call of sc for each key, with args, for a batch.
+func moveCalls(ctx context.Context, sc script, keys []engine.MoveKey, args func(k engine.MoveKey) []any) []*call {
+	calls := make([]*call, len(keys))
+	for i, k := range keys {
+		calls[i] = &call{ctx: ctx, script: sc, keys: scriptKeys(k.Tenant, k.Digest), args: args(k), done: make(chan struct{})}
+	}
+	return calls
+}
+
+// MoveOutBatch implements engine.BatchMover: the moveout script on every key, in one
+// pipeline (on a Cluster, one to each master, at once).
+func (s *Store) MoveOutBatch(ctx context.Context, keys []engine.MoveKey, seal bool, until time.Time) []engine.MovedOut {
+	out := make([]engine.MovedOut, len(keys))
 	l, err := s.current(ctx)
 	if err != nil {
-		return 0, err
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
 	}
+	ms, sealing := strconv.FormatInt(until.UnixMilli(), 10), flag(seal)
+	calls := moveCalls(ctx, l.scripts.moveOut, keys, func(k engine.MoveKey) []any { return []any{ms, k.Key, k.Tenant, sealing} })
+	s.pipe.doAll(ctx, calls)
+	for i, c := range calls {
+		v, err := s.moveAnswer(ctx, c.val, c.err)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i].Outcome, out[i].Record, out[i].Err = s.movedOut(keys[i].Tenant, keys[i].Digest, v)
+	}
+	return out
+}
+
+// ConfirmMovedBatch implements engine.BatchMover: the confirm script on every key, in
+// one pipeline (on a Cluster, one to each master, at once).
+func (s *Store) ConfirmMovedBatch(ctx context.Context, keys []engine.MoveKey, until time.Time) []error {
+	out := make([]error, len(keys))
+	l, err := s.current(ctx)
+	if err != nil {
+		for i := range out {
+			out[i] = err
+		}
+		return out
+	}
+	ms := strconv.FormatInt(until.UnixMilli(), 10)
+	calls := moveCalls(ctx, l.scripts.confirmMoved, keys, func(engine.MoveKey) []any { return []any{ms} })
+	s.pipe.doAll(ctx, calls)
+	for i, c := range calls {
+		v, err := s.moveAnswer(ctx, c.val, c.err)
+		if confirmed, ok := v.([]any); ok && len(confirmed) == 2 {
+			s.count(keys[i].Tenant, confirmed[1])
+		}
+		out[i] = err
+	}
+	return out
+}
+
+// UnmovedBatches implements engine.BatchMover: the record keys of each SCAN batch of
+// every master, the masters in parallel, without reading the records: a key holding a
+// moved marker is listed too (moveout answers it sealed, and writes nothing).
+func (s *Store) UnmovedBatches(ctx context.Context, fn func([]engine.MoveKey) error) error {
+	return s.eachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		var cursor uint64
+		batch := make([]engine.MoveKey, 0, scanCount)
+		for {
+			keys, next, err := m.Scan(ctx, cursor, scanMatch, scanCount).Result()
+			if err != nil {
+				return engine.Unavailable(err)
+			}
+			batch = batch[:0]
+			for _, k := range keys {
+				if tenant, digest, ok := recordOfKey(k); ok {
+					batch = append(batch, engine.MoveKey{Tenant: tenant, Digest: digest})
+				}
+			}
+			if len(batch) > 0 {
+				if err := fn(batch); err != nil {
+					return err
+				}
+			}
+			if next == 0 {
+				return nil
+			}
+			cursor = next
+		}
+	})
+}
+
+// eachMaster runs fn on every master at once, and answers the first failure, which
+// stops the others.
+func (s *Store) eachMaster(ctx context.Context, fn func(ctx context.Context, m *redis.Client) error) error {
 	var masters []*redis.Client
 	var mu sync.Mutex
 	if err := s.client.ForEachMaster(ctx, func(_ context.Context, m *redis.Client) error {
@@ -92,20 +187,15 @@ func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]b
 		masters = append(masters, m)
 		return nil
 	}); err != nil {
-		return 0, engine.Unavailable(err)
+		return engine.Unavailable(err)
 	}
-	// Masters are looked over in parallel, so that a Cluster's handovers reach all of
-	// them at once; fn is called by one at a time.
-	var moved atomic.Int64
-	var fnMu sync.Mutex
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make([]error, len(masters))
 	var wg sync.WaitGroup
 	for i, m := range masters {
 		wg.Go(func() {
-			if errs[i] = s.unmovedOn(ctx, l, m, &moved, &fnMu, fn); errs[i] != nil {
-				// The first failure stops the others.
+			if errs[i] = fn(ctx, m); errs[i] != nil {
 				cancel()
 			}
 		})
@@ -114,10 +204,28 @@ func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]b
 	for _, err := range errs {
 		// The failure that stopped the others, rather than their cancellation.
 		if err != nil && !errors.Is(err, context.Canceled) {
-			return moved.Load(), err
+			return err
 		}
 	}
-	return moved.Load(), errors.Join(errs...)
+	return errors.Join(errs...)
+}
+
+// Unmoved implements engine.Mover: SCAN on every master, as Export, and the peek
+// script on each record key. A record moving between the layouts' keys while the scan
+// runs may be missed: run it on a settled layout (docs/operations.md).
+func (s *Store) Unmoved(ctx context.Context, fn func(tenant string, digest [32]byte, key string) error) (int64, error) {
+	l, err := s.current(ctx)
+	if err != nil {
+		return 0, err
+	}
+	// Masters are looked over in parallel, so that a Cluster's handovers reach all of
+	// them at once; fn is called by one at a time.
+	var moved atomic.Int64
+	var fnMu sync.Mutex
+	err = s.eachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		return s.unmovedOn(ctx, l, m, &moved, &fnMu, fn)
+	})
+	return moved.Load(), err
 }
 
 // unmovedOn is Unmoved on one master.

@@ -476,6 +476,46 @@ func (p *pipeliner) send(l *lane, batch []*call, own bool) {
 		ctx, cancel = context.WithDeadline(ctx, latest)
 		defer cancel()
 	}
+	start := time.Now()
+	p.run(ctx, live)
+	// Only a pipeline that came back whole tells the link's round trip: one that ran
+	// into a deadline or a missing replica's WAIT timeout says nothing of it.
+	for _, c := range live {
+		if c.err != nil {
+			return
+		}
+	}
+	p.observe(l, time.Since(start))
+}
+
+// doAll runs calls (each with its done channel) as one pipeline under ctx, straight
+// rather than through the lanes: a caller with many scripts at once (the live move's
+// copier, a copy's import) makes its own batch, and on a Cluster go-redis splits it
+// by master and sends to every master at once. It answers every call.
+func (p *pipeliner) doAll(ctx context.Context, calls []*call) {
+	p.mu.RLock()
+	if p.closed {
+		p.mu.RUnlock()
+		for _, c := range calls {
+			c.finish(nil, errClosed)
+		}
+		return
+	}
+	p.wg.Add(1)
+	p.mu.RUnlock()
+	defer p.wg.Done()
+	if err := ctx.Err(); err != nil {
+		for _, c := range calls {
+			c.finish(nil, err)
+		}
+		return
+	}
+	p.run(ctx, calls)
+}
+
+// run sends live as one pipeline, the writes waiting for replicas' acknowledgements
+// where the store asks for them, and answers every call.
+func (p *pipeliner) run(ctx context.Context, live []*call) {
 	plain := live
 	var replicated []*call
 	if p.acks > 0 {
@@ -488,7 +528,6 @@ func (p *pipeliner) send(l *lane, batch []*call, own bool) {
 			}
 		}
 	}
-	start := time.Now()
 	if len(plain) > 0 {
 		if retry := p.exec(ctx, plain, false); len(retry) > 0 {
 			p.exec(ctx, retry, true)
@@ -497,14 +536,6 @@ func (p *pipeliner) send(l *lane, batch []*call, own bool) {
 	if len(replicated) > 0 {
 		p.sendReplicated(ctx, replicated)
 	}
-	// Only a pipeline that came back whole tells the link's round trip: one that ran
-	// into a deadline or a missing replica's WAIT timeout says nothing of it.
-	for _, c := range live {
-		if c.err != nil {
-			return
-		}
-	}
-	p.observe(l, time.Since(start))
 }
 
 // exec sends calls as one pipeline, EVALSHA or (full) EVAL, answers every call, and

@@ -188,17 +188,78 @@ func stateLetter(s engine.State) string {
 
 // Import implements engine.Porter with the import script, in the store's layout.
 func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOutcome, error) {
-	if e.ID.Key != "" && engine.KeyDigest(e.ID.Key) != e.KeyDigest {
-		return "", errors.New("redisstore: the record's key does not match its digest")
-	}
-	st := stateLetter(e.State)
-	if st == "" {
-		return "", fmt.Errorf("redisstore: no state %q", e.State)
-	}
 	l, err := s.current(ctx)
 	if err != nil {
 		return "", err
 	}
+	keys, args, err := importArgs(l, e)
+	if err != nil {
+		return "", err
+	}
+	rep, err := s.runKeys(ctx, l.scripts.importRecord, keys, e.ID, args...)
+	if err != nil {
+		return "", err
+	}
+	return s.imported(rep, e, keys)
+}
+
+// ImportBatch implements engine.BatchImporter: the import script for every record, in
+// one pipeline (on a Cluster, one to each master, at once).
+func (s *Store) ImportBatch(ctx context.Context, es []engine.Exported) []engine.Imported {
+	out := make([]engine.Imported, len(es))
+	l, err := s.current(ctx)
+	if err != nil {
+		for i := range out {
+			out[i].Err = err
+		}
+		return out
+	}
+	calls := make([]*call, 0, len(es))
+	at := make([]int, 0, len(es))
+	tenants := make(map[string]int)
+	for i, e := range es {
+		keys, args, err := importArgs(l, e)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		if _, ok := tenants[e.ID.Tenant]; !ok {
+			// A usage read of the tenant that begins meanwhile waits for these writes'
+			// counts, as for one import.
+			tenants[e.ID.Tenant] = s.usage.writing(e.ID.Tenant)
+		}
+		calls = append(calls, &call{ctx: ctx, script: l.scripts.importRecord, keys: keys, args: args, done: make(chan struct{})})
+		at = append(at, i)
+	}
+	defer func() {
+		for tenant, epoch := range tenants {
+			s.usage.wrote(tenant, epoch)
+		}
+	}()
+	if len(calls) > 0 {
+		s.pipe.doAll(ctx, calls)
+	}
+	for j, c := range calls {
+		i := at[j]
+		rep, err := s.scriptReply(ctx, c.val, c.err, es[i].ID)
+		if err == nil {
+			out[i].Outcome, err = s.imported(rep, es[i], c.keys)
+		}
+		out[i].Err = err
+	}
+	return out
+}
+
+// importArgs are the import script's keys and arguments for e.
+func importArgs(l *layoutState, e engine.Exported) ([]string, []any, error) {
+	if e.ID.Key != "" && engine.KeyDigest(e.ID.Key) != e.KeyDigest {
+		return nil, nil, errors.New("redisstore: the record's key does not match its digest")
+	}
+	st := stateLetter(e.State)
+	if st == "" {
+		return nil, nil, fmt.Errorf("redisstore: no state %q", e.State)
+	}
+	var err error
 	token := e.LeaseToken
 	if token == "" {
 		token = engine.NewLeaseToken()
@@ -212,10 +273,10 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 	status, body, headers, packed := "", []byte(nil), "", ""
 	if r := e.Response; r != nil {
 		if headers, err = encodeHeaders(r.Headers); err != nil {
-			return "", err
+			return nil, nil, err
 		}
 		if packed, err = l.packHeaders(r.Headers); err != nil {
-			return "", err
+			return nil, nil, err
 		}
 		status, body = strconv.Itoa(r.Status), r.Body
 	}
@@ -229,17 +290,17 @@ func (s *Store) Import(ctx context.Context, e engine.Exported) (engine.ImportOut
 	} else {
 		rec = "0"
 	}
-	keys := scriptKeys(e.ID.Tenant, e.KeyDigest)
-	rep, err := s.runKeys(ctx, l.scripts.importRecord, keys, e.ID,
+	return scriptKeys(e.ID.Tenant, e.KeyDigest), []any{
 		e.ID.Key, e.ID.Tenant, st, e.Owner, strconv.FormatInt(e.Attempt, 10),
 		msOf(e.LeaseExpiresAt, e.State != engine.StatePending || e.LeaseExpiresAt.IsZero()), rec,
 		msOf(e.CreatedAt, false), msOf(e.UpdatedAt, false), msOf(e.ExpiresAt, false),
 		status, body, pn, pd, pa, pt,
 		e.Fingerprint, token, e.Secret, headers,
-		l.compact(e.Fingerprint), l.compact(token), l.compact(e.Secret), packed)
-	if err != nil {
-		return "", err
-	}
+		l.compact(e.Fingerprint), l.compact(token), l.compact(e.Secret), packed}, nil
+}
+
+// imported is what the import script's answer rep says it did with e.
+func (s *Store) imported(rep reply, e engine.Exported, keys []string) (engine.ImportOutcome, error) {
 	switch rep.status {
 	case "ok":
 		if e.State == engine.StatePending && !e.LeaseExpiresAt.IsZero() {

@@ -452,6 +452,12 @@ func (s *Store) runKeys(ctx context.Context, script script, keys []string, id en
 		defer s.usage.wrote(id.Tenant, epoch)
 	}
 	v, err := s.pipe.do(ctx, script, keys, args)
+	return s.scriptReply(ctx, v, err, id)
+}
+
+// scriptReply reads what a script on id's record answered (v, or err), and counts in
+// the usage what it moved.
+func (s *Store) scriptReply(ctx context.Context, v any, err error, id engine.ID) (reply, error) {
 	var notReplicated *notReplicatedError
 	if errors.As(err, &notReplicated) {
 		return reply{}, err
