@@ -11,6 +11,7 @@ package floorbench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -77,6 +78,8 @@ type bench struct {
 	dir  string
 	ps   *processes
 	load string // the idemd-load binary
+	// readyWithin bounds a daemon's start-up; zero is the package's readyWithin.
+	readyWithin time.Duration
 }
 
 // Run builds the floor, idemd and idemd-load, starts every process on loopback, runs
@@ -172,7 +175,7 @@ func (b *bench) startIdemd(ctx context.Context, name string, args ...string) (*p
 		return nil, err
 	}
 	p.addr = addr
-	return p, waitHTTP(ctx, p, "http://"+addr+"/readyz")
+	return p, waitHTTP(ctx, cmp.Or(b.readyWithin, readyWithin), p, "http://"+addr+"/readyz")
 }
 
 func (b *bench) targets(ctx context.Context) ([]*target, error) {
