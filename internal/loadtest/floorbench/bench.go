@@ -6,7 +6,8 @@
 // round by round, and reads every process's CPU from /proc/<pid>/stat before and after
 // each run. Over a Redis Cluster of 1, 2, 3 ... masters it measures instead the CPU
 // each master and each daemon spends per cycle, the ground of docs/benchmarks.md's
-// model of scale-out. cmd/idemd-floorbench wires it.
+// model of scale-out. RunAtSize measures the stores at millions of records instead
+// (docs/bench-size.md). cmd/idemd-floorbench wires it.
 package floorbench
 
 import (
