@@ -50,6 +50,10 @@ type Options struct {
 	// MaxSize is the size the store guard measures the database against (Fill); zero
 	// measures it against the disk's free space.
 	MaxSize int64
+	// NoSync commits without waiting for the disk: a crash may lose or tear what the
+	// last commits wrote. Only for filling a store that can be thrown away, as the
+	// benchmarks at size do; Close writes the file out.
+	NoSync bool
 }
 
 // Store is the bbolt-backed engine.Store.
@@ -96,7 +100,7 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := checkWritable(dir); err != nil {
 		return nil, err
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout})
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, NoSync: opts.NoSync})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("database %s is locked by another process (is another idemd running on it?)", path)
 	}
@@ -627,5 +631,11 @@ func (s *Store) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	s.swept.Wait()
 	s.commits.close()
+	if s.opts.NoSync {
+		if err := s.db.Sync(); err != nil {
+			_ = s.db.Close()
+			return err
+		}
+	}
 	return s.db.Close()
 }

@@ -18,11 +18,42 @@ type cluster struct {
 	daemons []*process
 }
 
-// startCluster starts n cluster-enabled redis-servers, gives each an equal range of
-// the 16384 slots, joins them, waits until every node sees the whole cluster serving
-// every slot, and starts its daemons on it (Config.Daemons, or one per master). redis-cli --cluster create is not
-// used: it refuses fewer than three masters.
+// startCluster starts a cluster of n masters (startMasters) and its daemons on it
+// (Config.Daemons, or one per master).
 func (b *bench) startCluster(ctx context.Context, n int) (*cluster, error) {
+	masters, err := b.startMasters(ctx, n)
+	if err != nil {
+		return nil, err
+	}
+	c := &cluster{masters: masters}
+	daemons := b.cfg.Daemons
+	if daemons <= 0 {
+		daemons = n
+	}
+	for i := range daemons {
+		d, err := b.startIdemd(ctx, fmt.Sprintf("idemd (cluster of %d, daemon %d)", n, i+1), "--store", clusterURL(masters))
+		if err != nil {
+			return nil, err
+		}
+		c.daemons = append(c.daemons, d)
+	}
+	return c, nil
+}
+
+// clusterURL is the store URL of a cluster of these masters.
+func clusterURL(masters []*process) string {
+	addrs := make([]string, len(masters))
+	for i, m := range masters {
+		addrs[i] = m.addr
+	}
+	return "redis+cluster://" + strings.Join(addrs, ",")
+}
+
+// startMasters starts n cluster-enabled redis-servers, gives each an equal range of
+// the 16384 slots, joins them, and waits until every node sees the whole cluster
+// serving every slot. redis-cli --cluster create is not used: it refuses fewer than
+// three masters.
+func (b *bench) startMasters(ctx context.Context, n int) ([]*process, error) {
 	c := &cluster{}
 	busPorts := make([]int, n)
 	for i := range n {
@@ -64,22 +95,7 @@ func (b *bench) startCluster(ctx context.Context, n int) (*cluster, error) {
 			return nil, err
 		}
 	}
-	addrs := make([]string, n)
-	for i, m := range c.masters {
-		addrs[i] = m.addr
-	}
-	daemons := b.cfg.Daemons
-	if daemons <= 0 {
-		daemons = n
-	}
-	for i := range daemons {
-		d, err := b.startIdemd(ctx, fmt.Sprintf("idemd (cluster of %d, daemon %d)", n, i+1), "--store", "redis+cluster://"+strings.Join(addrs, ","))
-		if err != nil {
-			return nil, err
-		}
-		c.daemons = append(c.daemons, d)
-	}
-	return c, nil
+	return c.masters, nil
 }
 
 // slotRange is master i's share of the 16384 slots, of n masters.

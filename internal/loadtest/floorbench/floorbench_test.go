@@ -84,3 +84,44 @@ func TestFloorbenchClusterSmoke(t *testing.T) {
 		}
 	}
 }
+
+// TestAtSizeSmoke fills each store to two small sizes and measures each once: every
+// store's summary is printed at each size, with export timed and, for the embedded
+// store, backup, and the feed listing the abandoned keys the fill left.
+func TestAtSizeSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: no Redis Cluster")
+	}
+	redisBin := testredis.Binary(t)
+	var out bytes.Buffer
+	err := floorbench.RunAtSize(context.Background(), floorbench.SizeConfig{
+		ModuleDir: filepath.Join("..", "..", ".."), RedisServer: redisBin,
+		Stores: []string{"embedded", "redis", "cluster"}, Records: []int{100, 300},
+		Shapes: []string{floorbench.Shape1KiB, floorbench.ShapeLease}, ShapeRecords: []int{50},
+		Rounds: 1, ToolRounds: 1, Clients: []int{2}, Cycles: 20, Dir: t.TempDir(), Out: &out,
+	})
+	t.Logf("output:\n%s", out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, store := range []string{"embedded", "redis", "cluster"} {
+		for _, n := range []string{"100", "300"} {
+			if want := "summary " + store + " at " + n + " records"; !strings.Contains(out.String(), want) {
+				t.Errorf("no %q in the output", want)
+			}
+		}
+		for _, shape := range []string{"1kib", "lease"} {
+			if want := "shape " + shape + ", " + store + ", 50 records: "; !strings.Contains(out.String(), want) {
+				t.Errorf("no %q in the output", want)
+			}
+		}
+	}
+	for _, want := range []string{"(10 keys)", "; backup ", "; export "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in the output", want)
+		}
+	}
+	if strings.Contains(out.String(), " errors: ") {
+		t.Errorf("a load run had errors")
+	}
+}

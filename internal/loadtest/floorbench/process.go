@@ -62,20 +62,26 @@ func (ps *processes) start(name string, argv ...string) (*process, error) {
 // still running 10 s later.
 func (ps *processes) stopAll() {
 	for _, p := range ps.started {
-		select {
-		case <-p.done:
-			continue
-		default:
-		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(10 * time.Second):
-			_ = p.cmd.Process.Signal(syscall.SIGKILL)
-			<-p.done
-		}
+		p.stop()
 	}
 	ps.started = nil
+}
+
+// stop sends SIGTERM to p, by PID, and SIGKILL if it still runs 10 s later, and
+// waits until it has exited.
+func (p *process) stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+	}
 }
 
 // freePort is a loopback port that was free a moment ago.
@@ -96,9 +102,17 @@ func freeAddr() (string, error) {
 	return "127.0.0.1:" + strconv.Itoa(port), nil
 }
 
-// waitFor polls ok until it holds, the process exits, or 60 s pass.
+// readyWithin is how long waitFor waits, unless told otherwise.
+const readyWithin = 60 * time.Second
+
+// waitFor polls ok until it holds, the process exits, or readyWithin passes.
 func waitFor(ctx context.Context, p *process, what string, ok func() bool) error {
-	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	return waitWithin(ctx, readyWithin, p, what, ok)
+}
+
+// waitWithin is waitFor with a deadline of its own.
+func waitWithin(ctx context.Context, within time.Duration, p *process, what string, ok func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
@@ -107,7 +121,7 @@ func waitFor(ctx context.Context, p *process, what string, ok func() bool) error
 		case <-p.done:
 			return fmt.Errorf("%s exited: %s", p.name, p.logs.String())
 		case <-ctx.Done():
-			return fmt.Errorf("%s: %s not ready within 60 s\n%s", p.name, what, p.logs.String())
+			return fmt.Errorf("%s: %s not ready within %s\n%s", p.name, what, within, p.logs.String())
 		case <-tick.C:
 		}
 	}
@@ -124,9 +138,9 @@ func waitTCP(ctx context.Context, p *process) error {
 	})
 }
 
-func waitHTTP(ctx context.Context, p *process, url string) error {
+func waitHTTP(ctx context.Context, within time.Duration, p *process, url string) error {
 	client := &http.Client{Timeout: time.Second}
-	return waitFor(ctx, p, url, func() bool {
+	return waitWithin(ctx, within, p, url, func() bool {
 		resp, err := client.Get(url)
 		if err != nil {
 			return false
