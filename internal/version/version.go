@@ -9,7 +9,7 @@ package version
 // Release is the semantic version of the daemon, idemctl and the four SDKs. The contract
 // (api/openapi.yaml) keeps a version of its own, Contract, since clients generated from it
 // care only about what it describes.
-const Release = "0.5.0"
+const Release = "0.6.0"
 
 // Contract is the version of api/openapi.yaml this release serves (its info.version).
 const Contract = "1.6.0"
