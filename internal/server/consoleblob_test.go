@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -148,14 +149,35 @@ func TestConsoleShowsLargeResultsByReference(t *testing.T) {
 	if err != nil || len(files) != 1 {
 		t.Fatalf("the blob directory: %v %v", files, err)
 	}
+	// An altered byte is found only once the whole blob has streamed: the download is
+	// cut short of its Content-Length, so that no client takes it for the result.
 	altered := bytes.Clone(body)
 	altered[len(altered)/2] ^= 0x01
 	if err := os.WriteFile(files[0], altered, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	req, err := http.NewRequest(http.MethodGet, d.url+query("/console/api/result", "key", "report"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+alphaUse)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		got, readErr := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode == http.StatusOK && (readErr == nil || len(got) >= len(body)) {
+			t.Fatalf("the download of an altered blob: 200 with %d bytes read whole (%v); want it cut short", len(got), readErr)
+		}
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("the download of an altered blob: %d", resp.StatusCode)
+		}
+	}
+	// A blob of another size than its reference is known before a byte is sent: 502.
+	if err := os.WriteFile(files[0], altered[:len(altered)-1], 0o600); err != nil {
+		t.Fatal(err)
+	}
 	code, h, got = download(alphaUse, "key", "report")
 	if code != http.StatusBadGateway || !strings.Contains(string(got), "result_unavailable") || bytes.Contains(got, altered[:64]) || h.Get("Content-Disposition") != "" {
-		t.Fatalf("the download of an altered blob: %d %.200q; want 502 result_unavailable and none of its bytes", code, got)
+		t.Fatalf("the download of a blob cut short: %d %.200q; want 502 result_unavailable and none of its bytes", code, got)
 	}
 	if rec := d.call(alphaUse, http.MethodGet, query("/console/api/records", "key", "report"), nil); rec.status != http.StatusOK {
 		t.Fatalf("the console's lookup of a record whose blob is altered: %d %s; want the record, with its reference", rec.status, rec.raw)
