@@ -28,8 +28,13 @@ function client(daemon: Daemon, sealed: boolean): IdemClient {
   });
 }
 
+// Each request on a connection of its own (agent: false). Kept alive, the connection of
+// the first answer waits idle while the middleware stores or refuses the result; on a
+// busy machine that can last until the app's server closes it for its keep-alive
+// timeout just as the next request goes out on it, which resets that request
+// (ECONNRESET) before the middleware sees it.
 const post = (app: App, key: string) =>
-  send(`${app.url}/large`, { headers: { "idempotency-key": `"${key}"`, "x-user": "alice" } });
+  send(`${app.url}/large`, { headers: { "idempotency-key": `"${key}"`, "x-user": "alice" }, agent: false });
 
 for (const framework of frameworks) {
   for (const sealed of [false, true]) {
