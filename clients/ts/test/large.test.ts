@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import { IdemClient, KeyRing } from "../src/index.js";
 import { type App, frameworks, largeBody, send, startApp } from "./apps.js";
-import { Daemon, freshKey, waitFor } from "./daemon.js";
+import { Daemon, freshKey, scaled, waitFor } from "./daemon.js";
 
 let blobs: Daemon;
 let plain: Daemon;
@@ -21,9 +21,12 @@ after(async () => {
 
 const ring = new KeyRing([{ id: "k-large", key: randomBytes(32) }]);
 
+// A claim that replays the result carries all 20 MiB of it: the call's timeout is scaled,
+// so that a busy machine's slow answer is not taken for idemd unreachable (503).
 function client(daemon: Daemon, sealed: boolean): IdemClient {
   return new IdemClient({
     baseUrl: daemon.url,
+    timeoutMs: scaled(10_000),
     ...(sealed ? { sealing: { tenant: "default", ring } } : {}),
   });
 }
