@@ -12,7 +12,7 @@ import type { IdemClient } from "../src/index.js";
 import { idempotency as expressIdempotency, type Incident, idempotencySignal } from "../src/express.js";
 import { idempotency as fastifyIdempotency } from "../src/fastify.js";
 import type { IdempotencyOptions } from "../src/middleware/guard.js";
-import { waitFor } from "./daemon.js";
+import { scaled, waitFor } from "./daemon.js";
 
 export type Framework = "express4" | "express5" | "fastify";
 export const frameworks: Framework[] = ["express4", "express5", "fastify"];
@@ -65,8 +65,11 @@ export async function startApp(
   };
   const guardOptions = {
     scope,
-    // Short, so that R12 sees a renewal soon; long enough for a loaded machine.
-    leaseMs: 1200,
+    // Short, so that R12 sees a renewal soon. Scaled: the tests' premise is that the
+    // lease holds while a handler waits on the test (R5, C3a and R12 are about a key
+    // released, a waiter that gives up, and a lease lost by a purge, never one that ran
+    // out), and a renewal every leaseMs/3 must be answered within it on a busy machine.
+    leaseMs: scaled(3000),
     onIncident: (_req: unknown, incident: Incident) => {
       incidents.push(incident);
     },
@@ -290,7 +293,7 @@ export function send(
     method?: string;
     headers?: Record<string, string | string[]>;
     body?: string | Buffer;
-    agent?: import("node:http").Agent;
+    agent?: import("node:http").Agent | false;
   },
 ): Promise<Answer> {
   return new Promise((resolve, reject) => {

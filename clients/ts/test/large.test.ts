@@ -6,7 +6,7 @@ import { randomBytes } from "node:crypto";
 import { after, before, describe, test } from "node:test";
 import { IdemClient, KeyRing } from "../src/index.js";
 import { type App, frameworks, largeBody, send, startApp } from "./apps.js";
-import { Daemon, freshKey, waitFor } from "./daemon.js";
+import { Daemon, freshKey, scaled, waitFor } from "./daemon.js";
 
 let blobs: Daemon;
 let plain: Daemon;
@@ -21,15 +21,23 @@ after(async () => {
 
 const ring = new KeyRing([{ id: "k-large", key: randomBytes(32) }]);
 
+// A claim that replays the result carries all 20 MiB of it: the call's timeout is scaled,
+// so that a busy machine's slow answer is not taken for idemd unreachable (503).
 function client(daemon: Daemon, sealed: boolean): IdemClient {
   return new IdemClient({
     baseUrl: daemon.url,
+    timeoutMs: scaled(10_000),
     ...(sealed ? { sealing: { tenant: "default", ring } } : {}),
   });
 }
 
+// Each request on a connection of its own (agent: false). Kept alive, the connection of
+// the first answer waits idle while the middleware stores or refuses the result; on a
+// busy machine that can last until the app's server closes it for its keep-alive
+// timeout just as the next request goes out on it, which resets that request
+// (ECONNRESET) before the middleware sees it.
 const post = (app: App, key: string) =>
-  send(`${app.url}/large`, { headers: { "idempotency-key": `"${key}"`, "x-user": "alice" } });
+  send(`${app.url}/large`, { headers: { "idempotency-key": `"${key}"`, "x-user": "alice" }, agent: false });
 
 for (const framework of frameworks) {
   for (const sealed of [false, true]) {
