@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -201,3 +202,102 @@ func (m *Main) sweepBlobs(ctx context.Context, s *engine.Service) {
 		}
 	}
 }
+
+// meteredBlobs is a blob store whose calls are counted: idemd_blob_operation_seconds
+// by operation (a get's time is to its first byte's readiness, the stream after it is
+// the client's pace) and idemd_blob_bytes_total, the bytes written and read.
+type meteredBlobs struct {
+	engine.BlobStore
+	seconds *prometheus.HistogramVec
+	bytes   *prometheus.CounterVec
+}
+
+// meterBlobs registers the blob store's metrics and answers s counted by them.
+func meterBlobs(registry *prometheus.Registry, s engine.BlobStore) engine.BlobStore {
+	m := &meteredBlobs{
+		BlobStore: s,
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemd_blob_operation_seconds",
+			Help:    "Time of the blob store's calls, by operation: put (the whole upload), get (until the object's bytes begin), delete and list (one sweep's listing).",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+		}, []string{"op", "outcome"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemd_blob_bytes_total",
+			Help: "Bytes written to the blob store (op=put, blobs stored whole) and read from it (op=get, as replays and downloads read them).",
+		}, []string{"op"}),
+	}
+	for _, op := range []string{"put", "get"} {
+		m.bytes.WithLabelValues(op)
+	}
+	registry.MustRegister(m.seconds, m.bytes)
+	return m
+}
+
+func (m *meteredBlobs) observe(op string, began time.Time, err error) {
+	outcome := "ok"
+	if err != nil && !errors.Is(err, engine.ErrBlobNotFound) {
+		outcome = "error"
+	}
+	m.seconds.WithLabelValues(op, outcome).Observe(time.Since(began).Seconds())
+}
+
+func (m *meteredBlobs) Put(ctx context.Context, name string, r io.Reader, size int64) (engine.BlobRef, error) {
+	began := time.Now()
+	ref, err := m.BlobStore.Put(ctx, name, r, size)
+	m.observe("put", began, err)
+	if err == nil {
+		m.bytes.WithLabelValues("put").Add(float64(ref.Size))
+	}
+	return ref, err
+}
+
+func (m *meteredBlobs) Get(ctx context.Context, name string) (io.ReadCloser, error) {
+	began := time.Now()
+	r, err := m.BlobStore.Get(ctx, name)
+	m.observe("get", began, err)
+	if err != nil {
+		return nil, err
+	}
+	counted := &countedReader{ReadCloser: r, add: m.bytes.WithLabelValues("get").Add}
+	if n, ok := engine.BlobSize(r); ok {
+		// The engine checks a size known before the bytes: keep it known.
+		return &sizedReader{countedReader: counted, size: n}, nil
+	}
+	return counted, nil
+}
+
+func (m *meteredBlobs) Delete(ctx context.Context, name string) error {
+	began := time.Now()
+	err := m.BlobStore.Delete(ctx, name)
+	m.observe("delete", began, err)
+	return err
+}
+
+func (m *meteredBlobs) List(ctx context.Context, after string, fn func(name string) bool) error {
+	began := time.Now()
+	err := m.BlobStore.List(ctx, after, fn)
+	m.observe("list", began, err)
+	return err
+}
+
+// countedReader adds the bytes read through it to a counter.
+type countedReader struct {
+	io.ReadCloser
+	add func(float64)
+}
+
+func (c *countedReader) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	if n > 0 {
+		c.add(float64(n))
+	}
+	return n, err
+}
+
+// sizedReader is a countedReader whose blob's size is known before its bytes.
+type sizedReader struct {
+	*countedReader
+	size int64
+}
+
+func (s *sizedReader) Size() int64 { return s.size }

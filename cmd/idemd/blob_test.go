@@ -371,6 +371,19 @@ func TestQuickStartKeepsLargeResults(t *testing.T) {
 		if fi, err := os.Stat(files[0]); err != nil || fi.Size() != int64(len(body)) {
 			t.Fatalf("the blob: %v %v", fi, err)
 		}
+		// The blob store's calls are metered: one put of the 16 MiB, and the raw GET's
+		// and the replay's reads of them.
+		metrics := scrape(t, p.base)
+		for _, want := range []string{
+			`idemd_blob_bytes_total{op="put"} 1.6777216e+07`,
+			`idemd_blob_bytes_total{op="get"} 3.3554432e+07`,
+			`idemd_blob_operation_seconds_count{op="put",outcome="ok"} 1`,
+			`idemd_blob_operation_seconds_count{op="get",outcome="ok"} 2`,
+		} {
+			if !strings.Contains(metrics, want+"\n") {
+				t.Errorf("/metrics lacks %s", want)
+			}
+		}
 	})
 
 	refused := func(t *testing.T, p *process) {

@@ -374,7 +374,7 @@ func (m *Main) Open() (err error) {
 	}
 	opts := []engine.Option{engine.WithStoreTimeout(m.StoreTimeout), engine.WithStoreGuard(m.StoreGuard, tenants)}
 	if blobs != nil {
-		opts = append(opts, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: m.BlobThreshold, OnError: blobErrors(registry), SweepGrace: m.BlobSweepGrace}))
+		opts = append(opts, engine.WithBlobs(meterBlobs(registry, blobs), engine.BlobOptions{Threshold: m.BlobThreshold, OnError: blobErrors(registry), SweepGrace: m.BlobSweepGrace}))
 	}
 	service := engine.NewService(m.store, m.Retention, opts...)
 	m.service = service

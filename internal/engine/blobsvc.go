@@ -445,7 +445,7 @@ func (s *Service) openBlob(ctx context.Context, ref BlobRef) (*ResultBody, error
 		s.blobs.onError("get")
 		return nil, err
 	}
-	if n, ok := blobSize(r); ok && n != ref.Size {
+	if n, ok := BlobSize(r); ok && n != ref.Size {
 		_ = r.Close()
 		cancel()
 		s.blobs.onError("verify")
@@ -455,9 +455,10 @@ func (s *Service) openBlob(ctx context.Context, ref BlobRef) (*ResultBody, error
 		progress: func() { idle.Reset(timeout) }, cancel: cancel, onError: s.blobs.onError}, nil
 }
 
-// blobSize is the size of the blob r reads, when r can tell it before its bytes: a
-// file can, and so can a reader with a Size method.
-func blobSize(r io.Reader) (int64, bool) {
+// BlobSize is the size of the blob r reads, when r can tell it before its bytes: a
+// file can, and so can a reader with a Size method. A wrapper of a blob store's
+// reader keeps the size known so (a Size method) where its reader had it.
+func BlobSize(r io.Reader) (int64, bool) {
 	switch r := r.(type) {
 	case interface{ Size() int64 }:
 		return r.Size(), true
