@@ -305,7 +305,11 @@ func (c *Client) complete(ctx context.Context, key, token string, r Response) (*
 		return nil, err
 	}
 	if storedBytes(stored) > rawResultBytes {
-		return c.putResult(ctx, key, token, stored)
+		rec, err := c.putResult(ctx, key, token, stored)
+		if err != nil {
+			return nil, &rawUploadError{err: err}
+		}
+		return rec, nil
 	}
 	body := idemapi.CompleteRequest{Key: key, LeaseToken: token, Response: *stored,
 		RetentionMs: ptr(c.retention.Milliseconds())}
@@ -318,6 +322,14 @@ func (c *Client) complete(ctx context.Context, key, token string, r Response) (*
 // such a result up to its --max-blob-bytes; one without answers 413 over
 // --max-response-bytes, either way.
 const rawResultBytes = 1 << 20
+
+// rawUploadError is the error of a completion sent as the raw upload, so that the
+// middleware tells a large result that got no answer (R10a) by what was sent, the body
+// or its sealed envelope, as the client chose.
+type rawUploadError struct{ err error }
+
+func (e *rawUploadError) Error() string { return e.err.Error() }
+func (e *rawUploadError) Unwrap() error { return e.err }
 
 func storedBytes(s *idemapi.StoredResponse) int {
 	switch {

@@ -538,10 +538,11 @@ func (m *middleware) complete(r *http.Request, key, token string, rec *recorder)
 	case errors.As(err, &p) && (p.Status == http.StatusRequestEntityTooLarge || p.Status == http.StatusBadRequest):
 		// idemd will not keep this answer (over its size limit, or headers it refuses).
 		m.notStored(r, key, token, err)
-	case errors.Is(err, ErrUnavailable) && rec.body.Len() > rawResultBytes:
+	case errors.Is(err, ErrUnavailable) && errors.As(err, new(*rawUploadError)):
 		// A daemon without a blob store may answer 413 to a large body before reading it
 		// and close the connection, which reaches the client as no answer at all. Left
 		// claimed (R13), the key would run the handler again once its lease ran out.
+		// Large is what the client sent raw: the body, or its sealed envelope.
 		m.notStored(r, key, token, err)
 	default:
 		m.incident(r, IncidentCompleteFailed, key, err)
