@@ -23,6 +23,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/idemd/idemd/internal/loadtest/proc"
 )
 
 // Config says what to measure.
@@ -54,11 +56,11 @@ type Daemon struct{ Label, Path string }
 
 // setup is a running daemon and the servers behind it.
 type setup struct {
-	procs  procs
-	daemon *process
+	procs  proc.Group
+	daemon *proc.Process
 	url    string
 	redis  string
-	others []*process // redis-server, weed
+	others []*proc.Process // redis-server, weed
 	dir    string
 }
 
@@ -77,7 +79,7 @@ func start(ctx context.Context, cfg Config, d Daemon, store string, threshold in
 		s.stop()
 		return nil, err
 	}
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return fail(err)
 	}
@@ -96,17 +98,17 @@ func start(ctx context.Context, cfg Config, d Daemon, store string, threshold in
 		if err != nil {
 			return fail(err)
 		}
-		s.redis, s.others = addr, []*process{redis, weed}
+		s.redis, s.others = addr, []*proc.Process{redis, weed}
 		args = append(args, "--store", "redis://"+addr, "--blob-store",
 			"s3://idemd/bench?endpoint="+endpoint+"&region=us-east-1&path_style=true&anonymous=true")
 	default:
 		return fail(fmt.Errorf("unknown store %q (dir, s3)", store))
 	}
-	if s.daemon, err = s.procs.start("idemd "+d.Label, dir, args...); err != nil {
+	if s.daemon, err = s.procs.Start("idemd "+d.Label, dir, args...); err != nil {
 		return fail(err)
 	}
 	s.url = "http://127.0.0.1:" + strconv.Itoa(port)
-	if err := waitUntil(ctx, s.daemon, "readiness", func() bool { return httpOK(s.url + "/readyz") }); err != nil {
+	if err := proc.WaitWithin(ctx, readyWithin, s.daemon, s.url+"/readyz", func() bool { return httpOK(s.url + "/readyz") }); err != nil {
 		return fail(err)
 	}
 	return s, nil
@@ -114,7 +116,7 @@ func start(ctx context.Context, cfg Config, d Daemon, store string, threshold in
 
 // stop ends the setup's processes and removes its directory.
 func (s *setup) stop() {
-	s.procs.stop()
+	s.procs.Stop(stopGrace)
 	_ = os.RemoveAll(s.dir)
 }
 
@@ -186,9 +188,9 @@ func together(n int, fn func(i int) error) error {
 
 // cpus reads the CPU time of the daemon, the servers behind it and this process.
 func (s *setup) cpus() []time.Duration {
-	out := []time.Duration{cpuTime(s.daemon.pid())}
+	out := []time.Duration{cpuTime(s.daemon.PID())}
 	for _, p := range s.others {
-		out = append(out, cpuTime(p.pid()))
+		out = append(out, cpuTime(p.PID()))
 	}
 	return append(out, cpuTime(0))
 }
@@ -196,7 +198,7 @@ func (s *setup) cpus() []time.Duration {
 func (s *setup) cpuNames() []string {
 	out := []string{"daemon"}
 	for _, p := range s.others {
-		out = append(out, p.name)
+		out = append(out, p.Name)
 	}
 	return append(out, "generator")
 }
@@ -255,7 +257,7 @@ func runRSS(ctx context.Context, cfg Config) error {
 
 func rssRound(cfg Config, s *setup, store string, d Daemon, body []byte) error {
 	time.Sleep(time.Second) // the daemon settles after readiness
-	idle, _, err := memory(s.daemon.pid())
+	idle, _, err := proc.Memory(s.daemon.PID())
 	if err != nil {
 		return err
 	}
@@ -266,7 +268,7 @@ func rssRound(cfg Config, s *setup, store string, d Daemon, body []byte) error {
 		return err
 	}
 	c1, t1 := s.cpus(), time.Now()
-	_, putPeak, err := memory(s.daemon.pid())
+	_, putPeak, err := proc.Memory(s.daemon.PID())
 	if err != nil {
 		return err
 	}
@@ -274,7 +276,7 @@ func rssRound(cfg Config, s *setup, store string, d Daemon, body []byte) error {
 		return err
 	}
 	c2, t2 := s.cpus(), time.Now()
-	_, getPeak, err := memory(s.daemon.pid())
+	_, getPeak, err := proc.Memory(s.daemon.PID())
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,6 +28,7 @@ import (
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/boltstore"
 	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/loadtest/proc"
 )
 
 // SizeConfig says what the at-size bench fills and measures.
@@ -83,9 +85,9 @@ const sizeTenant = "default"
 // read its size.
 type deployment struct {
 	name    string
-	masters []*process // the redis-servers, none for the embedded store
-	dbPath  string     // the embedded store's file
-	dir     string     // where its files go
+	masters []*proc.Process // the redis-servers, none for the embedded store
+	dbPath  string          // the embedded store's file
+	dir     string          // where its files go
 }
 
 func (d *deployment) storeURL() string {
@@ -95,7 +97,7 @@ func (d *deployment) storeURL() string {
 	case len(d.masters) > 1:
 		return clusterURL(d.masters)
 	}
-	return "redis://" + d.masters[0].addr + "/0"
+	return "redis://" + d.masters[0].Addr + "/0"
 }
 
 // importer is what a fill needs of a store.
@@ -270,11 +272,11 @@ func (d *deployment) restoreFill(ctx context.Context, shape string, from, to int
 	if len(d.masters) > 1 {
 		addrs := make([]string, len(d.masters))
 		for i, m := range d.masters {
-			addrs[i] = m.addr
+			addrs[i] = m.Addr
 		}
 		client = redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	} else {
-		client = redis.NewClient(&redis.Options{Addr: d.masters[0].addr})
+		client = redis.NewClient(&redis.Options{Addr: d.masters[0].Addr})
 	}
 	defer client.Close()
 	first := redisstore.LeanKey(record(shape, from, time.Now()).ID)
@@ -356,19 +358,19 @@ func (d *deployment) bytesHeld(ctx context.Context) (int64, error) {
 	return sum, nil
 }
 
-func infoField(ctx context.Context, p *process, section, field string) (int64, error) {
-	rdb := redis.NewClient(&redis.Options{Addr: p.addr})
+func infoField(ctx context.Context, p *proc.Process, section, field string) (int64, error) {
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr})
 	defer rdb.Close()
 	text, err := rdb.Info(ctx, section).Result()
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", p.name, err)
+		return 0, fmt.Errorf("%s: %w", p.Name, err)
 	}
 	for _, line := range strings.Split(text, "\n") {
 		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && k == field {
 			return strconv.ParseInt(v, 10, 64)
 		}
 	}
-	return 0, fmt.Errorf("%s: no %s in INFO %s", p.name, field, section)
+	return 0, fmt.Errorf("%s: no %s in INFO %s", p.Name, field, section)
 }
 
 // start starts what serves a deployment: nothing for the embedded store, its file
@@ -383,7 +385,7 @@ func (b *bench) startDeployment(ctx context.Context, name, dir string) (*deploym
 		if err != nil {
 			return nil, err
 		}
-		d.masters = []*process{m}
+		d.masters = []*proc.Process{m}
 	case "cluster":
 		ms, err := b.startMasters(ctx, 3)
 		if err != nil {
@@ -432,10 +434,10 @@ func RunAtSize(ctx context.Context, cfg SizeConfig) error {
 	}
 	defer os.RemoveAll(dir)
 	b := &bench{cfg: Config{ModuleDir: cfg.ModuleDir, Idemd: cfg.Idemd, RedisServer: cfg.RedisServer,
-		Cycles: cfg.Cycles, Duration: cfg.Duration, Clients: cfg.Clients, Out: cfg.Out}, dir: dir, ps: &processes{},
+		Cycles: cfg.Cycles, Duration: cfg.Duration, Clients: cfg.Clients, Out: cfg.Out}, dir: dir, ps: &proc.Group{},
 		// The embedded store reads every record when it opens.
 		readyWithin: time.Hour}
-	defer b.ps.stopAll()
+	defer b.ps.Stop(stopGrace)
 	if err := b.build(ctx); err != nil {
 		return err
 	}
@@ -466,8 +468,8 @@ func RunAtSize(ctx context.Context, cfg SizeConfig) error {
 // shape measures the bytes per record of one shape in a fresh store of each size.
 func (b *bench) shape(ctx context.Context, cfg SizeConfig, store, shape string) error {
 	ps := b.ps
-	b.ps = &processes{}
-	defer func() { b.ps.stopAll(); b.ps = ps }()
+	b.ps = &proc.Group{}
+	defer func() { b.ps.Stop(stopGrace); b.ps = ps }()
 	dir, err := os.MkdirTemp(b.dir, store+"-"+shape+"-")
 	if err != nil {
 		return err
@@ -506,8 +508,8 @@ func (b *bench) shape(ctx context.Context, cfg SizeConfig, store, shape string) 
 func (b *bench) atSize(ctx context.Context, cfg SizeConfig, idemctl string) error {
 	out := cfg.Out
 	ps := b.ps
-	b.ps = &processes{}
-	defer func() { b.ps.stopAll(); b.ps = ps }()
+	b.ps = &proc.Group{}
+	defer func() { b.ps.Stop(stopGrace); b.ps = ps }()
 	var ds []*deployment
 	base := map[string]int64{}
 	for _, store := range cfg.Stores {
@@ -600,10 +602,10 @@ func (b *bench) atSize(ctx context.Context, cfg SizeConfig, idemctl string) erro
 	return nil
 }
 
-func pids(ps []*process) []int {
+func pids(ps []*proc.Process) []int {
 	out := make([]int, len(ps))
 	for i, p := range ps {
-		out[i] = p.pid()
+		out[i] = p.PID()
 	}
 	return out
 }
@@ -617,14 +619,14 @@ func (b *bench) sizeRound(ctx context.Context, d *deployment, dir, idemctl strin
 	if err != nil {
 		return r, err
 	}
-	defer daemon.stop()
+	defer daemon.Stop(syscall.SIGTERM, stopGrace)
 	r.startup = time.Since(start)
 	// On a loaded machine a start-up waits for a core; its CPU is what it did.
-	if r.startupCPU, err = processCPU(daemon.pid()); err != nil {
+	if r.startupCPU, err = proc.CPU(daemon.PID()); err != nil {
 		return r, err
 	}
-	base := "http://" + daemon.addr
-	t := &target{name: d.name, title: "idemd, " + d.name, urls: []string{base}, servers: []*process{daemon}, redis: d.masters}
+	base := "http://" + daemon.Addr
+	t := &target{name: d.name, title: "idemd, " + d.name, urls: []string{base}, servers: []*proc.Process{daemon}, redis: d.masters}
 	if err := b.warm(ctx, t); err != nil {
 		return r, err
 	}

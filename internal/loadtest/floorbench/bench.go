@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/idemd/idemd/internal/loadtest/loadgen"
+	"github.com/idemd/idemd/internal/loadtest/proc"
 )
 
 // Config says what to run and how much.
@@ -70,14 +71,14 @@ type Config struct {
 type target struct {
 	name, title string
 	urls        []string
-	servers     []*process
-	redis       []*process
+	servers     []*proc.Process
+	redis       []*proc.Process
 }
 
 type bench struct {
 	cfg  Config
 	dir  string
-	ps   *processes
+	ps   *proc.Group
 	load string // the idemd-load binary
 	// readyWithin bounds a daemon's start-up; zero is the package's readyWithin.
 	readyWithin time.Duration
@@ -101,8 +102,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	b := &bench{cfg: cfg, dir: dir, ps: &processes{}}
-	defer b.ps.stopAll()
+	b := &bench{cfg: cfg, dir: dir, ps: &proc.Group{}}
+	defer b.ps.Stop(stopGrace)
 	if err := b.build(ctx); err != nil {
 		return err
 	}
@@ -147,8 +148,8 @@ func (b *bench) build(ctx context.Context) error {
 
 // startRedis starts a redis-server on a free loopback port, with persistence off and
 // the extra arguments.
-func (b *bench) startRedis(ctx context.Context, name string, extra ...string) (*process, error) {
-	port, err := freePort()
+func (b *bench) startRedis(ctx context.Context, name string, extra ...string) (*proc.Process, error) {
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -158,24 +159,24 @@ func (b *bench) startRedis(ctx context.Context, name string, extra ...string) (*
 	}
 	args := append([]string{b.cfg.RedisServer, "--port", strconv.Itoa(port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--dir", dir, "--protected-mode", "no"}, extra...)
-	p, err := b.ps.start(name, args...)
+	p, err := b.ps.Start(name, "", args...)
 	if err != nil {
 		return nil, err
 	}
-	p.addr = "127.0.0.1:" + strconv.Itoa(port)
+	p.Addr = "127.0.0.1:" + strconv.Itoa(port)
 	return p, waitTCP(ctx, p)
 }
 
-func (b *bench) startIdemd(ctx context.Context, name string, args ...string) (*process, error) {
-	addr, err := freeAddr()
+func (b *bench) startIdemd(ctx context.Context, name string, args ...string) (*proc.Process, error) {
+	addr, err := proc.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	p, err := b.ps.start(name, append([]string{b.cfg.Idemd, "--listen", addr, "--log-level", "warn"}, args...)...)
+	p, err := b.ps.Start(name, "", append([]string{b.cfg.Idemd, "--listen", addr, "--log-level", "warn"}, args...)...)
 	if err != nil {
 		return nil, err
 	}
-	p.addr = addr
+	p.Addr = addr
 	return p, waitHTTP(ctx, cmp.Or(b.readyWithin, readyWithin), p, "http://"+addr+"/readyz")
 }
 
@@ -188,35 +189,35 @@ func (b *bench) targets(ctx context.Context) ([]*target, error) {
 			if err != nil {
 				return nil, err
 			}
-			addr, err := freeAddr()
+			addr, err := proc.FreeAddr()
 			if err != nil {
 				return nil, err
 			}
-			floor, err := b.ps.start("floor", filepath.Join(b.dir, "floor"), redis.addr, addr)
+			floor, err := b.ps.Start("floor", "", filepath.Join(b.dir, "floor"), redis.Addr, addr)
 			if err != nil {
 				return nil, err
 			}
-			floor.addr = addr
+			floor.Addr = addr
 			if err := waitTCP(ctx, floor); err != nil {
 				return nil, err
 			}
-			out = append(out, &target{name: name, title: "floor", urls: []string{"http://" + addr}, servers: []*process{floor}, redis: []*process{redis}})
+			out = append(out, &target{name: name, title: "floor", urls: []string{"http://" + addr}, servers: []*proc.Process{floor}, redis: []*proc.Process{redis}})
 		case "redis":
 			redis, err := b.startRedis(ctx, "redis-server (idemd)")
 			if err != nil {
 				return nil, err
 			}
-			idemd, err := b.startIdemd(ctx, "idemd (Redis)", "--store", "redis://"+redis.addr+"/0")
+			idemd, err := b.startIdemd(ctx, "idemd (Redis)", "--store", "redis://"+redis.Addr+"/0")
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, &target{name: name, title: "idemd, Redis", urls: []string{"http://" + idemd.addr}, servers: []*process{idemd}, redis: []*process{redis}})
+			out = append(out, &target{name: name, title: "idemd, Redis", urls: []string{"http://" + idemd.Addr}, servers: []*proc.Process{idemd}, redis: []*proc.Process{redis}})
 		case "embedded":
 			idemd, err := b.startIdemd(ctx, "idemd (embedded)", "--data-dir", filepath.Join(b.dir, "bolt"))
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, &target{name: name, title: "idemd, embedded store", urls: []string{"http://" + idemd.addr}, servers: []*process{idemd}})
+			out = append(out, &target{name: name, title: "idemd, embedded store", urls: []string{"http://" + idemd.Addr}, servers: []*proc.Process{idemd}})
 		default:
 			return nil, fmt.Errorf("unknown target %q: floor, redis or embedded", name)
 		}
@@ -253,7 +254,7 @@ func (b *bench) generate(ctx context.Context, urls []string, clients, cycles int
 func (b *bench) measure(ctx context.Context, t *target, clients int, prefix string, perf bool) (sample, error) {
 	pids := make([]int, 0, len(t.servers)+len(t.redis))
 	for _, p := range slices.Concat(t.servers, t.redis) {
-		pids = append(pids, p.pid())
+		pids = append(pids, p.PID())
 	}
 	var stopPerf func()
 	if perf {
@@ -294,10 +295,10 @@ func (b *bench) perfRecord(t *target) (func(), error) {
 	if err := os.MkdirAll(b.cfg.Perf, 0o755); err != nil {
 		return nil, err
 	}
-	var recs []*process
+	var recs []*proc.Process
 	for i, p := range t.servers {
 		out := filepath.Join(b.cfg.Perf, fmt.Sprintf("%s-%d.perf.data", t.name, i))
-		r, err := b.ps.start("perf record "+t.name, "perf", "record", "-F", "1999", "-g", "-o", out, "-p", strconv.Itoa(p.pid()))
+		r, err := b.ps.Start("perf record "+t.name, "", "perf", "record", "-F", "1999", "-g", "-o", out, "-p", strconv.Itoa(p.PID()))
 		if err != nil {
 			return nil, err
 		}
@@ -306,14 +307,8 @@ func (b *bench) perfRecord(t *target) (func(), error) {
 	// perf attaches within a moment; a run lasts seconds.
 	return func() {
 		for _, r := range recs {
-			_ = r.cmd.Process.Signal(syscall.SIGINT)
-			select {
-			case <-r.done:
-			case <-time.After(30 * time.Second):
-				_ = r.cmd.Process.Signal(syscall.SIGKILL)
-				<-r.done
-			}
-			fmt.Fprintf(b.cfg.Out, "perf: %s", r.logs.String())
+			r.Stop(syscall.SIGINT, 30*time.Second)
+			fmt.Fprintf(b.cfg.Out, "perf: %s", r.Logs.String())
 		}
 	}, nil
 }

@@ -10,12 +10,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemd/idemd/internal/loadtest/proc"
 )
 
 // cluster is a Redis Cluster of masters only, with its idemd daemons.
 type cluster struct {
-	masters []*process
-	daemons []*process
+	masters []*proc.Process
+	daemons []*proc.Process
 }
 
 // startCluster starts a cluster of n masters (startMasters) and its daemons on it
@@ -41,10 +43,10 @@ func (b *bench) startCluster(ctx context.Context, n int) (*cluster, error) {
 }
 
 // clusterURL is the store URL of a cluster of these masters.
-func clusterURL(masters []*process) string {
+func clusterURL(masters []*proc.Process) string {
 	addrs := make([]string, len(masters))
 	for i, m := range masters {
-		addrs[i] = m.addr
+		addrs[i] = m.Addr
 	}
 	return "redis+cluster://" + strings.Join(addrs, ",")
 }
@@ -53,11 +55,11 @@ func clusterURL(masters []*process) string {
 // the 16384 slots, joins them, and waits until every node sees the whole cluster
 // serving every slot. redis-cli --cluster create is not used: it refuses fewer than
 // three masters.
-func (b *bench) startMasters(ctx context.Context, n int) ([]*process, error) {
+func (b *bench) startMasters(ctx context.Context, n int) ([]*proc.Process, error) {
 	c := &cluster{}
 	busPorts := make([]int, n)
 	for i := range n {
-		bus, err := freePort()
+		bus, err := proc.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -71,20 +73,20 @@ func (b *bench) startMasters(ctx context.Context, n int) ([]*process, error) {
 		c.masters = append(c.masters, p)
 	}
 	for i, m := range c.masters {
-		rdb := redis.NewClient(&redis.Options{Addr: m.addr})
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr})
 		lo, hi := slotRange(i, n)
 		err := rdb.Do(ctx, "CLUSTER", "ADDSLOTSRANGE", lo, hi).Err()
 		if err == nil && i > 0 {
-			host, port, _ := strings.Cut(c.masters[0].addr, ":")
+			host, port, _ := strings.Cut(c.masters[0].Addr, ":")
 			err = rdb.Do(ctx, "CLUSTER", "MEET", host, port, busPorts[0]).Err()
 		}
 		rdb.Close()
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", m.name, err)
+			return nil, fmt.Errorf("%s: %w", m.Name, err)
 		}
 	}
 	for _, m := range c.masters {
-		rdb := redis.NewClient(&redis.Options{Addr: m.addr})
+		rdb := redis.NewClient(&redis.Options{Addr: m.Addr})
 		err := waitFor(ctx, m, "the cluster", func() bool {
 			info, err := rdb.ClusterInfo(ctx).Result()
 			return err == nil && strings.Contains(info, "cluster_state:ok") &&
@@ -107,14 +109,14 @@ func slotRange(i, n int) (lo, hi int) {
 // how many of a run's calls, and total_reads_processed, how many reads from its
 // clients' connections they took: the more calls a read brings, the less CPU each
 // costs.
-func commandsProcessed(ctx context.Context, ps []*process) (cmds, reads []int64, err error) {
+func commandsProcessed(ctx context.Context, ps []*proc.Process) (cmds, reads []int64, err error) {
 	cmds, reads = make([]int64, len(ps)), make([]int64, len(ps))
 	for i, p := range ps {
-		rdb := redis.NewClient(&redis.Options{Addr: p.addr})
+		rdb := redis.NewClient(&redis.Options{Addr: p.Addr})
 		text, err := rdb.Info(ctx, "stats").Result()
 		rdb.Close()
 		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", p.name, err)
+			return nil, nil, fmt.Errorf("%s: %w", p.Name, err)
 		}
 		for _, line := range strings.Split(text, "\n") {
 			k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
@@ -203,11 +205,11 @@ func sum(ds []time.Duration) (t time.Duration) {
 func (b *bench) measureCluster(ctx context.Context, c *cluster, clients, cycles int, prefix string) (clusterSample, error) {
 	var pids []int
 	for _, p := range slices.Concat(c.masters, c.daemons) {
-		pids = append(pids, p.pid())
+		pids = append(pids, p.PID())
 	}
 	urls := make([]string, len(c.daemons))
 	for i, d := range c.daemons {
-		urls[i] = "http://" + d.addr
+		urls[i] = "http://" + d.Addr
 	}
 	cmdsBefore, readsBefore, err := commandsProcessed(ctx, c.masters)
 	if err != nil {
@@ -258,7 +260,7 @@ func (b *bench) runCluster(ctx context.Context) error {
 		clusters[i] = c
 		urls := make([]string, len(c.daemons))
 		for j, d := range c.daemons {
-			urls[j] = "http://" + d.addr
+			urls[j] = "http://" + d.Addr
 		}
 		if err := b.warm(ctx, &target{name: "cluster" + strconv.Itoa(n), title: fmt.Sprintf("a cluster of %d", n), urls: urls}); err != nil {
 			return err
@@ -306,7 +308,7 @@ func (b *bench) idle(ctx context.Context, clusters []*cluster) error {
 	var pids []int
 	for _, c := range clusters {
 		for _, p := range slices.Concat(c.masters, c.daemons) {
-			pids = append(pids, p.pid())
+			pids = append(pids, p.PID())
 		}
 	}
 	before, err := cpuOf(pids)

@@ -2,59 +2,12 @@ package floorbench
 
 import (
 	"bytes"
-	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemd/idemd/internal/loadtest/proc"
 )
-
-// TestParseStat: utime and stime are read after the command name, which may hold
-// spaces and parentheses of its own.
-func TestParseStat(t *testing.T) {
-	for _, tc := range []struct {
-		name, stat   string
-		utime, stime int64
-	}{
-		{"plain", "27656 (cat) R 27652 27652 20280 0 -1 4194304 102 0 0 0 17 4 0 0 20 0 1 0 111876 3133440 414", 17, 4},
-		{"spaces and parentheses in the name", "42 (a (b) c) S 1 42 42 0 -1 4194560 5 0 0 0 1234 567 0 0 20 0 9 0 100 0 0", 1234, 567},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			u, s, err := parseStat([]byte(tc.stat))
-			if err != nil || u != tc.utime || s != tc.stime {
-				t.Fatalf("parseStat = %d, %d, %v; want %d, %d", u, s, err, tc.utime, tc.stime)
-			}
-		})
-	}
-	for _, bad := range []string{"", "1 (x) R 1 2 3", "1 (x) R 1 1 1 0 -1 0 0 0 0 0 u 4 0"} {
-		if _, _, err := parseStat([]byte(bad)); err == nil {
-			t.Errorf("parseStat(%q): no error", bad)
-		}
-	}
-}
-
-// TestProcessCPUGrows: the CPU this process spends shows in its /proc stat.
-func TestProcessCPUGrows(t *testing.T) {
-	before, err := processCPU(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Spin until the kernel has counted at least two ticks more, whatever the machine's speed.
-	deadline := time.Now().Add(time.Minute)
-	var after time.Duration
-	for after < before+2*clockTick && time.Now().Before(deadline) {
-		x := 0
-		for i := range 1_000_000 {
-			x += i
-		}
-		_ = x
-		if after, err = processCPU(os.Getpid()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if after < before+2*clockTick {
-		t.Fatalf("CPU %s after a minute of spinning, %s before", after, before)
-	}
-}
 
 // TestSampleArithmetic: per cycle figures are in microseconds per successful cycle,
 // and the comparison with the floor is round by round.
@@ -89,8 +42,8 @@ func TestSampleArithmetic(t *testing.T) {
 
 // TestPrintSummary: the table compares each target with the first, the floor.
 func TestPrintSummary(t *testing.T) {
-	floor := &target{name: "floor", title: "floor", redis: []*process{{}}}
-	idemd := &target{name: "redis", title: "idemd, Redis", redis: []*process{{}}}
+	floor := &target{name: "floor", title: "floor", redis: []*proc.Process{{}}}
+	idemd := &target{name: "redis", title: "idemd, Redis", redis: []*proc.Process{{}}}
 	results := map[string][]sample{
 		"floor": {{cycles: 1000, elapsed: time.Second, claimP50: 100 * time.Microsecond, server: 200 * time.Millisecond, redis: 50 * time.Millisecond}},
 		"redis": {{cycles: 800, elapsed: time.Second, claimP50: 150 * time.Microsecond, server: 240 * time.Millisecond, redis: 80 * time.Millisecond}},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/idemd/idemd/internal/engine"
 	"github.com/idemd/idemd/internal/engine/redisstore"
+	"github.com/idemd/idemd/internal/loadtest/proc"
 )
 
 // child is a process the soak started, and stops by its PID.
@@ -66,16 +66,6 @@ func (c *child) stop(sig os.Signal, grace time.Duration) {
 	}
 }
 
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 // redisServer is the soak's redis-server: one port and one data directory, kept
 // across restarts so that a restart reads back what was written before it.
 type redisServer struct {
@@ -103,9 +93,9 @@ func (r *redisServer) args() []string {
 func startRedis(ctx context.Context, bin, dir string, log *os.File) (*redisServer, error) {
 	r := &redisServer{bin: bin, dir: dir, log: log}
 	var err error
-	// A port taken between freePort and redis-server's bind is tried again.
+	// A port taken between proc.FreePort and redis-server's bind is tried again.
 	for attempt := 0; attempt < 5; attempt++ {
-		if r.port, err = freePort(); err != nil {
+		if r.port, err = proc.FreePort(); err != nil {
 			return nil, err
 		}
 		if err = r.start(ctx); err == nil {
@@ -232,7 +222,7 @@ func buildIdemd(ctx context.Context, dir string) (string, error) {
 func startIdemd(ctx context.Context, bin, store, dataDir string, retention time.Duration, log *os.File) (*child, string, error) {
 	var lastErr error
 	for attempt := 0; attempt < 5; attempt++ {
-		port, err := freePort()
+		port, err := proc.FreePort()
 		if err != nil {
 			return nil, "", err
 		}
