@@ -12,7 +12,9 @@ import {
   PermanentError,
   type ProblemError,
   problemFrom,
+  RawResultUnavailableError,
   ResultNotStoredError,
+  UnavailableError,
 } from "./errors.js";
 import { createClient, createConfig, type Client as GeneratedClient } from "./gen/client/index.js";
 import * as sdk from "./gen/sdk.gen.js";
@@ -498,13 +500,21 @@ export class IdemClient {
 
   /**
    * Stores the result of the operation the lease was for, its headers and body sealed
-   * when the client seals. Repeating it is safe.
+   * when the client seals. Repeating it is safe. A body (or, sealing, an envelope) over
+   * 1 MiB goes as the raw PUT /v1/keys/{key}/result; when that gets no answer, or
+   * idemd answers it unavailable, the error is a RawResultUnavailableError (an
+   * UnavailableError).
    */
   async complete(key: string, leaseToken: string, response: ResponseInit, options: FinishOptions = {}): Promise<void> {
     const retention = options.retentionMs ?? this.#retentionMs;
     const result = rawResult(response, key, this.#sealer, "completed");
     if (result.body.length > rawResultBytes) {
-      await this.#putResult(key, leaseToken, result, retention, options.signal);
+      try {
+        await this.#putResult(key, leaseToken, result, retention, options.signal);
+      } catch (err) {
+        // Marked, so that the middlewares' R10a counts what was sent, not what they recorded.
+        throw err instanceof UnavailableError ? rawUnavailable(err) : err;
+      }
       return;
     }
     const body: api.CompleteRequest = { key, lease_token: leaseToken, response: wireOf(result) };
@@ -1145,6 +1155,21 @@ function sealerOf(sealing: SealingOptions | undefined): Sealer {
  * answers 413 over its --max-response-bytes, either way.
  */
 export const rawResultBytes = 1 << 20;
+
+/** err, the failure of a raw upload of a result, as a RawResultUnavailableError; its cause is err's. */
+function rawUnavailable(err: UnavailableError): RawResultUnavailableError {
+  const init = {
+    status: err.status,
+    code: err.code,
+    title: err.title,
+    type: err.type,
+    detail: err.detail,
+    instance: err.instance,
+    retryAfterMs: err.retryAfterMs,
+    body: err.body,
+  };
+  return new RawResultUnavailableError(init, err.cause === undefined ? undefined : { cause: err.cause });
+}
 
 /** A response as stored: its status, and its headers and body or their sealed envelope. */
 interface RawResult {

@@ -93,6 +93,17 @@ export class UnavailableError extends ProblemError {
 }
 
 /**
+ * An UnavailableError of a result that complete sent as the raw body of
+ * PUT /v1/keys/{key}/result (a body, or sealed envelope, over 1 MiB). A daemon without a
+ * blob store may refuse such a body with 413 before reading it and close the connection,
+ * which reaches the client as no answer: the middlewares then store the key as
+ * response_not_stored (docs/middleware.md R10a) rather than leave it claimed.
+ */
+export class RawResultUnavailableError extends UnavailableError {
+  override name = "RawResultUnavailableError";
+}
+
+/**
  * idemd refused a new key: the tenant keeps its quota of idemd's store, or more than its
  * share of a store that is nearly full (status 429, code quota_exceeded). Keys already
  * stored still replay; `retryAfterMs` says when records expire, when idemd knows.

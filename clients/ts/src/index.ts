@@ -40,6 +40,7 @@ export {
   ProblemError,
   type ProblemInit,
   QuotaExceededError,
+  RawResultUnavailableError,
   ResultNotStoredError,
   UnavailableError,
   UnsealableError,

@@ -153,6 +153,13 @@ export async function startApp(
         res.end(largeBody());
         return;
       }
+      case "under-mib": {
+        // Just under 1 MiB, the same on every run: sealed, its envelope is over 1 MiB.
+        const res = raw();
+        res.writeHead(201, { "content-type": "application/octet-stream" });
+        res.end(underMiBBody());
+        return;
+      }
       case "hints":
         earlyHints({ link: "</style.css>; rel=preload" });
         return json(201, { hinted: true });
@@ -273,6 +280,13 @@ let large: Buffer | undefined;
 export function largeBody(): Buffer {
   large ??= randomBytes(20 << 20);
   return large;
+}
+
+let underMiB: Buffer | undefined;
+/** What the route /under-mib answers: 1 MiB less 64 bytes of random bytes, made once. */
+export function underMiBBody(): Buffer {
+  underMiB ??= randomBytes((1 << 20) - 64);
+  return underMiB;
 }
 
 export interface Answer {

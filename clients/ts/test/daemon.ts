@@ -61,7 +61,16 @@ export class Daemon {
     const dataDir = mkdtempSync(join(parent, "idemd-ts-data-"));
     // Without a blob store unless args name one (a later --blob-store wins), so that a
     // result over --max-response-bytes is refused as the tests of that expect.
-    const flags = ["--listen", `127.0.0.1:${port}`, "--data-dir", dataDir, "--log-level", "warn", "--blob-store", "none"];
+    const flags = [
+      "--listen",
+      `127.0.0.1:${port}`,
+      "--data-dir",
+      dataDir,
+      "--log-level",
+      "warn",
+      "--blob-store",
+      "none",
+    ];
     const child = spawn(bin, [...flags, ...args], {
       stdio: ["ignore", "ignore", "pipe"],
     });

@@ -2,9 +2,12 @@
 // that can lose answers: it forwards a connection's request, and for the first
 // `dropAnswers` connections it closes the client's side as soon as the server's answer
 // starts, so the client never reads it although the server acted on the request.
+// CutProxy forwards everything but the requests it is told to cut, whose connection it
+// destroys unanswered.
 import {
   createServer as createHTTPServer,
   type IncomingMessage,
+  request as httpRequest,
   type Server as HTTPServer,
   type ServerResponse,
   STATUS_CODES,
@@ -238,6 +241,61 @@ export class DelayProxy {
 
   async close(): Promise<void> {
     for (const s of this.#sockets) s.destroy();
+    await new Promise((resolve) => this.#server.close(resolve));
+  }
+}
+
+/**
+ * A loopback HTTP relay in front of a real idemd that forwards every request and its
+ * answer as they come, except one that cut(method, path) picks: that one's connection is
+ * destroyed before anything of it is read and with no answer, as a daemon that refuses a
+ * large body before reading it and closes the connection can leave it.
+ */
+export class CutProxy {
+  readonly url: string;
+  /** The requests cut so far, as "METHOD path". */
+  readonly cut: string[] = [];
+  /** Every request received, as "METHOD path". */
+  readonly received: string[] = [];
+  readonly #server: HTTPServer;
+
+  private constructor(server: HTTPServer, url: string) {
+    this.#server = server;
+    this.url = url;
+  }
+
+  static async start(target: string, cut: (method: string, path: string) => boolean): Promise<CutProxy> {
+    const { hostname, port } = new URL(target);
+    const server = createHTTPServer();
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    const address = server.address();
+    if (address === null || typeof address === "string") throw new Error("no address");
+    const proxy = new CutProxy(server, `http://127.0.0.1:${address.port}`);
+    server.on("request", (req: IncomingMessage, res: ServerResponse) => {
+      const what = `${req.method ?? ""} ${req.url ?? ""}`;
+      proxy.received.push(what);
+      if (cut(req.method ?? "", req.url ?? "")) {
+        proxy.cut.push(what);
+        req.socket.destroy();
+        return;
+      }
+      const upstream = httpRequest(
+        { host: hostname, port: Number(port), method: req.method, path: req.url, headers: req.headers, agent: false },
+        (answer) => {
+          res.writeHead(answer.statusCode ?? 502, answer.rawHeaders);
+          answer.pipe(res);
+          answer.on("error", () => res.destroy());
+        },
+      );
+      upstream.on("error", () => res.destroy());
+      req.on("error", () => upstream.destroy());
+      req.pipe(upstream);
+    });
+    return proxy;
+  }
+
+  async close(): Promise<void> {
+    this.#server.closeAllConnections();
     await new Promise((resolve) => this.#server.close(resolve));
   }
 }

@@ -1,7 +1,7 @@
 // The Idempotency-Key middleware's behaviour, shared by the Express middleware and the
 // Fastify plugin: docs/middleware.md, row by row (the row names are in the comments).
 import type { IncomingMessage, ServerResponse } from "node:http";
-import { type IdemClient, type Lease, rawResultBytes, type RecoveryPoint, type StoredResponse } from "../client.js";
+import { type IdemClient, type Lease, type RecoveryPoint, type StoredResponse } from "../client.js";
 import {
   FingerprintMismatchError,
   InProgressError,
@@ -9,6 +9,7 @@ import {
   LeaseLostError,
   ProblemError,
   QuotaExceededError,
+  RawResultUnavailableError,
   UnavailableError,
   UnsealableError,
 } from "../errors.js";
@@ -581,10 +582,11 @@ export class Guard<Req> {
         await this.#notStored(req, key, leaseToken, err); // R10: idemd refused to store it.
         return;
       }
-      if (err instanceof UnavailableError && (body?.length ?? 0) > rawResultBytes) {
+      if (err instanceof RawResultUnavailableError) {
         // R10a: a daemon without a blob store may answer 413 to a large body before
         // reading it and close the connection, which reaches the client as a failure to
-        // answer; left claimed (R13), the key would run the handler again later.
+        // answer; left claimed (R13), the key would run the handler again later. Large is
+        // what complete sent raw: the body, or the sealed envelope when the client seals.
         await this.#notStored(req, key, leaseToken, err);
         return;
       }
