@@ -41,6 +41,12 @@ func TestNamesStayInTheDirectory(t *testing.T) {
 // of 1 KiB.
 func service(t *testing.T) (*engine.Service, engine.Store, string) {
 	t.Helper()
+	return serviceWith(t, engine.BlobOptions{Threshold: 1 << 10})
+}
+
+// serviceWith is service with the blob options o and the service's options opts.
+func serviceWith(t *testing.T, o engine.BlobOptions, opts ...engine.Option) (*engine.Service, engine.Store, string) {
+	t.Helper()
 	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -51,7 +57,7 @@ func service(t *testing.T) (*engine.Service, engine.Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return engine.NewService(store, time.Hour, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10})), store, dir
+	return engine.NewService(store, time.Hour, append(opts, engine.WithBlobs(blobs, o))...), store, dir
 }
 
 func acquire(t *testing.T, s *engine.Service, key string) (engine.ID, string) {
@@ -374,19 +380,9 @@ func TestStreamedReplayIsWholeOrShort(t *testing.T) {
 		{"missing", os.Remove, true, "get"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = store.Close() })
-			dir := t.TempDir()
-			blobs, err := blobdir.Open(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
 			var errs []string
-			s := engine.NewService(store, time.Hour, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10,
-				OnError: func(op string) { errs = append(errs, op) }}))
+			s, _, dir := serviceWith(t, engine.BlobOptions{Threshold: 1 << 10,
+				OnError: func(op string) { errs = append(errs, op) }})
 			body := make([]byte, size)
 			_, _ = rand.Read(body)
 			id, token := acquire(t, s, "k")
@@ -440,18 +436,8 @@ func TestStreamedReplayIsWholeOrShort(t *testing.T) {
 // deadline runs from the last bytes the store took.
 func TestStreamedCompletionAtTheSendersPace(t *testing.T) {
 	ctx := context.Background()
-	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	blobs, err := blobdir.Open(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The deadline for 1 MiB: 2 s and 250 ms for the MiB; the sender takes 3.2 s.
-	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(2*time.Second),
-		engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10}))
+	s, _, _ := serviceWith(t, engine.BlobOptions{Threshold: 1 << 10}, engine.WithStoreTimeout(2*time.Second))
 	body := make([]byte, 1<<20)
 	_, _ = rand.Read(body)
 	id, token := acquire(t, s, "slow")
@@ -482,18 +468,8 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 // A sweep leaves a blob for the grace the service was given after its record's expiry,
 // and deletes it after.
 func TestSweepGraceIsTheServices(t *testing.T) {
-	store, err := boltstore.Open(filepath.Join(t.TempDir(), "idemd.db"), boltstore.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	dir := t.TempDir()
-	blobs, err := blobdir.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	const grace = 30 * time.Second
-	s := engine.NewService(store, time.Hour, engine.WithBlobs(blobs, engine.BlobOptions{Threshold: 1 << 10, SweepGrace: grace}))
+	s, _, dir := serviceWith(t, engine.BlobOptions{Threshold: 1 << 10, SweepGrace: grace})
 	ctx := context.Background()
 	id, token := acquire(t, s, "short")
 	if _, err := s.Complete(ctx, engine.Completion{ID: id, LeaseToken: token, Response: engine.Response{Status: 200, Body: bytes.Repeat([]byte("x"), 4<<10)},
