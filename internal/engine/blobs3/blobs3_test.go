@@ -58,27 +58,35 @@ func TestContract(t *testing.T) {
 	}
 }
 
-// Over Redis with its blobs in S3: a record that Redis expires silently leaves its
-// blob to the sweep, which deletes it once the record's expiry and the grace have
-// passed, and leaves a live record's blob alone.
-func TestSweepAfterRedisExpiry(t *testing.T) {
-	ctx := context.Background()
+// overRedis is a service over a fresh Redis (answered too) with its blobs in the bucket
+// named of a fresh S3 server, a threshold of 1 KiB and a store deadline out of a busy machine's
+// way, which none of these tests is about.
+func overRedis(t *testing.T, name string) (*blobs3.Store, engine.Store, *engine.Service) {
+	t.Helper()
 	srv := tests3.Start(t)
 	store, err := redisstore.Open(testredis.Start(t).URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = store.Close() })
-	o, err := blobs3.ParseURL(srv.URL("sweep"))
+	o, err := blobs3.ParseURL(srv.URL(name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	bucket, err := blobs3.Open(ctx, o)
+	bucket, err := blobs3.Open(context.Background(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The store deadline is not what this tests: it is set out of a busy machine's way.
-	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute), engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+	return bucket, store, engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute),
+		engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+}
+
+// Over Redis with its blobs in S3: a record that Redis expires silently leaves its
+// blob to the sweep, which deletes it once the record's expiry and the grace have
+// passed, and leaves a live record's blob alone.
+func TestSweepAfterRedisExpiry(t *testing.T) {
+	ctx := context.Background()
+	bucket, store, s := overRedis(t, "sweep")
 	complete := func(key string, retention time.Duration) {
 		id := engine.ID{Tenant: engine.DefaultTenant, Key: key}
 		res, err := s.Claim(ctx, engine.ClaimRequest{ID: id, Fingerprint: "fp"})
@@ -128,21 +136,7 @@ func TestSweepAfterRedisExpiry(t *testing.T) {
 // when its bytes were replaced by others of the same length.
 func TestStreamedResultOverS3(t *testing.T) {
 	ctx := context.Background()
-	srv := tests3.Start(t)
-	store, err := redisstore.Open(testredis.Start(t).URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = store.Close() })
-	o, err := blobs3.ParseURL(srv.URL("stream"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bucket, err := blobs3.Open(ctx, o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := engine.NewService(store, time.Hour, engine.WithStoreTimeout(time.Minute), engine.WithBlobs(bucket, engine.BlobOptions{Threshold: 1024}))
+	bucket, store, s := overRedis(t, "stream")
 	body := make([]byte, 300<<10)
 	_, _ = rand.Read(body)
 	id := engine.ID{Tenant: engine.DefaultTenant, Key: "streamed"}
